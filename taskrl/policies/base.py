@@ -1,0 +1,90 @@
+"""The Policy contract: what the agent loop asks of any model (in-process, served, or scripted).
+
+A policy either works on token ids (``chat_format`` is set: the loop renders and keeps the exact token
+sequence, and calls ``generate(token_ids=...)``) or on messages (``chat_format`` is None: the loop sends
+messages and tool schemas, and keeps whatever token ids the backend reports). Both return a
+``Completion``. All generation is async so many episodes can share one policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from taskrl.types import Message, ToolCall
+
+if TYPE_CHECKING:
+    from taskrl.chat import ChatFormat
+
+
+class PolicyError(RuntimeError):
+    """A policy could not produce a completion (model missing, server unreachable, bad response)."""
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one assistant turn."""
+
+    max_new_tokens: int = 256
+    """Most tokens sampled in one turn."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (logprobs are then those of the temperature-1 distribution)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables it."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables it."""
+    seed: int | None = None
+    """Seed of this request's own random generator, so a sample does not depend on batch neighbours."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings, on top of the model's end-of-turn token."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass
+class Completion:
+    """One sampled assistant turn.
+
+    ``token_ids``/``logprobs`` are the sampled tokens (including a sampled end-of-turn token) and their
+    sampler log-probabilities; empty when the backend does not report them. ``prompt_token_ids`` is what
+    the backend actually conditioned on, when it reports it. ``tool_calls`` is filled by backends that
+    parse calls themselves (OpenAI ``tool_calls``); otherwise the loop parses ``text``.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+    """"stop" (end-of-turn or stop string) or "length" (hit max_new_tokens)."""
+    policy_version: int = 0
+    prompt_token_ids: list[int] | None = None
+    tool_calls: list[ToolCall] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that can sample assistant turns."""
+
+    name: str
+    version: int
+    chat_format: ChatFormat | None
+
+    async def generate(
+        self,
+        *,
+        token_ids: list[int] | None = None,
+        messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingParams,
+    ) -> Completion:
+        """Sample one turn from ``token_ids`` (token mode) or ``messages`` + ``tools`` (message mode)."""
+        ...

@@ -1,0 +1,227 @@
+"""Core data types that flow through taskrl: messages, tool calls, token segments, trajectories.
+
+Everything here is a plain dataclass that round-trips exactly through JSON (``to_json``/``from_json``),
+so trajectories written by a rollout can be re-read by a trainer, a report or another process.
+``SCHEMA_VERSION`` is bumped on any incompatible change; readers refuse newer versions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class SchemaVersionError(ValueError):
+    """A serialised object was written by a newer taskrl than the one reading it."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class ToolCall:
+    """One call the model asked for. ``arguments`` is already JSON-decoded."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+@dataclass
+class ToolResult:
+    """What a tool call produced; ``is_error`` results are shown to the model like any other."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass
+class Message:
+    """A chat message. Assistant messages carry ``tool_calls``; tool messages carry ``tool_call_id``."""
+
+    role: Role
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_result(cls, result: ToolResult) -> Message:
+        return cls(role="tool", content=result.content, tool_call_id=result.call_id, name=result.name)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Message:
+        calls = [ToolCall(**c) for c in data.get("tool_calls") or []]
+        return cls(
+            role=data["role"],
+            content=data.get("content") or "",
+            tool_calls=calls,
+            tool_call_id=data.get("tool_call_id"),
+            name=data.get("name"),
+        )
+
+
+@dataclass
+class Segment:
+    """One contiguous token sequence the policy saw, exactly as tokenised.
+
+    ``loss_mask[i]`` is 1 when token i was sampled by the policy and 0 for prompt, tool output or
+    injected text. ``logprobs[i]`` is the sampler's log-probability of token i under the distribution it
+    sampled from (temperature applied, no top-p/top-k truncation); it is 0.0 where ``loss_mask`` is 0.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                f"Segment lengths differ: token_ids={n}, logprobs={len(self.logprobs)}, "
+                f"loss_mask={len(self.loss_mask)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def append(self, token_ids: list[int], *, sampled: bool, logprobs: list[float] | None = None) -> None:
+        """Append tokens; sampled tokens need their logprobs, forced tokens get mask 0 and logprob 0."""
+        if sampled:
+            if logprobs is None or len(logprobs) != len(token_ids):
+                raise ValueError("sampled tokens need one logprob each")
+            self.logprobs.extend(float(x) for x in logprobs)
+        else:
+            self.logprobs.extend([0.0] * len(token_ids))
+        self.token_ids.extend(int(t) for t in token_ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(token_ids))
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Task:
+    """One problem an env can be reset to. ``answer`` is the gold answer (never shown to the model)."""
+
+    id: str
+    prompt: str
+    answer: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One episode: the messages, the exact tokens, the rewards and the metrics.
+
+    ``rewards`` holds the weighted terms that add up to the training reward (a term may be ``None`` =
+    "not applicable", which is excluded, not counted as zero); ``metrics`` holds unweighted diagnostics.
+    ``terminated`` means the task ended (answer given, env said done); ``truncated`` means a budget was hit.
+    Sub-agent episodes are nested in ``children`` with ``parent_id`` set and usually ``trainable=False``.
+    """
+
+    id: str = field(default_factory=lambda: new_id("traj"))
+    task_id: str = ""
+    env: str = ""
+    group_id: str | None = None
+    segments: list[Segment] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    parent_id: str | None = None
+    children: list[Trajectory] = field(default_factory=list)
+    trainable: bool = True
+    seed: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def reward(self) -> float:
+        """The training reward: the sum of the applicable weighted terms."""
+        return float(sum(v for v in self.rewards.values() if v is not None))
+
+    @property
+    def final_answer(self) -> str | None:
+        return self.info.get("final_answer")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(s.num_sampled for s in self.segments)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"trajectory schema version {version} is newer than this taskrl ({SCHEMA_VERSION}); "
+                "upgrade taskrl to read it"
+            )
+        data = dict(data)
+        data["segments"] = [Segment(**s) for s in data.get("segments", [])]
+        data["messages"] = [Message.from_dict(m) for m in data.get("messages", [])]
+        data["children"] = [cls.from_dict(c) for c in data.get("children", [])]
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        return cls.from_dict(json.loads(line))
+
+
+def write_jsonl(path: str, trajectories: list[Trajectory], *, append: bool = True) -> None:
+    """Write trajectories one per line, flushing so a crash never loses a finished episode."""
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
+        for t in trajectories:
+            f.write(t.to_json() + "\n")
+        f.flush()
+
+
+def read_jsonl(path: str) -> list[Trajectory]:
+    with open(path, encoding="utf-8") as f:
+        return [Trajectory.from_json(line) for line in f if line.strip()]
+
+
+def finite_mean(values: list[float]) -> float:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else float("nan")
