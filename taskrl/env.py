@@ -1,0 +1,183 @@
+"""The environment contract, the registry, and ``check_env``.
+
+An env has ``tools`` (a ToolSet), ``tasks(split)``, ``reset(task, seed) -> (messages, info)``,
+``step(tool_calls) -> (results, terminated, truncated, info)`` and ``reward(trajectory) -> {term: value}``.
+Methods may be sync or async. ``ToolEnv`` implements ``step`` for the common case (run the calls on its
+tools); subclass it and write tools, tasks and a reward. ``check_env`` is run on every registered env.
+
+``step`` may put ``"context": list[Message]`` in its info to replace the model's view (pruning, summaries):
+the loop then re-renders the context and opens a new token Segment.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from taskrl.tools import ToolSet
+from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
+
+StepOutput = tuple[list[ToolResult], bool, bool, dict[str, Any]]
+
+
+class UnknownEnvError(KeyError):
+    """No env is registered under the requested name."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes
+        return str(self.args[0])
+
+
+class EnvCheckError(AssertionError):
+    """An env breaks the contract; the message names the method and what was wrong."""
+
+
+@runtime_checkable
+class Env(Protocol):
+    name: str
+    tools: ToolSet
+
+    def tasks(self, split: str = "train") -> Sequence[Task]: ...
+
+    def reset(self, task: Task, seed: int | None = None) -> Any: ...
+
+    def step(self, tool_calls: list[ToolCall]) -> Any: ...
+
+    def reward(self, trajectory: Trajectory) -> Any: ...
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class ToolEnv:
+    """Base class: an env whose actions are calls to its ``@tool`` methods.
+
+    Subclasses set ``name`` and ``system_prompt``, define ``@tool`` methods, ``tasks`` and ``reward``;
+    ``reset`` stores the task in ``self.task`` and opens with the system prompt and the task prompt.
+    """
+
+    name: str = "tool_env"
+    system_prompt: str = "You are a helpful assistant. Use the tools when they help."
+    max_parallel: int | None = None
+    failure_reward: float = 0.0
+    """Reward of a failed episode; trajectories with invalid tool calls score no better than this."""
+
+    def __init__(self) -> None:
+        self.tools = ToolSet.from_object(self, max_parallel=self.max_parallel)
+        self.task: Task | None = None
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        return []
+
+    def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        self.task = task
+        return [Message("system", self.system_prompt), Message("user", task.prompt)], {}
+
+    async def step(self, tool_calls: list[ToolCall]) -> StepOutput:
+        return await self.tools.execute(tool_calls), False, False, {}
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        return {}
+
+
+@dataclass
+class EnvSpec:
+    name: str
+    factory: Callable[..., Env]
+    description: str = ""
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+_BUILTINS_LOADED = False
+
+
+def register(name: str, factory: Callable[..., Env], *, description: str = "", overwrite: bool = False) -> None:
+    """Make ``make(name)`` build an env with ``factory(**kwargs)``."""
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"env '{name}' is already registered; pass overwrite=True to replace it")
+    _REGISTRY[name] = EnvSpec(name, factory, description)
+
+
+def registry() -> dict[str, EnvSpec]:
+    """All registered envs, the built-in ones included."""
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        import taskrl.envs  # noqa: F401 - registers the built-in envs
+
+    return dict(_REGISTRY)
+
+
+def make(name: str, **kwargs: Any) -> Env:
+    specs = registry()
+    if name not in specs:
+        raise UnknownEnvError(
+            f"unknown env '{name}'; registered envs: {', '.join(sorted(specs)) or 'none'} "
+            "(see `taskrl env list`)"
+        )
+    env = specs[name].factory(**kwargs)
+    if not getattr(env, "name", None):
+        env.name = name
+    return env
+
+
+async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
+    """Exercise an env through the contract; raise ``EnvCheckError`` naming what is wrong."""
+
+    def fail(msg: str) -> None:
+        raise EnvCheckError(f"env '{getattr(env, 'name', type(env).__name__)}': {msg}")
+
+    for attr in ("tools", "tasks", "reset", "step", "reward"):
+        if not hasattr(env, attr):
+            fail(f"missing '{attr}'")
+    if not isinstance(env.tools, ToolSet):
+        fail(f"tools must be a ToolSet, got {type(env.tools).__name__}")
+    for schema in env.tools.schemas():
+        fn = schema.get("function", {})
+        if not fn.get("name") or not fn.get("description") or fn.get("parameters", {}).get("type") != "object":
+            fail(f"tool schema incomplete: {schema}")
+    tasks = list(env.tasks("train"))[:num_tasks]
+    if not tasks:
+        fail("tasks('train') returned no tasks")
+    for task in tasks:
+        if not isinstance(task, Task):
+            fail(f"tasks() must yield Task objects, got {type(task).__name__}")
+        out = await maybe_await(env.reset(task, seed=0))
+        if not (isinstance(out, tuple) and len(out) == 2):
+            fail("reset must return (messages, info)")
+        messages, info = out
+        if not messages or not all(isinstance(m, Message) for m in messages) or not isinstance(info, dict):
+            fail("reset must return a non-empty list[Message] and a dict")
+        bogus = ToolCall("call_check", "__no_such_tool__", {})
+        step = await maybe_await(env.step([bogus]))
+        if not (isinstance(step, tuple) and len(step) == 4):
+            fail("step must return (results, terminated, truncated, info)")
+        results, terminated, truncated, info = step
+        if len(results) != 1 or not results[0].is_error or results[0].call_id != "call_check":
+            fail("step must answer an unknown tool with one error ToolResult carrying the call id")
+        if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
+            fail("step must return bools for terminated/truncated and a dict for info")
+        if task.answer is not None:
+            gold = await _reward_for_answer(env, task, messages, str(task.answer))
+            wrong = await _reward_for_answer(env, task, messages, "__certainly wrong__")
+            if not gold > wrong:
+                fail(f"task {task.id}: the gold answer scores {gold}, not more than a wrong answer ({wrong})")
+
+
+async def _reward_for_answer(env: Env, task: Task, messages: list[Message], answer: str) -> float:
+    await maybe_await(env.reset(task, seed=0))
+    traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
+    traj.info["final_answer"] = answer
+    rewards = await maybe_await(env.reward(traj))
+    if not isinstance(rewards, dict):
+        raise EnvCheckError(f"reward must return a dict of terms, got {type(rewards).__name__}")
+    return float(sum(v for v in rewards.values() if v is not None))
+
+
+def check_env(env: Env, *, num_tasks: int = 3) -> None:
+    """Synchronous wrapper of ``acheck_env`` for scripts and the CLI."""
+    import asyncio
+
+    asyncio.run(acheck_env(env, num_tasks=num_tasks))

@@ -1,0 +1,268 @@
+"""The agent loop: Env x Policy -> Trajectory, token-exact, many episodes at once.
+
+``run_episode`` plays one episode; ``run_episodes`` plays groups of K episodes per task with bounded
+concurrency and hands each trajectory to a callback the moment it finishes (so a crash loses nothing
+already played). The loop knows nothing about training: it records the exact sampled token ids and
+logprobs in ``Segment``s (observations appended once with loss_mask 0), rewards and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from taskrl.env import Env, maybe_await
+from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
+from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+from taskrl.types import Message, Segment, Task, ToolResult, Trajectory
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played."""
+
+    max_turns: int = 8
+    """Assistant turns per episode; reaching it marks the episode truncated."""
+    max_context_tokens: int = 4096
+    """Tokens in the model's context (prompt + generated); reaching it marks the episode truncated."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling of each turn; its seed is replaced by one derived from the episode seed and turn."""
+    group_size: int = 1
+    """Episodes per task (K); GRPO needs K >= 2. Episodes of one task share a ``group_id``."""
+    concurrency: int = 8
+    """Episodes in flight at once."""
+    seed: int = 0
+    """Root seed; every episode and turn seed derives from it, so runs are reproducible."""
+    training: bool = True
+    """Passed to envs in reset info as ``training``: some add guidance only in training rollouts."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_context_tokens", "group_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A stable 31-bit seed from any parts (independent of PYTHONHASHSEED)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class _SegmentBuilder:
+    """Appends each turn's prompt delta (mask 0) and completion (mask 1) to the current segment.
+
+    When the prompt a turn was sampled from does not extend the current segment (the context was
+    pruned or summarised, or the backend re-rendered it differently) or the policy version changed,
+    a new segment is opened. That one rule covers token mode and message mode.
+    """
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.untokenised_turns = 0
+
+    def add_turn(self, prompt_ids: list[int] | None, completion: Completion) -> None:
+        if prompt_ids is None or not completion.token_ids or len(completion.logprobs) != len(
+            completion.token_ids
+        ):
+            self.untokenised_turns += 1
+            return
+        seg = self.segments[-1] if self.segments else None
+        n = len(seg) if seg else 0
+        if seg is None or seg.policy_version != completion.policy_version or prompt_ids[:n] != seg.token_ids:
+            seg = Segment(policy_version=completion.policy_version)
+            self.segments.append(seg)
+            n = 0
+        seg.append(prompt_ids[n:], sampled=False)
+        seg.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+
+
+class _Context:
+    """The model's view: messages, and in token mode the exact token ids it will be prompted with."""
+
+    def __init__(self, policy: Policy, messages: list[Message], tools: list[dict[str, Any]]) -> None:
+        self.fmt = policy.chat_format
+        self.tools = tools
+        self.messages = list(messages)
+        self.token_ids: list[int] | None = self.fmt.prompt_ids(self.messages, tools) if self.fmt else None
+
+    def __len__(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else 0
+
+    def add_turn(self, completion: Completion, assistant: Message, observations: list[Message]) -> None:
+        """Append the sampled turn and its observations, each tokenised once."""
+        self.messages.append(assistant)
+        self.messages.extend(observations)
+        if self.fmt is not None and self.token_ids is not None:
+            self.token_ids = (
+                self.token_ids
+                + completion.token_ids
+                + self.fmt.close_turn_ids(completion.token_ids)
+                + (self.fmt.observation_ids(observations) if observations else [])
+            )
+
+    def replace(self, messages: list[Message]) -> None:
+        """A non-append change (pruning, summary): re-render; the next turn opens a new Segment."""
+        self.messages = list(messages)
+        if self.fmt is not None:
+            self.token_ids = self.fmt.prompt_ids(self.messages, self.tools)
+
+
+def _parse(completion: Completion, env: Env, call_offset: int) -> ParsedTurn:
+    if completion.tool_calls is not None:
+        return parse_openai(completion.text, completion.tool_calls, env.tools)
+    return parse_hermes(completion.text, env.tools, start=call_offset)
+
+
+def _cap_for_invalid_calls(traj: Trajectory, env: Env) -> None:
+    """Invariant: an episode with invalid tool calls never scores better than a failed one."""
+    floor = float(getattr(env, "failure_reward", 0.0))
+    if traj.metrics.get("invalid_tool_calls", 0) > 0 and traj.reward > floor:
+        traj.rewards["invalid_tool_call_cap"] = floor - traj.reward
+
+
+async def run_episode(
+    env: Env,
+    policy: Policy,
+    task: Task,
+    config: RolloutConfig,
+    *,
+    seed: int,
+    group_id: str | None = None,
+) -> Trajectory:
+    """Play one episode. Policy errors propagate (the run cannot continue); env errors end the episode."""
+    start = time.perf_counter()
+    traj = Trajectory(task_id=task.id, env=env.name, group_id=group_id, seed=seed)
+    metrics = dict.fromkeys(
+        ("turns", "tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "context_resets"), 0.0
+    )
+    segments = _SegmentBuilder()
+    try:
+        messages, info = await maybe_await(env.reset(task, seed=seed))
+        traj.info.update({k: v for k, v in info.items() if k != "context"})
+        ctx = _Context(policy, messages, env.tools.schemas())
+        traj.messages = list(ctx.messages)
+        calls_so_far = 0
+        for turn in range(config.max_turns):
+            room = config.max_context_tokens - len(ctx)
+            if room < 1:
+                traj.truncated, traj.info["truncation"] = True, "max_context_tokens"
+                break
+            sampling = replace(
+                config.sampling,
+                seed=derive_seed(seed, turn),
+                max_new_tokens=min(config.sampling.max_new_tokens, room),
+            )
+            prompt_ids = ctx.token_ids
+            completion = await policy.generate(
+                token_ids=prompt_ids, messages=ctx.messages, tools=ctx.tools, sampling=sampling
+            )
+            segments.add_turn(prompt_ids if prompt_ids is not None else completion.prompt_token_ids, completion)
+            parsed = _parse(completion, env, calls_so_far)
+            calls_so_far += len(parsed.all_calls)
+            metrics["turns"] += 1
+            metrics["tool_calls"] += len(parsed.all_calls)
+            metrics["invalid_tool_calls"] += len(parsed.invalid)
+            assistant = Message("assistant", parsed.content, tool_calls=parsed.all_calls)
+            traj.messages.append(assistant)
+            if parsed.is_final:
+                if completion.finish_reason == "length":
+                    traj.truncated, traj.info["truncation"] = True, "max_new_tokens"
+                else:
+                    traj.terminated = True
+                traj.info["final_answer"] = parsed.final_answer
+                break
+            results, terminated, truncated, step_info = await maybe_await(env.step(parsed.tool_calls))
+            metrics["tool_cost"] += env.tools.cost(parsed.tool_calls)
+            results = _merge_results(parsed, results)
+            metrics["tool_errors"] += sum(r.is_error for r in results)
+            observations = [Message.from_result(r) for r in results]
+            observations += step_info.get("append_messages", [])
+            traj.messages.extend(observations)
+            ctx.add_turn(completion, assistant, observations)
+            if "context" in step_info:
+                ctx.replace(step_info["context"])
+                metrics["context_resets"] += 1
+            if "final_answer" in step_info:
+                traj.info["final_answer"] = step_info["final_answer"]
+            if terminated or truncated:
+                traj.terminated, traj.truncated = bool(terminated), bool(truncated) and not terminated
+                if traj.truncated:
+                    traj.info["truncation"] = "env"
+                break
+        else:
+            traj.truncated, traj.info["truncation"] = True, "max_turns"
+        traj.rewards = dict(await maybe_await(env.reward(traj)))
+    except PolicyError:
+        raise
+    except Exception as e:  # an env or tool bug ends this episode, not the run
+        traj.error = f"{type(e).__name__}: {e}"
+        traj.trainable = False
+    traj.segments = segments.segments
+    if segments.untokenised_turns:
+        traj.trainable = False
+        traj.info["untrainable_reason"] = "the policy backend reported no token ids for some turns"
+    metrics["segments"] = len(traj.segments)
+    metrics["tokens"] = traj.num_tokens
+    metrics["sampled_tokens"] = traj.num_sampled_tokens
+    metrics["wall_time_s"] = time.perf_counter() - start
+    traj.metrics.update(metrics)
+    _cap_for_invalid_calls(traj, env)
+    return traj
+
+
+def _merge_results(parsed: ParsedTurn, env_results: list[ToolResult]) -> list[ToolResult]:
+    """Results in the order the model wrote its calls: env results for valid calls, errors for the rest."""
+    by_id = {r.call_id: r for r in env_results}
+    by_id.update({c.id: r for c, r in parsed.invalid})
+    missing = [c for c in parsed.all_calls if c.id not in by_id]
+    for c in missing:
+        by_id[c.id] = ToolResult(c.id, c.name, "The environment returned no result for this call.", True)
+    return [by_id[c.id] for c in parsed.all_calls]
+
+
+async def run_episodes(
+    env_factory: Callable[[], Env],
+    policy: Policy,
+    tasks: Sequence[Task],
+    config: RolloutConfig,
+    *,
+    on_trajectory: Callable[[Trajectory], Any] | None = None,
+) -> list[Trajectory]:
+    """Play ``config.group_size`` episodes of every task, at most ``config.concurrency`` at once.
+
+    Each episode gets a fresh env from ``env_factory``. Trajectories come back in task order;
+    ``on_trajectory`` sees each one as soon as it finishes.
+    """
+    limit = asyncio.Semaphore(config.concurrency)
+
+    async def play(task_index: int, task: Task, k: int) -> Trajectory:
+        async with limit:
+            env = env_factory()
+            seed = derive_seed(config.seed, task_index, task.id, k)
+            group = f"{task.id}#{config.seed}" if config.group_size > 1 else None
+            try:
+                traj = await run_episode(env, policy, task, config, seed=seed, group_id=group)
+            finally:
+                close = getattr(env, "close", None)
+                if close is not None:
+                    await maybe_await(close())
+            if on_trajectory is not None:
+                await maybe_await(on_trajectory(traj))
+            return traj
+
+    jobs = [
+        asyncio.ensure_future(play(i, task, k))
+        for i, task in enumerate(tasks)
+        for k in range(config.group_size)
+    ]
+    try:
+        return list(await asyncio.gather(*jobs))
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        raise
