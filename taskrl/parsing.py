@@ -64,7 +64,8 @@ def _decode_call(raw: str) -> tuple[str | None, Any, str | None]:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
-            return name, args, f"Invalid tool call: the arguments of '{name}' are not valid JSON ({e.msg}). {CALL_FORMAT_HINT}"
+            problem = f"arguments of '{name}' are not valid JSON ({e.msg})"
+            return name, args, f"Invalid tool call: {problem}. {CALL_FORMAT_HINT}"
     if not isinstance(args, dict):
         return name, args, f"Invalid tool call: the arguments of '{name}' must be a JSON object. {CALL_FORMAT_HINT}"
     return name, args, None
