@@ -266,3 +266,30 @@ async def run_episodes(
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
         raise
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Batch means of what users look at first: reward, tool use, tokens, how episodes ended."""
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0}
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else float("nan")
+
+    out = {
+        "episodes": float(n),
+        "reward": mean([t.reward for t in trajectories]),
+        "turns": mean([t.metrics.get("turns", 0.0) for t in trajectories]),
+        "tool_calls": mean([t.metrics.get("tool_calls", 0.0) for t in trajectories]),
+        "invalid_tool_calls": mean([t.metrics.get("invalid_tool_calls", 0.0) for t in trajectories]),
+        "tokens": mean([float(t.num_tokens) for t in trajectories]),
+        "sampled_tokens": mean([float(t.num_sampled_tokens) for t in trajectories]),
+        "terminated": mean([float(t.terminated) for t in trajectories]),
+        "truncated": mean([float(t.truncated) for t in trajectories]),
+        "errors": float(sum(t.error is not None for t in trajectories)),
+    }
+    for term in sorted({k for t in trajectories for k in t.rewards}):
+        values = [t.rewards[term] for t in trajectories if t.rewards.get(term) is not None]
+        out[f"reward/{term}"] = mean(values)  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,215 @@
+"""The ``taskrl`` command line: ``env list``, ``env check``, ``rollout`` and ``demo``.
+
+Every command is a thin shell over the library (``taskrl.env``, ``taskrl.rollout``, ``taskrl.policies``);
+errors a user can fix print one line naming the problem and the fix, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from taskrl import __version__
+from taskrl.env import EnvCheckError, UnknownEnvError, acheck_env, make, registry
+from taskrl.policies import POLICY_KINDS, PolicyError, SamplingParams, make_policy
+from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.types import Trajectory
+
+app = typer.Typer(
+    help="taskrl: train task-oriented LLM agents with RL.", no_args_is_help=True, pretty_exceptions_show_locals=False
+)
+env_app = typer.Typer(help="Inspect registered environments.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+console = Console()
+
+
+class UsageError(Exception):
+    """A problem the user fixes by changing the command (printed as one line, exit 2)."""
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """List registered environments."""
+    table = Table("name", "tools", "description")
+    for name, spec in sorted(registry().items()):
+        table.add_row(name, ", ".join(make(name).tools.names), spec.description)
+    console.print(table)
+
+
+@env_app.command("check")
+def env_check(name: Annotated[str, typer.Argument(help="registered env name")]) -> None:
+    """Run check_env on one environment."""
+    asyncio.run(acheck_env(make(name)))
+    console.print(f"[green]ok[/green] env '{name}' passes check_env")
+
+
+def _summary_table(trajectories: list[Trajectory], title: str) -> Table:
+    s = summarize(trajectories)
+    table = Table(title=title)
+    for col in ("episodes", "reward", "turns", "tool calls", "invalid", "tokens", "sampled", "done", "cut", "errors"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"{s['episodes']:.0f}",
+        f"{s['reward']:.3f}",
+        f"{s['turns']:.2f}",
+        f"{s['tool_calls']:.2f}",
+        f"{s['invalid_tool_calls']:.2f}",
+        f"{s['tokens']:.0f}",
+        f"{s['sampled_tokens']:.0f}",
+        f"{s['terminated']:.0%}",
+        f"{s['truncated']:.0%}",
+        f"{s['errors']:.0f}",
+    )
+    return table
+
+
+async def _play(env_name: str, policy, tasks, config: RolloutConfig, out: Path) -> list[Trajectory]:
+    """Run episodes with a progress bar, appending each trajectory to ``out`` as soon as it ends."""
+    total = len(tasks) * config.group_size
+    columns = (
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]:.2f}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+    )  # fmt: skip
+    rewards: list[float] = []
+    with out.open("a", encoding="utf-8") as sink, Progress(*columns, console=console) as bar:
+        job = bar.add_task(f"{env_name} episodes", total=total, reward=0.0)
+
+        def done(traj: Trajectory) -> None:
+            sink.write(traj.to_json() + "\n")
+            sink.flush()
+            rewards.append(traj.reward)
+            bar.update(job, advance=1, reward=sum(rewards) / len(rewards))
+
+        return await run_episodes(lambda: make(env_name), policy, tasks, config, on_trajectory=done)
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and out.stat().st_size > 0 and not overwrite:
+        raise UsageError(f"{out} already exists; pass --overwrite or choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
+
+
+def _write_meta(out: Path, config: RolloutConfig, trajectories: list[Trajectory], extra: dict) -> Path:
+    meta = {
+        "taskrl_version": __version__,
+        "python": platform.python_version(),
+        "argv": sys.argv,
+        "config": json.loads(json.dumps(config, default=lambda o: o.__dict__)),
+        "summary": summarize(trajectories),
+        **extra,
+    }
+    path = out.with_suffix(".meta.json")
+    path.write_text(json.dumps(meta, indent=2))
+    return path
+
+
+@app.command()
+def rollout(
+    env: Annotated[str, typer.Option(help="registered env name (see `taskrl env list`)")],
+    policy: Annotated[str, typer.Option(help=f"one of {', '.join(POLICY_KINDS)}")] = "hf",
+    n: Annotated[int, typer.Option(help="number of tasks to play")] = 8,
+    group_size: Annotated[int, typer.Option(help="episodes per task (K)")] = 1,
+    out: Annotated[Path, typer.Option(help="trajectories JSONL, written as episodes finish")] = Path(
+        "runs/rollout.jsonl"
+    ),
+    model: Annotated[str, typer.Option(help="hf: 'smollm2' or a local model dir; openai: model name")] = "smollm2",
+    base_url: Annotated[str | None, typer.Option(help="openai: server URL incl. /v1")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: API key")] = None,
+    device: Annotated[str, typer.Option(help="hf: auto, cpu, cuda, cuda:1 ...")] = "auto",
+    split: Annotated[str, typer.Option(help="task split")] = "train",
+    max_turns: Annotated[int, typer.Option()] = 8,
+    max_new_tokens: Annotated[int, typer.Option()] = 256,
+    max_context_tokens: Annotated[int, typer.Option()] = 4096,
+    temperature: Annotated[float, typer.Option()] = 1.0,
+    concurrency: Annotated[int, typer.Option()] = 8,
+    seed: Annotated[int, typer.Option()] = 0,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
+) -> None:
+    """Play episodes of an env with a policy and write the trajectories as JSONL."""
+    env_obj = make(env)
+    config = RolloutConfig(
+        max_turns=max_turns,
+        max_context_tokens=max_context_tokens,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+        group_size=group_size,
+        concurrency=concurrency,
+        seed=seed,
+    )
+    tasks = list(env_obj.tasks(split))[:n]
+    if not tasks:
+        raise UsageError(f"env '{env}' has no tasks in split '{split}'")
+    _prepare_out(out, overwrite)
+    pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj)
+    start = time.perf_counter()
+    trajectories = asyncio.run(_play(env, pol, tasks, config, out))
+    meta = _write_meta(out, config, trajectories, {"env": env, "policy": policy, "model": model,
+                                                   "wall_time_s": time.perf_counter() - start})
+    console.print(_summary_table(trajectories, f"{env} x {policy}"))
+    console.print(f"trajectories: {out}   run info: {meta}")
+
+
+def _show_episode(traj: Trajectory) -> None:
+    console.rule(f"one episode: task {traj.task_id}, reward {traj.reward:.2f}")
+    for m in traj.messages:
+        if m.role == "system":
+            continue
+        text = m.content + "".join(f"\n-> {c.name}({json.dumps(c.arguments)})" for c in m.tool_calls)
+        console.print(f"[bold]{m.role}[/bold]: {text.strip()[:400]}", markup=True, highlight=False)
+
+
+@app.command()
+def demo(
+    n: Annotated[int, typer.Option(help="tasks to play")] = 8,
+    group_size: Annotated[int, typer.Option(help="episodes per task")] = 2,
+    out_dir: Annotated[Path, typer.Option(help="run directory")] = Path("runs/demo"),
+    device: Annotated[str, typer.Option()] = "auto",
+) -> None:
+    """The main job on embedded defaults: SmolLM2-135M-Instruct plays the built-in shop env."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = out_dir / "trajectories.jsonl"
+    _prepare_out(out, overwrite=True)
+    console.print("loading SmolLM2-135M-Instruct (first run converts the GGUF and caches it) ...")
+    pol = make_policy("hf", model="smollm2", device=device)
+    env_obj = make("shop")
+    config = RolloutConfig(
+        max_turns=4,
+        max_context_tokens=2048,
+        sampling=SamplingParams(max_new_tokens=96, temperature=0.7),
+        group_size=group_size,
+        concurrency=16,
+        seed=0,
+    )
+    start = time.perf_counter()
+    trajectories = asyncio.run(_play("shop", pol, list(env_obj.tasks("train"))[:n], config, out))
+    wall = time.perf_counter() - start
+    _show_episode(max(trajectories, key=lambda t: (t.metrics.get("tool_calls", 0), t.reward)))
+    console.print(_summary_table(trajectories, "SmolLM2-135M-Instruct on shop"))
+    sampled = sum(t.num_sampled_tokens for t in trajectories)
+    console.print(f"{sampled} tokens sampled in {wall:.1f}s ({sampled / wall:.1f} tok/s) on {pol.device}")
+    _write_meta(out, config, trajectories, {"env": "shop", "policy": "hf", "model": "smollm2", "wall_time_s": wall})
+    console.print(f"trajectories: {out}")
+
+
+def main() -> None:
+    """Entry point: user-fixable errors become one line on stderr and exit code 2."""
+    try:
+        app()
+    except (UsageError, UnknownEnvError, PolicyError, EnvCheckError, ValueError, FileNotFoundError) as e:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
