@@ -6,7 +6,10 @@ Methods may be sync or async. ``ToolEnv`` implements ``step`` for the common cas
 tools); subclass it and write tools, tasks and a reward. ``check_env`` is run on every registered env.
 
 ``step`` may put ``"context": list[Message]`` in its info to replace the model's view (pruning, summaries):
-the loop then re-renders the context and opens a new token Segment.
+the loop then re-renders the context and opens a new token Segment, and ``"append_messages"`` to add
+messages after the tool results. A turn without tool calls ends the episode unless the env defines
+``user_turn(text) -> (messages, terminated, truncated, info)``: a simulated user who answers and lets the
+conversation go on (multi-turn dialogue tasks, clarifying questions).
 """
 
 from __future__ import annotations

@@ -169,18 +169,22 @@ async def run_episode(
             assistant = Message("assistant", parsed.content, tool_calls=parsed.all_calls)
             traj.messages.append(assistant)
             if parsed.is_final:
+                traj.info["final_answer"] = parsed.final_answer
+                user_turn = getattr(env, "user_turn", None)
                 if completion.finish_reason == "length":
                     traj.truncated, traj.info["truncation"] = True, "max_new_tokens"
-                else:
+                    break
+                if user_turn is None:
                     traj.terminated = True
-                traj.info["final_answer"] = parsed.final_answer
-                break
-            results, terminated, truncated, step_info = await maybe_await(env.step(parsed.tool_calls))
-            metrics["tool_cost"] += env.tools.cost(parsed.tool_calls)
-            results = _merge_results(parsed, results)
-            metrics["tool_errors"] += sum(r.is_error for r in results)
-            observations = [Message.from_result(r) for r in results]
-            observations += step_info.get("append_messages", [])
+                    break
+                observations, terminated, truncated, step_info = await maybe_await(user_turn(parsed.content))
+            else:
+                results, terminated, truncated, step_info = await maybe_await(env.step(parsed.tool_calls))
+                metrics["tool_cost"] += env.tools.cost(parsed.tool_calls)
+                results = _merge_results(parsed, results)
+                metrics["tool_errors"] += sum(r.is_error for r in results)
+                observations = [Message.from_result(r) for r in results]
+            observations = list(observations) + step_info.get("append_messages", [])
             traj.messages.extend(observations)
             ctx.add_turn(completion, assistant, observations)
             if "context" in step_info:
