@@ -1,0 +1,1 @@
+"""Serving trained policies: the OpenAI-compatible server and, later, routing, feedback and promotion."""

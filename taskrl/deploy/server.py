@@ -1,0 +1,433 @@
+"""taskrl's OpenAI-compatible server: ``/v1/chat/completions`` over any taskrl ``Policy``.
+
+``create_app({"name": policy})`` builds the FastAPI app, ``serve`` runs it with uvicorn, and
+``running_server(app)`` runs it on a free loopback port in a background thread (tests, notebooks).
+Token-mode policies are rendered with their chat format and their Hermes ``<tool_call>`` text becomes
+OpenAI ``tool_calls``. Responses carry vLLM's extension fields (``token_ids``, ``prompt_token_ids``,
+when ``return_token_ids`` is set) so ``OpenAIPolicy`` stays token-exact against this server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import fastapi
+import httpx
+import uvicorn
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+from taskrl.types import Message, ToolCall, new_id
+
+DEFAULT_MAX_TOKENS = 512
+
+
+# -- request schema (the subset of OpenAI's that taskrl honours; unknown fields are ignored) ------
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCallIn(BaseModel):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"
+
+    @field_validator("arguments")
+    @classmethod
+    def _decode(cls, value: str | dict[str, Any]) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        decoded = json.loads(value) if value.strip() else {}  # JSONDecodeError is a ValueError -> 422
+        if not isinstance(decoded, dict):
+            raise ValueError("tool call arguments must be a JSON object")
+        return decoded
+
+
+class ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessageIn(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _check_tool_message(self) -> ChatMessageIn:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
+
+    def to_message(self) -> Message:
+        parts = self.content if isinstance(self.content, list) else []
+        content = "".join(p.text for p in parts) if parts else str(self.content or "")
+        calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or []]
+        # "developer" is OpenAI's newer name for the system role; chat templates only know "system".
+        role = "system" if self.role == "developer" else self.role
+        return Message(role, content, tool_calls=calls, tool_call_id=self.tool_call_id, name=self.name)
+
+
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChatCompletionRequest(BaseModel):
+    model: str
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=-1)  # vLLM extension; -1 and 0 both disable it
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1)  # one choice per request; ask again for more samples
+    stream: bool = False
+    logprobs: bool = False
+    return_token_ids: bool = False  # vLLM extension: token_ids per choice, prompt_token_ids on top
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_new_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            seed=self.seed,
+            stop=stop,
+        )
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def _error_response(status: int, message: str, kind: str) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return JSONResponse(status_code=status, content=body)
+
+
+# -- generation -------------------------------------------------------------------------------
+@dataclass
+class ChatResult:
+    """One served assistant turn, with the exact tokens (for interaction logging and streaming)."""
+
+    completion: Completion
+    prompt_token_ids: list[int] | None
+    content: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    """OpenAI's: "stop", "length" or "tool_calls"."""
+
+
+async def generate_chat(
+    policy: Policy, messages: list[Message], tools: list[dict[str, Any]], sampling: SamplingParams
+) -> ChatResult:
+    """Sample one turn from ``policy``: render and parse for token-mode policies, pass through otherwise."""
+    prompt_ids: list[int] | None = None
+    if policy.chat_format is not None:
+        try:
+            prompt_ids = policy.chat_format.prompt_ids(messages, tools or None)
+        except Exception as exc:  # jinja templates raise their own types for e.g. misordered roles
+            raise APIError(400, f"cannot render messages with the chat template: {exc}") from exc
+        completion = await policy.generate(token_ids=prompt_ids, sampling=sampling)
+    else:
+        completion = await policy.generate(messages=messages, tools=tools or None, sampling=sampling)
+    if completion.prompt_token_ids is not None:  # what the backend actually conditioned on wins
+        prompt_ids = completion.prompt_token_ids
+    if completion.tool_calls is not None:
+        content, calls = completion.text, completion.tool_calls
+    else:
+        content, calls = _parse_hermes_tool_calls(completion.text)
+    finish_reason = "tool_calls" if calls else "stop"
+    if completion.finish_reason == "length":
+        finish_reason = "length"
+    return ChatResult(completion, prompt_ids, content, calls, finish_reason)
+
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _parse_hermes_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """Split Hermes ``<tool_call>{"name", "arguments"}</tool_call>`` blocks out of model text.
+
+    A block that does not parse stays in the content, so the client sees what the model wrote; the
+    whitespace left around removed blocks is stripped.
+    """
+    calls: list[ToolCall] = []
+    kept: list[str] = []
+    position = 0
+    for match in _TOOL_CALL_BLOCK.finditer(text):
+        call = _decode_hermes_call(match.group(1))
+        if call is None:
+            continue
+        calls.append(call)
+        kept.append(text[position : match.start()])
+        position = match.end()
+    if not calls:
+        return text, calls  # plain answers reach the client byte for byte
+    kept.append(text[position:])
+    return "".join(kept).strip(), calls
+
+
+def _decode_hermes_call(body: str) -> ToolCall | None:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    arguments = data.get("arguments", {})
+    if isinstance(arguments, str):  # some models emit the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(id=new_id("call"), name=data["name"], arguments=arguments)
+
+
+def _response_body(result: ChatResult, request: ChatCompletionRequest, policy: Policy) -> dict[str, Any]:
+    completion = result.completion
+    message: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.tool_calls:
+        message["tool_calls"] = [c.to_openai() for c in result.tool_calls]
+        message["content"] = result.content or None  # OpenAI sends null content beside tool calls
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": _logprobs_body(completion, policy) if request.logprobs else None,
+        "finish_reason": result.finish_reason,
+    }
+    body: dict[str, Any] = {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(result.prompt_token_ids or []),
+            "completion_tokens": len(completion.token_ids),
+            "total_tokens": len(result.prompt_token_ids or []) + len(completion.token_ids),
+        },
+    }
+    if request.return_token_ids:
+        choice["token_ids"] = list(completion.token_ids)
+        body["prompt_token_ids"] = result.prompt_token_ids
+    return body
+
+
+def _logprobs_body(completion: Completion, policy: Policy) -> dict[str, Any]:
+    chat_format = policy.chat_format
+    entries = []
+    for i, logprob in enumerate(completion.logprobs):
+        token = ""
+        if chat_format is not None and i < len(completion.token_ids):
+            token = chat_format.decode([completion.token_ids[i]], skip_special_tokens=False)
+        entries.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []})
+    return {"content": entries}
+
+
+# -- app --------------------------------------------------------------------------------------
+def create_app(policies: dict[str, Policy], *, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> fastapi.FastAPI:
+    """An OpenAI-compatible app serving each policy under its key as the ``model`` name."""
+    if not policies:
+        raise ValueError("create_app needs at least one policy to serve")
+    app = fastapi.FastAPI(title="taskrl", version="0.1.0")
+    app.state.policies = dict(policies)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: fastapi.Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc.status, exc.message, exc.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: fastapi.Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        return _error_response(422, f"invalid request: {problems}", "invalid_request_error")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": sorted(app.state.policies)}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "taskrl", "version": p.version}
+            for name, p in app.state.policies.items()
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest) -> dict[str, Any]:
+        if request.stream:
+            raise APIError(400, "streaming not supported yet; send stream=false")
+        policy = app.state.policies.get(request.model)
+        if policy is None:
+            known = ", ".join(sorted(app.state.policies))
+            raise APIError(404, f"model {request.model!r} is not served here; served models: {known}")
+        messages = [m.to_message() for m in request.messages]
+        try:
+            result = await generate_chat(policy, messages, request.tool_schemas(), request.sampling(default_max_tokens))
+        except PolicyError as exc:
+            raise APIError(500, f"policy {request.model!r} failed: {exc}", "server_error") from exc
+        return _response_body(result, request, policy)
+
+    return app
+
+
+def serve(policies: dict[str, Policy], host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info") -> None:
+    """Serve ``policies`` until interrupted (the ``taskrl serve`` command)."""
+    uvicorn.run(create_app(policies), host=host, port=port, log_level=log_level)
+
+
+# -- background server (tests, notebooks) -----------------------------------------------------
+class ServerThread:
+    """Runs an ASGI app with uvicorn in a daemon thread; ``start()`` returns once /health answers."""
+
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        startup_timeout_s: float = 30.0,
+        log_level: str = "warning",
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
+        self.log_level = log_level
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        """Root URL, e.g. ``http://127.0.0.1:41234`` (``/health`` lives here)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, e.g. ``http://127.0.0.1:41234/v1`` (what ``OpenAIPolicy`` takes)."""
+        return self.url + "/v1"
+
+    def start(self) -> str:
+        if self._thread is not None:
+            raise RuntimeError("ServerThread already started")
+        # Binding here (port 0 = any free port) and handing uvicorn the socket avoids the race of
+        # picking a free port and having something else take it before uvicorn binds.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((self.host, self.port))
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level=self.log_level, timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
+            name=f"taskrl-server-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self.base_url
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        last_error = "not started"
+        while time.monotonic() < deadline:
+            assert self._thread is not None and self._server is not None
+            if not self._thread.is_alive():
+                raise RuntimeError(f"server thread for {self.url} exited during startup; see its log above")
+            if self._server.started:
+                try:
+                    status = httpx.get(self.url + "/health", timeout=2.0, trust_env=False).status_code
+                except httpx.HTTPError as exc:
+                    last_error = f"{type(exc).__name__}: {exc}"
+                else:
+                    if status == 200:
+                        return
+                    if status == 404:
+                        raise RuntimeError(f"{self.url} has no /health route; give the app one")
+                    last_error = f"/health returned HTTP {status}"
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"server at {self.url} not healthy after {self.startup_timeout_s:g}s ({last_error}); "
+            "raise startup_timeout_s or check the app's startup"
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is None or self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._server.force_exit = True  # abandon in-flight requests rather than hang the caller
+            self._thread.join(5.0)
+        if self._socket is not None:
+            self._socket.close()
+        if self._thread.is_alive():
+            raise RuntimeError(f"server thread for {self.url} did not stop within {timeout_s + 5:g}s")
+        self._server = self._thread = self._socket = None
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running_server(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout_s: float = 30.0
+) -> Iterator[str]:
+    """Run ``app`` on loopback for the duration of the block; yields the ``/v1`` base URL."""
+    server = ServerThread(app, host, port, startup_timeout_s=startup_timeout_s)
+    server.start()
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
