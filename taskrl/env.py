@@ -132,6 +132,21 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
     def fail(msg: str) -> None:
         raise EnvCheckError(f"env '{getattr(env, 'name', type(env).__name__)}': {msg}")
 
+    async def call(method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await maybe_await(getattr(env, method)(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 - reported as a contract failure naming the method
+            fail(f"{method} raised {type(e).__name__}: {e}")
+
+    async def reward_for_answer(task: Task, messages: list[Message], answer: str) -> float:
+        await call("reset", task, seed=0)
+        traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
+        traj.info["final_answer"] = answer
+        rewards = await call("reward", traj)
+        if not isinstance(rewards, dict):
+            fail(f"reward must return a dict of terms, got {type(rewards).__name__}")
+        return float(sum(v for v in rewards.values() if v is not None))
+
     for attr in ("tools", "tasks", "reset", "step", "reward"):
         if not hasattr(env, attr):
             fail(f"missing '{attr}'")
@@ -141,42 +156,38 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
         fn = schema.get("function", {})
         if not fn.get("name") or not fn.get("description") or fn.get("parameters", {}).get("type") != "object":
             fail(f"tool schema incomplete: {schema}")
-    tasks = list(env.tasks("train"))[:num_tasks]
+    tasks = list(await call("tasks", "train"))[:num_tasks]
     if not tasks:
         fail("tasks('train') returned no tasks")
     for task in tasks:
         if not isinstance(task, Task):
             fail(f"tasks() must yield Task objects, got {type(task).__name__}")
-        out = await maybe_await(env.reset(task, seed=0))
+        out = await call("reset", task, seed=0)
         if not (isinstance(out, tuple) and len(out) == 2):
             fail("reset must return (messages, info)")
         messages, info = out
         if not messages or not all(isinstance(m, Message) for m in messages) or not isinstance(info, dict):
             fail("reset must return a non-empty list[Message] and a dict")
         bogus = ToolCall("call_check", "__no_such_tool__", {})
-        step = await maybe_await(env.step([bogus]))
+        step = await call("step", [bogus])
         if not (isinstance(step, tuple) and len(step) == 4):
             fail("step must return (results, terminated, truncated, info)")
         results, terminated, truncated, info = step
-        if len(results) != 1 or not results[0].is_error or results[0].call_id != "call_check":
+        if (
+            not isinstance(results, list)
+            or len(results) != 1
+            or not isinstance(results[0], ToolResult)
+            or not results[0].is_error
+            or results[0].call_id != "call_check"
+        ):
             fail("step must answer an unknown tool with one error ToolResult carrying the call id")
         if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
             fail("step must return bools for terminated/truncated and a dict for info")
         if task.answer is not None:
-            gold = await _reward_for_answer(env, task, messages, str(task.answer))
-            wrong = await _reward_for_answer(env, task, messages, "__certainly wrong__")
+            gold = await reward_for_answer(task, messages, str(task.answer))
+            wrong = await reward_for_answer(task, messages, "__certainly wrong__")
             if not gold > wrong:
                 fail(f"task {task.id}: the gold answer scores {gold}, not more than a wrong answer ({wrong})")
-
-
-async def _reward_for_answer(env: Env, task: Task, messages: list[Message], answer: str) -> float:
-    await maybe_await(env.reset(task, seed=0))
-    traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
-    traj.info["final_answer"] = answer
-    rewards = await maybe_await(env.reward(traj))
-    if not isinstance(rewards, dict):
-        raise EnvCheckError(f"reward must return a dict of terms, got {type(rewards).__name__}")
-    return float(sum(v for v in rewards.values() if v is not None))
 
 
 def check_env(env: Env, *, num_tasks: int = 3) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from taskrl.tools import ToolSet
 from taskrl.types import ToolCall, ToolResult
 
-_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
+# A call's body ends at its closing tag; an unterminated one ends where the next call opens or the text ends.
+_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|(?=<tool_call>)|$)", re.S)
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 CALL_FORMAT_HINT = 'Write each call as <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>.'
 
@@ -44,16 +45,26 @@ class ParsedTurn:
         return (m.group(1) if m else self.content).strip()
 
 
+def _loads(text: str) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) when ``text`` is not JSON that Python can hold."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, e.msg
+    except RecursionError:
+        return None, "nested too deeply"
+    except ValueError as e:  # e.g. an integer longer than Python's int/str conversion limit
+        return None, str(e).split(":")[0]
+
+
 def _decode_call(raw: str) -> tuple[str | None, Any, str | None]:
     """(name, arguments, error) from one call's JSON body."""
     body = raw.strip()
     if body.startswith("```"):
         body = body.strip("`").removeprefix("json").strip()
-    try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
-        return None, None, f"Invalid tool call: not valid JSON ({msg}). {CALL_FORMAT_HINT}"
+    obj, problem = _loads(body)
+    if problem is not None:
+        return None, None, f"Invalid tool call: not valid JSON ({problem}). {CALL_FORMAT_HINT}"
     if not isinstance(obj, dict):
         return None, None, f"Invalid tool call: it must be a JSON object. {CALL_FORMAT_HINT}"
     name = obj.get("name")
@@ -61,11 +72,11 @@ def _decode_call(raw: str) -> tuple[str | None, Any, str | None]:
         return None, None, f"Invalid tool call: it has no \"name\" string. {CALL_FORMAT_HINT}"
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models double-encode the arguments
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            problem = f"arguments of '{name}' are not valid JSON ({e.msg})"
+        decoded, problem = _loads(args) if args.strip() else ({}, None)
+        if problem is not None:
+            problem = f"arguments of '{name}' are not valid JSON ({problem})"
             return name, args, f"Invalid tool call: {problem}. {CALL_FORMAT_HINT}"
+        args = decoded
     if not isinstance(args, dict):
         return name, args, f"Invalid tool call: the arguments of '{name}' must be a JSON object. {CALL_FORMAT_HINT}"
     return name, args, None
