@@ -32,7 +32,9 @@ class ChatTemplateError(ValueError):
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    """Hermes text of one call; '<' is JSON-escaped so an argument can never close the tag early."""
+    body = json.dumps({"name": name, "arguments": arguments}).replace("<", "\\u003c")
+    return "<tool_call>\n" + body + "\n</tool_call>"
 
 
 class ChatFormat:
@@ -47,8 +49,10 @@ class ChatFormat:
         self.native_tools = (
             "tools" in tokenizer.chat_template if native_tools is None else native_tools
         )
+        self._fast = getattr(tokenizer, "backend_tokenizer", None)
         self.stop_token_ids = self._find_stop_ids()
         self._turn_suffix = self._assistant_suffix()
+        self._close_cache: dict[int | None, list[int]] = {}
         self._obs_base = [Message("user", "x"), Message("assistant", "y")]
         self._obs_base_text = self.render(self._obs_base, add_generation_prompt=False)
 
@@ -108,6 +112,8 @@ class ChatFormat:
         return self.tokenizer.apply_chat_template(self.to_template_messages(messages, tools), **kwargs)
 
     def encode(self, text: str) -> list[int]:
+        if self._fast is not None:  # the Rust tokenizer directly: ~10x less overhead than __call__
+            return self._fast.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
@@ -120,12 +126,15 @@ class ChatFormat:
 
     def close_turn_ids(self, completion_ids: list[int]) -> list[int]:
         """Forced tokens that close a sampled assistant turn the way the template closes it."""
-        suffix = self._turn_suffix
-        if completion_ids and completion_ids[-1] in self.stop_token_ids:
-            stop_text = self.tokenizer.decode([completion_ids[-1]], skip_special_tokens=False)
-            if suffix.startswith(stop_text):
-                suffix = suffix[len(stop_text) :]
-        return self.encode(suffix) if suffix else []
+        last = completion_ids[-1] if completion_ids and completion_ids[-1] in self.stop_token_ids else None
+        if last not in self._close_cache:
+            suffix = self._turn_suffix
+            if last is not None:
+                stop_text = self.tokenizer.decode([last], skip_special_tokens=False)
+                if suffix.startswith(stop_text):
+                    suffix = suffix[len(stop_text) :]
+            self._close_cache[last] = self.encode(suffix) if suffix else []
+        return list(self._close_cache[last])
 
     def observation_ids(self, new_messages: list[Message]) -> list[int]:
         """Token ids of messages appended after a closed assistant turn, plus the generation prompt."""

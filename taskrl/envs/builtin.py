@@ -134,7 +134,7 @@ class NoopEnv(ToolEnv):
     def tasks(self, split: str = "train") -> Sequence[Task]:
         return [Task(id=f"noop-{k}", prompt=f"Call noop {k} times.", answer="done") for k in (1, 4, 16)]
 
-    @tool(max_output_chars=None)
+    @tool(max_output_chars=None, in_thread=False)
     def noop(self) -> str:
         """Do nothing and return "ok"."""
         return "ok"
