@@ -86,5 +86,9 @@ class Policy(Protocol):
         tools: list[dict[str, Any]] | None = None,
         sampling: SamplingParams,
     ) -> Completion:
-        """Sample one turn from ``token_ids`` (token mode) or ``messages`` + ``tools`` (message mode)."""
+        """Sample one turn from ``token_ids`` (token mode) or ``messages`` + ``tools`` (message mode).
+
+        The agent loop passes ``messages`` and ``tools`` in token mode too (rules and logging may read
+        them); when ``token_ids`` is given it is the exact prompt and takes precedence.
+        """
         ...
