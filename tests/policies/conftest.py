@@ -1,0 +1,25 @@
+"""Shared fixtures for policy tests: one tiny random model per session, a fresh HFPolicy per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from taskrl.policies.hf import HFPolicy
+from taskrl.policies.models import tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny() -> tuple[Any, Any]:
+    """(model, tokenizer); shared, so tests must not change the weights."""
+    return tiny_model(seed=0)
+
+
+@pytest.fixture
+def hf_policy(tiny: tuple[Any, Any]) -> Iterator[HFPolicy]:
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer, device="auto")
+    yield policy
+    policy.close()
