@@ -23,6 +23,7 @@ from rich.table import Table
 from taskrl import __version__
 from taskrl.env import EnvCheckError, UnknownEnvError, acheck_env, make, registry
 from taskrl.policies import POLICY_KINDS, PolicyError, SamplingParams, make_policy
+from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes, summarize
 from taskrl.types import Trajectory
 
@@ -32,6 +33,8 @@ app = typer.Typer(
 env_app = typer.Typer(help="Inspect registered environments.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 console = Console()
+if not console.is_terminal:  # logs and CI: wide enough that the summary tables are not wrapped
+    console.width = max(console.width, 120)
 
 
 class UsageError(Exception):
@@ -54,23 +57,26 @@ def env_check(name: Annotated[str, typer.Argument(help="registered env name")]) 
     console.print(f"[green]ok[/green] env '{name}' passes check_env")
 
 
-def _summary_table(trajectories: list[Trajectory], title: str) -> Table:
-    s = summarize(trajectories)
+def _summary_table(rows: dict[str, list[Trajectory]], title: str) -> Table:
+    """One row per policy: the batch means a user reads first (per episode)."""
     table = Table(title=title)
-    for col in ("episodes", "reward", "turns", "tool calls", "invalid", "tokens", "sampled", "done", "cut", "errors"):
-        table.add_column(col, justify="right")
-    table.add_row(
-        f"{s['episodes']:.0f}",
-        f"{s['reward']:.3f}",
-        f"{s['turns']:.2f}",
-        f"{s['tool_calls']:.2f}",
-        f"{s['invalid_tool_calls']:.2f}",
-        f"{s['tokens']:.0f}",
-        f"{s['sampled_tokens']:.0f}",
-        f"{s['terminated']:.0%}",
-        f"{s['truncated']:.0%}",
-        f"{s['errors']:.0f}",
-    )
+    columns = ("policy", "episodes", "reward", "turns", "tool calls", "invalid", "tokens", "sampled", "done", "cut")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, trajectories in rows.items():
+        s = summarize(trajectories)
+        table.add_row(
+            name,
+            f"{s['episodes']:.0f}" + (f" ({s['errors']:.0f} err)" if s["errors"] else ""),
+            f"{s['reward']:.3f}",
+            f"{s['turns']:.2f}",
+            f"{s['tool_calls']:.2f}",
+            f"{s['invalid_tool_calls']:.2f}",
+            f"{s['tokens']:.0f}",
+            f"{s['sampled_tokens']:.0f}",
+            f"{s['terminated']:.0%}",
+            f"{s['truncated']:.0%}",
+        )
     return table
 
 
@@ -154,9 +160,13 @@ def rollout(
     pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj)
     start = time.perf_counter()
     trajectories = asyncio.run(_play(env, pol, tasks, config, out))
-    meta = _write_meta(out, config, trajectories, {"env": env, "policy": policy, "model": model,
-                                                   "wall_time_s": time.perf_counter() - start})
-    console.print(_summary_table(trajectories, f"{env} x {policy}"))
+    meta = _write_meta(
+        out,
+        config,
+        trajectories,
+        {"env": env, "policy": policy, "model": model, "wall_time_s": time.perf_counter() - start},
+    )
+    console.print(_summary_table({policy: trajectories}, f"env {env}"))
     console.print(f"trajectories: {out}   run info: {meta}")
 
 
@@ -192,10 +202,18 @@ def demo(
         seed=0,
     )
     start = time.perf_counter()
-    trajectories = asyncio.run(_play("shop", pol, list(env_obj.tasks("train"))[:n], config, out))
+    tasks = list(env_obj.tasks("train"))[:n]
+    trajectories = asyncio.run(_play("shop", pol, tasks, config, out))
     wall = time.perf_counter() - start
-    _show_episode(max(trajectories, key=lambda t: (t.metrics.get("tool_calls", 0), t.reward)))
-    console.print(_summary_table(trajectories, "SmolLM2-135M-Instruct on shop"))
+    _show_episode(max(trajectories, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))
+    # The env's expert rule on the same tasks shows what solving looks like: the gap RL has to close.
+    expert = asyncio.run(
+        run_episodes(
+            lambda: make("shop"), ScriptedPolicy(env_obj.scripted_rule, chat_format=pol.chat_format), tasks, config
+        )
+    )
+    rows = {"SmolLM2-135M": trajectories, "expert rule": expert}
+    console.print(_summary_table(rows, "shop env, per-episode means"))
     sampled = sum(t.num_sampled_tokens for t in trajectories)
     console.print(f"{sampled} tokens sampled in {wall:.1f}s ({sampled / wall:.1f} tok/s) on {pol.device}")
     _write_meta(out, config, trajectories, {"env": "shop", "policy": "hf", "model": "smollm2", "wall_time_s": wall})
