@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import socket
 import threading
 import time
@@ -26,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from taskrl.parsing import parse_hermes
 from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
 from taskrl.types import Message, ToolCall, new_id
 
@@ -176,47 +176,17 @@ async def generate_chat(
     return ChatResult(completion, prompt_ids, content, calls, finish_reason)
 
 
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
 def _parse_hermes_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """Split Hermes ``<tool_call>{"name", "arguments"}</tool_call>`` blocks out of model text.
+    """Split Hermes ``<tool_call>`` blocks out of model text for an OpenAI ``tool_calls`` response.
 
-    A block that does not parse stays in the content, so the client sees what the model wrote; the
-    whitespace left around removed blocks is stripped.
+    Plain answers reach the client byte for byte; a block that does not parse stays in the content so
+    the client sees what the model wrote (validation against the tools is the client's job).
     """
-    calls: list[ToolCall] = []
-    kept: list[str] = []
-    position = 0
-    for match in _TOOL_CALL_BLOCK.finditer(text):
-        call = _decode_hermes_call(match.group(1))
-        if call is None:
-            continue
-        calls.append(call)
-        kept.append(text[position : match.start()])
-        position = match.end()
-    if not calls:
-        return text, calls  # plain answers reach the client byte for byte
-    kept.append(text[position:])
-    return "".join(kept).strip(), calls
-
-
-def _decode_hermes_call(body: str) -> ToolCall | None:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return None
-    arguments = data.get("arguments", {})
-    if isinstance(arguments, str):  # some models emit the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(id=new_id("call"), name=data["name"], arguments=arguments)
+    parsed = parse_hermes(text, id_prefix=new_id("call"))
+    if not parsed.tool_calls:
+        return text, []
+    broken = [f"<tool_call>{c.arguments['__raw__']}</tool_call>" for c, _ in parsed.invalid if "__raw__" in c.arguments]
+    return "\n".join([parsed.content, *broken]).strip(), parsed.tool_calls
 
 
 def _response_body(result: ChatResult, request: ChatCompletionRequest, policy: Policy) -> dict[str, Any]:
