@@ -22,10 +22,10 @@ from rich.table import Table
 
 from taskrl import __version__
 from taskrl.env import EnvCheckError, UnknownEnvError, acheck_env, make, registry
-from taskrl.policies import POLICY_KINDS, PolicyError, SamplingParams, make_policy
+from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, make_policy
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes, summarize
-from taskrl.types import Trajectory
+from taskrl.types import Task, Trajectory
 
 app = typer.Typer(
     help="taskrl: train task-oriented LLM agents with RL.", no_args_is_help=True, pretty_exceptions_show_locals=False
@@ -80,7 +80,7 @@ def _summary_table(rows: dict[str, list[Trajectory]], title: str) -> Table:
     return table
 
 
-async def _play(env_name: str, policy, tasks, config: RolloutConfig, out: Path) -> list[Trajectory]:
+async def _play(env_name: str, policy: Policy, tasks: list[Task], config: RolloutConfig, out: Path) -> list[Trajectory]:
     """Run episodes with a progress bar, appending each trajectory to ``out`` as soon as it ends."""
     total = len(tasks) * config.group_size
     columns = (
@@ -221,10 +221,12 @@ def demo(
 
 
 def main() -> None:
-    """Entry point: user-fixable errors become one line on stderr and exit code 2."""
+    """Entry point: user-fixable errors become one line on stderr and exit code 2 (TASKRL_DEBUG=1: traceback)."""
     try:
         app()
     except (UsageError, UnknownEnvError, PolicyError, EnvCheckError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("TASKRL_DEBUG"):  # developers want the traceback
+            raise
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)
         raise SystemExit(2) from None
 
