@@ -44,17 +44,18 @@ class UsageError(Exception):
 @env_app.command("list")
 def env_list() -> None:
     """List registered environments."""
-    table = Table("name", "tools", "description")
-    for name, spec in sorted(registry().items()):
-        table.add_row(name, ", ".join(make(name).tools.names), spec.description)
+    table = Table("name", "description")
+    for name, spec in sorted(registry().items()):  # not built: some envs open stores or sandboxes
+        table.add_row(name, spec.description)
     console.print(table)
 
 
 @env_app.command("check")
 def env_check(name: Annotated[str, typer.Argument(help="registered env name")]) -> None:
     """Run check_env on one environment."""
-    asyncio.run(acheck_env(make(name)))
-    console.print(f"[green]ok[/green] env '{name}' passes check_env")
+    env = make(name)
+    asyncio.run(acheck_env(env))
+    console.print(f"[green]ok[/green] env '{name}' passes check_env; tools: {', '.join(env.tools.names)}")
 
 
 def _summary_table(rows: dict[str, list[Trajectory]], title: str) -> Table:

@@ -18,9 +18,9 @@ def taskrl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
 def test_env_list_and_check() -> None:
     out = taskrl("env", "list")
     assert out.returncode == 0, out.stderr
-    assert "shop" in out.stdout and "lookup_price" in out.stdout
+    assert "shop" in out.stdout and "noop" in out.stdout
     check = taskrl("env", "check", "shop")
-    assert check.returncode == 0 and "passes check_env" in check.stdout
+    assert check.returncode == 0 and "passes check_env" in check.stdout and "lookup_price" in check.stdout
 
 
 def test_rollout_writes_trajectories_and_run_info(tmp_path: Path) -> None:
