@@ -9,7 +9,9 @@ tools); subclass it and write tools, tasks and a reward. ``check_env`` is run on
 the loop then re-renders the context and opens a new token Segment, and ``"append_messages"`` to add
 messages after the tool results. A turn without tool calls ends the episode unless the env defines
 ``user_turn(text) -> (messages, terminated, truncated, info)``: a simulated user who answers and lets the
-conversation go on (multi-turn dialogue tasks, clarifying questions).
+conversation go on (multi-turn dialogue tasks, clarifying questions). An env that defines
+``observe_context(used_tokens, max_tokens)`` is told, after every sampled turn and before ``step``, how many
+tokens the model's view holds (token budgets, "[Token usage: ...]" lines).
 """
 
 from __future__ import annotations

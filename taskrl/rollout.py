@@ -168,6 +168,9 @@ async def run_episode(
             metrics["invalid_tool_calls"] += len(parsed.invalid)
             assistant = Message("assistant", parsed.content, tool_calls=parsed.all_calls)
             traj.messages.append(assistant)
+            observe = getattr(env, "observe_context", None)
+            if observe is not None:  # envs that show or enforce a token budget (Context-1) need this
+                observe(_context_tokens(ctx, prompt_ids, completion), config.max_context_tokens)
             if parsed.is_final:
                 traj.info["final_answer"] = parsed.final_answer
                 user_turn = getattr(env, "user_turn", None)
@@ -216,6 +219,14 @@ async def run_episode(
     traj.metrics.update(metrics)
     _cap_for_invalid_calls(traj, env)
     return traj
+
+
+def _context_tokens(ctx: _Context, prompt_ids: list[int] | None, completion: Completion) -> int:
+    """Tokens in the model's view after this turn: exact in token mode, else as reported or estimated."""
+    prompt = prompt_ids if prompt_ids is not None else completion.prompt_token_ids
+    if prompt is not None and completion.token_ids:
+        return len(prompt) + len(completion.token_ids)
+    return sum(len(m.content) for m in ctx.messages) // 4 + len(completion.text) // 4  # ~4 chars per token
 
 
 def _merge_results(parsed: ParsedTurn, env_results: list[ToolResult]) -> list[ToolResult]:

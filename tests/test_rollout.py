@@ -267,3 +267,31 @@ def test_summarize_and_config_validation() -> None:
         RolloutConfig(group_size=0)
     with pytest.raises(ValueError, match="SamplingParams.top_p"):
         SamplingParams(top_p=0)
+
+
+class BudgetEnv(ToolEnv):
+    """Records the token usage the loop reports before each step."""
+
+    name = "budget"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    @tool
+    def ping(self) -> str:
+        """Ping."""
+        return "pong"
+
+    def observe_context(self, used: int, limit: int) -> None:
+        self.seen.append((used, limit))
+
+
+async def test_env_is_told_the_exact_context_size(fmt: ChatFormat) -> None:
+    env = BudgetEnv()
+    policy = Recording.from_turns([call("ping"), "done"], chat_format=fmt)
+    traj = await run_episode(env, policy, Task("t", "x"), RolloutConfig(max_context_tokens=999), seed=0)
+    assert [limit for _, limit in env.seen] == [999, 999]
+    prompts = [len(p) + len(c.token_ids) for p, c in policy.turns]
+    assert [used for used, _ in env.seen] == prompts
+    assert env.seen[-1][0] == traj.num_tokens

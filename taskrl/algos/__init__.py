@@ -1,0 +1,1 @@
+"""RL algorithms, one self-contained file each, plus schedules."""
