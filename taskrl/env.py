@@ -5,9 +5,10 @@ An env has ``tools`` (a ToolSet), ``tasks(split)``, ``reset(task, seed) -> (mess
 Methods may be sync or async. ``ToolEnv`` implements ``step`` for the common case (run the calls on its
 tools); subclass it and write tools, tasks and a reward. ``check_env`` is run on every registered env.
 
-``step`` may put ``"context": list[Message]`` in its info to replace the model's view (pruning, summaries):
-the loop then re-renders the context and opens a new token Segment, and ``"append_messages"`` to add
-messages after the tool results. A turn without tool calls ends the episode unless the env defines
+``step`` may put ``"context"`` in its info to change the model's view (pruning, summaries): a new
+``list[Message]``, or a function from the current view (tool results of this step included) to the new one;
+the loop then re-renders the context and opens a new token Segment. ``"append_messages"`` adds messages
+after the tool results. Envs with a ``training`` attribute get ``RolloutConfig.training`` before reset. A turn without tool calls ends the episode unless the env defines
 ``user_turn(text) -> (messages, terminated, truncated, info)``: a simulated user who answers and lets the
 conversation go on (multi-turn dialogue tasks, clarifying questions). An env that defines
 ``observe_context(used_tokens, max_tokens)`` is told, after every sampled turn and before ``step``, how many

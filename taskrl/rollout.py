@@ -38,7 +38,7 @@ class RolloutConfig:
     seed: int = 0
     """Root seed; every episode and turn seed derives from it, so runs are reproducible."""
     training: bool = True
-    """Passed to envs in reset info as ``training``: some add guidance only in training rollouts."""
+    """Set on envs that have a ``training`` attribute before reset: some add guidance only in training."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_context_tokens", "group_size", "concurrency"):
@@ -141,6 +141,8 @@ async def run_episode(
     )
     segments = _SegmentBuilder()
     try:
+        if hasattr(env, "training"):
+            env.training = config.training
         messages, info = await maybe_await(env.reset(task, seed=seed))
         traj.info.update({k: v for k, v in info.items() if k != "context"})
         ctx = _Context(policy, messages, env.tools.schemas())
@@ -190,8 +192,9 @@ async def run_episode(
             observations = list(observations) + step_info.get("append_messages", [])
             traj.messages.extend(observations)
             ctx.add_turn(completion, assistant, observations)
-            if "context" in step_info:
-                ctx.replace(step_info["context"])
+            if "context" in step_info:  # a new view, or a function of the current one (pruning)
+                view = step_info["context"]
+                ctx.replace(view(list(ctx.messages)) if callable(view) else view)
                 metrics["context_resets"] += 1
             if "final_answer" in step_info:
                 traj.info["final_answer"] = step_info["final_answer"]

@@ -106,6 +106,7 @@ class PruningEnv(ToolEnv):
     """Replaces the model's view after the first call (like prune_chunks or a summary would)."""
 
     name = "pruning"
+    training = False
 
     @tool
     def forget(self) -> str:
@@ -115,7 +116,8 @@ class PruningEnv(ToolEnv):
     async def step(self, tool_calls):  # type: ignore[no-untyped-def]
         results, terminated, truncated, info = await super().step(tool_calls)
         assert self.task is not None
-        info["context"] = [Message("system", self.system_prompt), Message("user", self.task.prompt + " (pruned)")]
+        prompt = self.task.prompt
+        info["context"] = lambda view: [view[0], Message("user", prompt + " (pruned)")]
         return results, terminated, truncated, info
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
@@ -129,6 +131,7 @@ async def test_non_append_context_change_opens_new_segment(fmt: ChatFormat) -> N
     )
     traj = await run_episode(env, policy, Task("t", "Do it."), RolloutConfig(), seed=0)
     assert traj.reward == 1.0 and traj.metrics["context_resets"] == 1
+    assert env.training is True  # RolloutConfig.training reached the env
     assert len(traj.segments) == 2
     second = traj.segments[1]
     prompt = fmt.prompt_ids(
