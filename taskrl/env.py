@@ -8,11 +8,13 @@ tools); subclass it and write tools, tasks and a reward. ``check_env`` is run on
 ``step`` may put ``"context"`` in its info to change the model's view (pruning, summaries): a new
 ``list[Message]``, or a function from the current view (tool results of this step included) to the new one;
 the loop then re-renders the context and opens a new token Segment. ``"append_messages"`` adds messages
-after the tool results. Envs with a ``training`` attribute get ``RolloutConfig.training`` before reset. A turn without tool calls ends the episode unless the env defines
-``user_turn(text) -> (messages, terminated, truncated, info)``: a simulated user who answers and lets the
-conversation go on (multi-turn dialogue tasks, clarifying questions). An env that defines
-``observe_context(used_tokens, max_tokens)`` is told, after every sampled turn and before ``step``, how many
-tokens the model's view holds (token budgets, "[Token usage: ...]" lines).
+after the tool results. Envs with a ``training`` attribute get ``RolloutConfig.training`` before reset.
+
+A turn without tool calls ends the episode unless the env defines
+``user_turn(text) -> (messages, terminated, truncated, info)``: a simulated user who answers and lets
+the conversation go on (dialogue tasks, clarifying questions). An env that defines
+``observe_context(used_tokens, max_tokens)`` is told, after every sampled turn and before ``step``, how
+many tokens the model's view holds (token budgets, "[Token usage: ...]" lines).
 """
 
 from __future__ import annotations
