@@ -1,0 +1,387 @@
+"""Composed rewards: named terms with scheduled weights, gates that score cheats as failures, stage-wise credit.
+
+A term is a plain function ``f(trajectory, task) -> float | None`` (None = not applicable: excluded, not zero).
+``ComposedReward(terms)(trajectory, task)`` returns the WEIGHTED terms (what ``Trajectory.rewards`` holds) and
+records each unweighted value in ``trajectory.metrics["reward_raw/<name>"]``. Use it as an env's reward:
+``def reward(self, trajectory): return self.composed(trajectory, self.task)``; the trainer calls ``set_step``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from taskrl.algos.schedules import Schedule, make_schedule
+from taskrl.rewards.formulas import context1_clamp
+from taskrl.types import Task, Trajectory
+
+Term = Callable[[Trajectory, "Task | None"], "float | None"]
+"""A reward term: ``f(trajectory, task) -> float | None``. It may carry ``value_range = (lo, hi)``."""
+GroupTerm = Callable[[Sequence[Trajectory], "Task | None"], "Sequence[float | None]"]
+"""A term that needs the whole group of K samples of one task (exploration, agreement): one value each."""
+
+RAW_PREFIX = "reward_raw/"
+"""``trajectory.metrics`` key prefix of the unweighted term values."""
+INVALID_CALL_CAP = "invalid_tool_call_cap"
+"""The loop's cap term (see ``taskrl.rollout``); recomputed when group terms change the total."""
+
+
+class RewardTermError(ValueError):
+    """A term returned something other than a finite float in its documented range, or None."""
+
+
+@dataclass
+class RewardClock:
+    """The training position that drives weight schedules; shared by every reward that holds it."""
+
+    step: int = 0
+    """Trainer update step."""
+    epoch: int = 0
+    """Pass over the task set (Context-1 anneals beta between epochs)."""
+
+    def set(self, step: int, epoch: int = 0) -> None:
+        if step < 0 or epoch < 0:
+            raise ValueError(f"step and epoch must be >= 0, got step={step}, epoch={epoch}")
+        self.step, self.epoch = int(step), int(epoch)
+
+    def at(self, clock: Literal["step", "epoch"]) -> int:
+        return self.epoch if clock == "epoch" else self.step
+
+
+PROCESS_CLOCK = RewardClock()
+"""The default clock: envs build their rewards anywhere (one env per episode), and the trainer reaches them
+all with ``set_training_step``. Give a reward its own ``RewardClock()`` to keep it independent."""
+
+
+def set_training_step(step: int, epoch: int = 0) -> None:
+    """Move every reward that uses the process clock to this step and epoch."""
+    PROCESS_CLOCK.set(step, epoch)
+
+
+def make_weight(spec: float | dict[str, Any] | Schedule, *, field: str) -> Schedule:
+    """A weight schedule: a number, a ``{"kind": constant|linear|cosine|piecewise|step, ...}`` dict, or a
+    schedule. ``step`` is an alias of ``piecewise`` (values change at the boundaries)."""
+    if isinstance(spec, dict) and spec.get("kind") == "step":
+        spec = {**spec, "kind": "piecewise"}
+    return make_schedule(spec, field=field)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not name or not isinstance(name, str) or "/" in name:
+        raise ValueError(f"{what} name must be a non-empty string without '/', got {name!r}")
+
+
+@dataclass
+class WeightedTerm:
+    """One named term of a composed reward."""
+
+    name: str
+    """Key in ``Trajectory.rewards`` and in the logs."""
+    fn: Term
+    """The term function; a ``GroupTerm`` when used in ``ComposedReward.group_terms``."""
+    weight: float | dict[str, Any] | Schedule = 1.0
+    """A number or a schedule spec (constant/linear/cosine/piecewise/step) over ``clock``."""
+    clock: Literal["step", "epoch"] = "step"
+    """What drives the weight schedule: trainer steps or epochs."""
+    schedule: Schedule = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "WeightedTerm")
+        if not callable(self.fn):
+            raise ValueError(f"WeightedTerm '{self.name}': fn must be callable, got {type(self.fn).__name__}")
+        if self.clock not in ("step", "epoch"):
+            raise ValueError(f"WeightedTerm '{self.name}': clock must be 'step' or 'epoch', got {self.clock!r}")
+        self.schedule = make_weight(self.weight, field=f"WeightedTerm '{self.name}'.weight")
+
+
+@dataclass
+class Gate:
+    """A check that makes the episode score as a failure when it does not pass (fabricated answer, tampering)."""
+
+    name: str
+    """The cap term is logged as ``<name>_cap`` (how much the gate removed); the check as ``reward_raw/<name>``."""
+    check: Term
+    """Returns a value per episode; None means not applicable (the gate passes)."""
+    min_value: float = 1.0
+    """The check passes when its value is >= this."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "Gate")
+        if not callable(self.check):
+            raise ValueError(f"Gate '{self.name}': check must be callable")
+
+
+@dataclass(frozen=True)
+class PenaltyClamp:
+    """Context-1's clamp(total, ε, r_pre): cap at the pre-penalty reward (the positive terms), floor a completed
+    episode (final answer, no error) at ε and any other at 0; see ``formulas.context1_clamp``."""
+
+    epsilon: float = 0.01
+    """Floor for an episode that completed without error."""
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.epsilon < 1.0):
+            raise ValueError(f"PenaltyClamp.epsilon must be in [0, 1), got {self.epsilon}")
+
+
+@dataclass
+class RewardBreakdown:
+    """One scored episode: unweighted values, weighted values (the reward terms) and the weights used."""
+
+    raw: dict[str, float | None]
+    weighted: dict[str, float | None]
+    weights: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return float(sum(v for v in self.weighted.values() if v is not None))
+
+
+def check_value(name: str, fn: Any, value: Any) -> float | None:
+    """Validate a term's output: None, or a finite float inside ``fn.value_range`` when it declares one."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardTermError(f"term '{name}' returned {type(value).__name__} {value!r}; return a float or None")
+    value = float(value)
+    if not math.isfinite(value):
+        raise RewardTermError(f"term '{name}' returned {value}; return a finite float, or None if not applicable")
+    low, high = getattr(fn, "value_range", (-math.inf, math.inf))
+    if not (low - 1e-9 <= value <= high + 1e-9):
+        raise RewardTermError(f"term '{name}' returned {value}, outside its documented range [{low}, {high}]")
+    return value
+
+
+def _total(values: dict[str, float | None]) -> float:
+    return float(sum(v for v in values.values() if v is not None))
+
+
+class ComposedReward:
+    """Weighted named terms, group terms, gates and an optional Context-1 clamp, scored in that order.
+
+    ``gates`` run last: when one fails, ``<gate>_cap`` brings the total down to ``failure_reward``, so a cheat
+    scores exactly like a failed episode and the log shows why. ``group_terms`` need all K samples of a task
+    and are added by ``finalize_group`` (the trainer calls it once a group is collected).
+    """
+
+    def __init__(
+        self,
+        terms: Sequence[WeightedTerm],
+        *,
+        group_terms: Sequence[WeightedTerm] = (),
+        gates: Sequence[Gate] = (),
+        clamp: PenaltyClamp | None = None,
+        failure_reward: float = 0.0,
+        clock: RewardClock | None = None,
+    ) -> None:
+        self.terms = list(terms)
+        self.group_terms = list(group_terms)
+        self.gates = list(gates)
+        self.clamp = clamp
+        self.failure_reward = float(failure_reward)
+        self.clock = clock if clock is not None else PROCESS_CLOCK
+        names = [t.name for t in self.terms + self.group_terms] + [
+            n for g in self.gates for n in (g.name, f"{g.name}_cap")
+        ]
+        names += ["clamp"] if clamp else []
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"ComposedReward: term names must be unique, repeated: {duplicates}")
+        if not self.terms and not self.group_terms:
+            raise ValueError("ComposedReward needs at least one term")
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        """Move this reward's clock (the process clock unless one was given) to ``step``/``epoch``."""
+        self.clock.set(step, epoch)
+
+    def weights(self) -> dict[str, float]:
+        """Current weight of every term and group term (for logging annealing)."""
+        return {t.name: float(t.schedule(self.clock.at(t.clock))) for t in self.terms + self.group_terms}
+
+    def _sync_terms(self) -> None:
+        # Terms with their own schedules (Context-1's beta) follow the same clock as the weights.
+        for t in self.terms + self.group_terms:
+            sync = getattr(t.fn, "set_step", None)
+            if sync is not None:
+                sync(self.clock.step, self.clock.epoch)
+
+    def raw_values(self, trajectory: Trajectory, task: Task | None) -> dict[str, float | None]:
+        """Unweighted value of every (per-episode) term."""
+        return {t.name: check_value(t.name, t.fn, t.fn(trajectory, task)) for t in self.terms}
+
+    def evaluate(self, trajectory: Trajectory, task: Task | None = None) -> RewardBreakdown:
+        """Score one episode without touching it."""
+        self._sync_terms()
+        weights = self.weights()
+        raw = self.raw_values(trajectory, task)
+        weighted = {name: None if v is None else weights[name] * v for name, v in raw.items()}
+        self._settle(trajectory, task, weighted, raw)
+        return RewardBreakdown(raw, weighted, weights)
+
+    def __call__(self, trajectory: Trajectory, task: Task | None = None) -> dict[str, float | None]:
+        """The weighted terms for ``Trajectory.rewards``; unweighted values go to ``trajectory.metrics``."""
+        breakdown = self.evaluate(trajectory, task)
+        record_raw(trajectory, breakdown.raw)
+        return breakdown.weighted
+
+    def finalize_group(self, trajectories: Sequence[Trajectory], task: Task | None = None) -> None:
+        """Add the group terms to each trajectory's rewards and re-apply clamp, gates and the loop's cap."""
+        if not self.group_terms or not trajectories:
+            return
+        self._sync_terms()
+        weights = self.weights()
+        adjusted = {f"{g.name}_cap" for g in self.gates} | {"clamp", INVALID_CALL_CAP}
+        for term in self.group_terms:
+            values = list(term.fn(trajectories, task))
+            if len(values) != len(trajectories):
+                raise RewardTermError(
+                    f"group term '{term.name}' returned {len(values)} values for {len(trajectories)} trajectories"
+                )
+            for traj, value in zip(trajectories, values, strict=True):
+                value = check_value(term.name, term.fn, value)
+                traj.rewards[term.name] = None if value is None else weights[term.name] * value
+                record_raw(traj, {term.name: value})
+        for traj in trajectories:
+            weighted = {k: v for k, v in traj.rewards.items() if k not in adjusted}
+            raw = {g.name: traj.metrics.get(RAW_PREFIX + g.name) for g in self.gates}
+            self._settle(traj, task, weighted, raw, recheck_gates=False)
+            self._cap_invalid_calls(traj, weighted)
+            traj.rewards = weighted
+
+    def rescore(self, trajectories: Sequence[Trajectory], task_of: Callable[[str], Task | None]) -> None:
+        """Score finished trajectories again in place (e.g. read back from JSONL): per-episode terms, group
+        terms per ``group_id``, and the loop's invalid-call cap. ``task_of`` maps a task id to its Task."""
+        groups: dict[str, list[Trajectory]] = {}
+        for traj in trajectories:
+            weighted = self(traj, task_of(traj.task_id))
+            self._cap_invalid_calls(traj, weighted)
+            traj.rewards = weighted
+            groups.setdefault(traj.group_id or traj.id, []).append(traj)
+        for group in groups.values():
+            self.finalize_group(group, task_of(group[0].task_id))
+
+    def _cap_invalid_calls(self, trajectory: Trajectory, weighted: dict[str, float | None]) -> None:
+        """The loop's invariant, kept when rewards change after it ran: invalid calls never beat a failure."""
+        weighted.pop(INVALID_CALL_CAP, None)
+        total = _total(weighted)
+        if trajectory.metrics.get("invalid_tool_calls", 0) > 0 and total > self.failure_reward:
+            weighted[INVALID_CALL_CAP] = self.failure_reward - total
+
+    def _settle(
+        self,
+        trajectory: Trajectory,
+        task: Task | None,
+        weighted: dict[str, float | None],
+        raw: dict[str, float | None],
+        *,
+        recheck_gates: bool = True,
+    ) -> None:
+        """Append the clamp adjustment and the gate caps to ``weighted`` (gate values to ``raw``)."""
+        if self.clamp is not None:
+            total = _total(weighted)
+            pre_penalty = float(sum(v for v in weighted.values() if v is not None and v > 0))
+            completed = trajectory.final_answer is not None and trajectory.error is None
+            weighted["clamp"] = (
+                context1_clamp(total, pre_penalty, epsilon=self.clamp.epsilon, completed=completed) - total
+            )
+        for gate in self.gates:
+            value = raw.get(gate.name)
+            if recheck_gates:
+                value = raw[gate.name] = check_value(gate.name, gate.check, gate.check(trajectory, task))
+            if value is None:
+                weighted[f"{gate.name}_cap"] = None
+                continue
+            total = _total(weighted)
+            failed = value < gate.min_value and total > self.failure_reward
+            weighted[f"{gate.name}_cap"] = self.failure_reward - total if failed else 0.0
+
+
+def record_raw(trajectory: Trajectory, raw: dict[str, float | None]) -> None:
+    """Write unweighted values into ``trajectory.metrics`` (None = not applicable is left out)."""
+    for name, value in raw.items():
+        if value is not None:
+            trajectory.metrics[RAW_PREFIX + name] = value
+
+
+@dataclass
+class Stage:
+    """One stage of a multi-stage task (design / implement / verify) with its own verifier."""
+
+    name: str
+    """Term name of the stage's credit."""
+    verifier: Term
+    """Scores the stage in [0, 1]; None if the stage does not apply to this task."""
+    weight: float | dict[str, Any] | Schedule = 1.0
+    """Share of the reward this stage earns (the seed: 0.2 / 0.5 / 0.3); may be a schedule."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "Stage")
+        if not callable(self.verifier):
+            raise ValueError(f"Stage '{self.name}': verifier must be callable, got {type(self.verifier).__name__}")
+
+
+class MultiStageReward(ComposedReward):
+    """Stage-wise credit: each stage's verifier scores it, weighted by the stage weight.
+
+    With ``sequential=True`` a stage earns nothing (and its verifier is not run) once an earlier applicable
+    stage scored below ``pass_threshold``: tests written for a design that failed earn no credit.
+    ``extra_terms`` (auxiliary, anti-cheating) are scored after the stages.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        *,
+        sequential: bool = False,
+        pass_threshold: float = 1.0,
+        extra_terms: Sequence[WeightedTerm] = (),
+        **kwargs: Any,
+    ) -> None:
+        if not stages:
+            raise ValueError("MultiStageReward needs at least one stage")
+        if not 0.0 <= pass_threshold <= 1.0:
+            raise ValueError(f"MultiStageReward.pass_threshold must be in [0, 1], got {pass_threshold}")
+        self.stages = list(stages)
+        self.sequential = sequential
+        self.pass_threshold = pass_threshold
+        stage_terms = [WeightedTerm(s.name, s.verifier, s.weight) for s in self.stages]
+        super().__init__([*stage_terms, *extra_terms], **kwargs)
+
+    def raw_values(self, trajectory: Trajectory, task: Task | None) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        blocked = False
+        for stage in self.stages:
+            if blocked:
+                out[stage.name] = 0.0
+                continue
+            value = check_value(stage.name, stage.verifier, stage.verifier(trajectory, task))
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise RewardTermError(f"stage '{stage.name}' verifier returned {value}; stages score in [0, 1]")
+            out[stage.name] = value
+            blocked = self.sequential and value is not None and value < self.pass_threshold
+        stage_names = {s.name for s in self.stages}
+        extra = [t for t in self.terms if t.name not in stage_names]
+        out.update({t.name: check_value(t.name, t.fn, t.fn(trajectory, task)) for t in extra})
+        return out
+
+
+def reward_metrics(trajectories: Sequence[Trajectory], reward: ComposedReward | None = None) -> dict[str, float]:
+    """Batch means for the run log, one per term: ``rewards/<term>`` (weighted), ``rewards_raw/<term>``
+    (unweighted), ``rewards/applicable/<term>`` (share of episodes where it applied), ``rewards/total``, and
+    with ``reward`` its current ``rewards/weight/<term>``. A term never applicable in the batch is left out."""
+    out: dict[str, float] = {}
+    if trajectories:
+        out["rewards/total"] = sum(t.reward for t in trajectories) / len(trajectories)
+    for name in sorted({k for t in trajectories for k in t.rewards}):
+        values = [t.rewards[name] for t in trajectories if t.rewards.get(name) is not None]
+        if values:
+            out[f"rewards/{name}"] = float(sum(values)) / len(values)  # type: ignore[arg-type]
+            out[f"rewards/applicable/{name}"] = len(values) / len(trajectories)
+    for key in sorted({k for t in trajectories for k in t.metrics if k.startswith(RAW_PREFIX)}):
+        values = [t.metrics[key] for t in trajectories if key in t.metrics]
+        out[f"rewards_raw/{key.removeprefix(RAW_PREFIX)}"] = sum(values) / len(values)
+    if reward is not None:
+        out.update({f"rewards/weight/{name}": w for name, w in reward.weights().items()})
+    return out

@@ -1,0 +1,124 @@
+"""Pure reward formulas (closed forms from the recipes, or our documented stand-ins), golden-tested.
+
+Context-1: ``f_beta``, ``f_beta_sets``, ``prune_penalty``, ``turn_penalty``, ``context1_clamp``; Composer:
+``effort_penalty``; PARL: ``r_parallel``, ``r_finish``. Inputs are validated: a bad value raises
+``ValueError`` naming the argument, so a bad config fails at start instead of producing NaN rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Set
+
+
+def _check_unit(name: str, value: float) -> None:
+    if not (0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def f_beta(precision: float, recall: float, beta: float) -> float:
+    """F-beta score (1+β²)·P·R / (β²·P + R); 0 when precision and recall are both 0.
+
+    β > 1 weights recall β² times as much as precision: Context-1 starts at β = 4 (recall 16x) and anneals
+    toward β = 2 (recall 4x). Range [0, 1].
+    """
+    _check_unit("precision", precision)
+    _check_unit("recall", recall)
+    if not (beta > 0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+    b2 = beta * beta
+    denominator = b2 * precision + recall
+    if denominator == 0.0:
+        return 0.0
+    return (1.0 + b2) * precision * recall / denominator
+
+
+def f_beta_sets(predicted: Set[Hashable], relevant: Set[Hashable], beta: float) -> tuple[float, float, float]:
+    """F-beta of a predicted set against a relevant set: returns ``(f, precision, recall)``.
+
+    precision = |predicted ∩ relevant| / |predicted|, recall = |predicted ∩ relevant| / |relevant|.
+    An empty prediction has precision 0 and an empty relevant set recall 0, except that predicting nothing
+    when nothing is relevant is perfect (1, 1, 1): there was nothing to find and nothing wrong was said.
+    """
+    predicted, relevant = set(predicted), set(relevant)
+    if not predicted and not relevant:
+        return 1.0, 1.0, 1.0
+    hits = len(predicted & relevant)
+    precision = hits / len(predicted) if predicted else 0.0
+    recall = hits / len(relevant) if relevant else 0.0
+    return f_beta(precision, recall, beta), precision, recall
+
+
+def effort_penalty(x: float, k: float, q: float) -> float:
+    """Composer's effort penalty ((1 + k·x)^(1-q) - 1) / (k·(1-q)); at q = 1 its limit log(1 + k·x) / k.
+
+    ``x`` is the effort spent (tool calls, tokens, seconds: the caller chooses and scales it), ``k`` > 0 sets
+    where the curve bends and ``q`` >= 0 its concavity (q = 0: linear, x; q > 1: bounded by 1/(k·(q-1))).
+    Returns a non-negative cost that grows with x; the caller subtracts it (times a weight) from the reward.
+    Computed with expm1/log1p so q near 1 is as accurate as q = 1.
+    """
+    if not (x >= 0 and math.isfinite(x)):
+        raise ValueError(f"x (effort) must be a finite number >= 0, got {x!r}")
+    if not (k > 0 and math.isfinite(k)):
+        raise ValueError(f"k must be a positive finite number, got {k!r}")
+    if not (q >= 0 and math.isfinite(q)):
+        raise ValueError(f"q must be a finite number >= 0, got {q!r}")
+    log_base = math.log1p(k * x)
+    if q == 1.0:
+        return log_base / k
+    return math.expm1((1.0 - q) * log_base) / (k * (1.0 - q))
+
+
+def r_parallel(max_concurrent: int, k: int) -> float:
+    """PARL's parallelism reward (our closed form; Kimi published none): min(1, max_concurrent / K).
+
+    ``max_concurrent`` is the most sub-agents that ran at the same time in the episode; ``k`` the
+    concurrency that earns full credit. Range [0, 1].
+    """
+    if k < 1:
+        raise ValueError(f"k (sub-agents for full parallel credit) must be >= 1, got {k!r}")
+    if max_concurrent < 0:
+        raise ValueError(f"max_concurrent must be >= 0, got {max_concurrent!r}")
+    return min(1.0, max_concurrent / k)
+
+
+def r_finish(finished_nonempty: int, created: int) -> float:
+    """PARL's finish reward (our closed form): sub-tasks finished with a non-empty result / sub-agents created.
+
+    0 when no sub-agent was created, so spawning nothing earns nothing. Range [0, 1].
+    """
+    if created < 0 or finished_nonempty < 0:
+        raise ValueError(f"counts must be >= 0, got finished_nonempty={finished_nonempty!r}, created={created!r}")
+    if finished_nonempty > created:
+        raise ValueError(f"finished_nonempty ({finished_nonempty}) cannot exceed created ({created})")
+    return finished_nonempty / created if created else 0.0
+
+
+def prune_penalty(
+    streak_lengths: Iterable[int], *, free_streak: int = 3, per_call: float = 0.1, cap: float = 0.5
+) -> float:
+    """Context-1's p_prune: ``per_call`` for every prune call beyond a consecutive streak of ``free_streak``.
+
+    ``streak_lengths`` are the lengths of the maximal runs of consecutive ``prune_chunks`` calls; a run of
+    5 with the default free streak of 3 costs 2 · 0.1. The sum is capped at ``cap`` (0.5). Range [0, cap].
+    """
+    if free_streak < 0 or per_call < 0 or cap < 0:
+        raise ValueError(f"free_streak, per_call and cap must be >= 0, got {free_streak}, {per_call}, {cap}")
+    excess = sum(max(0, int(n) - free_streak) for n in streak_lengths)
+    return min(cap, per_call * excess)
+
+
+def turn_penalty(turns: int, *, start: int = 64, end: int = 128, max_penalty: float = 0.5) -> float:
+    """Context-1's p_turn: 0 up to ``start`` turns, rising linearly to ``max_penalty`` at ``end`` and beyond."""
+    if not 0 <= start < end:
+        raise ValueError(f"turn_penalty needs 0 <= start < end, got start={start}, end={end}")
+    if max_penalty < 0:
+        raise ValueError(f"max_penalty must be >= 0, got {max_penalty}")
+    return max_penalty * min(1.0, max(0.0, (turns - start) / (end - start)))
+
+
+def context1_clamp(total: float, pre_penalty: float, *, epsilon: float, completed: bool) -> float:
+    """Context-1's clamp(total, ε, r_pre): capped at the pre-penalty reward r_pre, then floored at ε for an
+    episode that completed (final answer, no error) and at 0 otherwise. The floor wins when r_pre < ε, so a
+    completed episode always beats a failed one (the search env's reward reads DESIGN §6 the same way)."""
+    return max(epsilon if completed else 0.0, min(total, pre_penalty))

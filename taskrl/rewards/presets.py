@@ -1,0 +1,298 @@
+"""Reward presets named after their sources: ``context1``, ``parl``, ``seed_weighted``, ``composer``.
+
+Each returns a ``ComposedReward`` (every term logged apart, weights on the process clock unless ``clock`` is
+given); ``PRESETS`` maps the names to the builders. The Context-1 term classes live here too because only
+that recipe defines them; their ``trajectory.info``/``task.info`` keys are listed in ``context1``'s docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from taskrl.algos.schedules import Schedule
+from taskrl.rewards.cheating import BusyWork, FinishCredit, Grounding, ParallelCredit, TrivialTests
+from taskrl.rewards.compose import (
+    ComposedReward,
+    Gate,
+    PenaltyClamp,
+    RewardClock,
+    Term,
+    WeightedTerm,
+    make_weight,
+)
+from taskrl.rewards.formulas import f_beta, f_beta_sets, prune_penalty, turn_penalty
+from taskrl.rewards.terms import (
+    AnswerMatch,
+    EffortPenalty,
+    InfoFlag,
+    OutputAgreement,
+    TestPassRate,
+    ValidToolUse,
+)
+from taskrl.rewards.views import assistant_turns, tool_exchanges
+from taskrl.types import Task, Trajectory
+
+# Keys the Context-1 terms read: task keys as ``taskrl datagen multihop`` writes them; trajectory keys from the env.
+OUTPUT_CHUNKS = "output_chunks"
+SEEN_CHUNKS = "seen_chunks"
+FACTS = "facts"
+RELEVANT_CHUNKS = "relevant_chunks"
+ANSWER_CHUNKS = "answer_chunk_ids"
+
+
+def _ids(mapping: Mapping[str, Any], key: str) -> set[Hashable] | None:
+    value = mapping.get(key)
+    return None if value is None else set(value)
+
+
+def _fact_chunks(task: Task | None) -> list[set[Hashable]] | None:
+    """Gold facts, each as the set of chunks that support it (``info["facts"][i]["chunk_ids"]``); a plain
+    ``info["relevant_chunks"]`` list is one fact per chunk."""
+    if task is None:
+        return None
+    if task.info.get(FACTS) is not None:
+        return [set(fact["chunk_ids"]) for fact in task.info[FACTS]]
+    relevant = _ids(task.info, RELEVANT_CHUNKS)
+    return None if relevant is None else [{c} for c in relevant]
+
+
+@dataclass
+class OutputFBeta:
+    """Context-1's F-beta on the final output's chunks, fact-level: a fact is recalled when any chunk that
+    supports it is in the output; precision is the share of output chunks that support a fact or hold the
+    answer. β follows ``beta`` on the reward's clock (``set_step``), by epoch unless ``clock="step"``."""
+
+    beta: float | dict[str, Any] | Schedule = field(
+        default_factory=lambda: {"kind": "linear", "start": 4.0, "end": 2.0, "steps": 4}
+    )
+    """β or its schedule; Context-1: 4 (recall 16x) at the start, annealed toward 2 (recall 4x)."""
+    clock: Literal["step", "epoch"] = "epoch"
+    """What drives the β schedule."""
+    value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    def __post_init__(self) -> None:
+        self._schedule = make_weight(self.beta, field="OutputFBeta.beta")
+        self.current_beta = float(self._schedule(0))
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        self.current_beta = float(self._schedule(epoch if self.clock == "epoch" else step))
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        facts = _fact_chunks(task)
+        if facts is None:
+            return None
+        output = _ids(trajectory.info, OUTPUT_CHUNKS) or set()
+        if not facts:
+            return f_beta_sets(output, set(), self.current_beta)[0]
+        supporting = set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())  # type: ignore[union-attr]
+        recall = sum(bool(chunks & output) for chunks in facts) / len(facts)
+        precision = len(output & supporting) / len(output) if output else 0.0
+        return f_beta(precision, recall, self.current_beta)
+
+
+@dataclass(frozen=True)
+class TrajectoryRecall:
+    """Context-1's r_traj: recall of the gold facts over every chunk the agent encountered, pruned included."""
+
+    value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        facts = _fact_chunks(task)
+        if not facts:
+            return None
+        seen = _ids(trajectory.info, SEEN_CHUNKS) or set()
+        return sum(bool(chunks & seen) for chunks in facts) / len(facts)
+
+
+@dataclass(frozen=True)
+class AnswerFound:
+    """Context-1's r_fa: 1 when a chunk containing the answer was retrieved at any point, else 0."""
+
+    value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        answer_chunks = _ids(task.info, ANSWER_CHUNKS) if task is not None else None
+        if answer_chunks is None:
+            return None
+        return float(bool(answer_chunks & (_ids(trajectory.info, SEEN_CHUNKS) or set())))
+
+
+def _streaks(names: Iterable[str], tool: str) -> list[int]:
+    out, run = [], 0
+    for name in names:
+        if name == tool:
+            run += 1
+        elif run:
+            out.append(run)
+            run = 0
+    return [*out, run] if run else out
+
+
+@dataclass(frozen=True)
+class PrunePenalty:
+    """Context-1's p_prune, negated: 0.1 per ``prune_chunks`` call beyond a consecutive streak of 3, capped
+    at 0.5. Consecutive = in call order, across turns."""
+
+    tool: str = "prune_chunks"
+    """Name of the pruning tool."""
+    value_range: ClassVar[tuple[float, float]] = (-0.5, 0.0)
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        names = [e.call.name for e in tool_exchanges(trajectory) if not e.is_invalid]
+        return -prune_penalty(_streaks(names, self.tool))
+
+
+@dataclass(frozen=True)
+class TurnPenalty:
+    """Context-1's p_turn, negated: linear from 0 at ``start`` assistant turns to 0.5 at ``end``."""
+
+    start: int = 64
+    """Turns that cost nothing."""
+    end: int = 128
+    """Turns at which the full 0.5 is reached."""
+    value_range: ClassVar[tuple[float, float]] = (-0.5, 0.0)
+
+    def __post_init__(self) -> None:
+        turn_penalty(0, start=self.start, end=self.end)  # validates start < end
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        return -turn_penalty(assistant_turns(trajectory), start=self.start, end=self.end)
+
+
+def context1(
+    *,
+    beta: float | dict[str, Any] | Schedule | None = None,
+    epsilon: float = 0.01,
+    clock: RewardClock | None = None,
+) -> ComposedReward:
+    """Chroma Context-1 (Chroma's Context-1 technical report): r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn,
+    ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See DESIGN §6.
+
+    Reads ``trajectory.info["output_chunks"]`` (ids the final output lists), ``["seen_chunks"]`` (every chunk
+    returned to the agent, pruned included), and the task as ``taskrl datagen multihop`` writes it:
+    ``task.info["facts"][i]["chunk_ids"]`` (or a flat ``["relevant_chunks"]``) and ``["answer_chunk_ids"]``.
+    The search env's own reward (``taskrl/envs/search/reward.py``) is the same formula over its store's
+    documents; this preset serves any env that records those keys.
+    """
+    fbeta = OutputFBeta() if beta is None else OutputFBeta(beta=beta)
+    terms = [
+        WeightedTerm("f_beta", fbeta, 0.7),
+        WeightedTerm("trajectory_recall", TrajectoryRecall(), 0.3),
+        WeightedTerm("answer_found", AnswerFound(), 1.0),
+        WeightedTerm("prune_penalty", PrunePenalty(), 1.0),
+        WeightedTerm("turn_penalty", TurnPenalty(), 1.0),
+    ]
+    return ComposedReward(terms, clamp=PenaltyClamp(epsilon), clock=clock)
+
+
+def _anneal(start: float, steps: int, kind: str, end: float = 0.0) -> dict[str, Any]:
+    if kind not in ("linear", "cosine"):
+        raise ValueError(f"anneal must be 'linear' or 'cosine', got {kind!r}")
+    if steps < 1:
+        raise ValueError(f"anneal_steps must be >= 1, got {steps}")
+    return {"kind": kind, "start": start, "end": end, "steps": steps}
+
+
+def parl(
+    perf: Term | None = None,
+    *,
+    k: int = 4,
+    lambda_parallel: float = 0.3,
+    lambda_finish: float = 0.2,
+    anneal_steps: int = 1000,
+    anneal: Literal["linear", "cosine"] = "linear",
+    clock: RewardClock | None = None,
+) -> ComposedReward:
+    """Kimi K2.5 PARL (Moonshot AI's Kimi K2.5 technical report, Agent Swarm): r = r_perf + λ1·r_parallel + λ2·r_finish,
+    λ1 and λ2 annealed to 0 over ``anneal_steps`` trainer steps. Kimi published no closed forms; ours (DESIGN
+    §7): r_parallel = min(1, max overlapping sub-agents / K), measured from the sub-agents' recorded run
+    intervals so serial "parallelism" earns nothing; r_finish = sub-agents finished non-empty / created.
+    λ1 + λ2 < 1, so spawning empty sub-agents never beats an honest solve. ``perf`` defaults to exact match.
+    """
+    if not (lambda_parallel >= 0 and lambda_finish >= 0 and lambda_parallel + lambda_finish < 1):
+        raise ValueError(
+            f"parl: lambda_parallel ({lambda_parallel}) and lambda_finish ({lambda_finish}) must be >= 0 "
+            "and sum to less than 1, or spawning empty sub-agents could beat an honest solve"
+        )
+    terms = [
+        WeightedTerm("perf", perf or AnswerMatch(), 1.0),
+        WeightedTerm("parallel", ParallelCredit(k), _anneal(lambda_parallel, anneal_steps, anneal)),
+        WeightedTerm("finish", FinishCredit(), _anneal(lambda_finish, anneal_steps, anneal)),
+    ]
+    return ComposedReward(terms, clock=clock)
+
+
+def seed_weighted(
+    completion: Term | None = None,
+    *,
+    k: int = 4,
+    efficiency_anneal_steps: int = 1000,
+    busy_work_weight: float = 0.3,
+    grounding: Grounding | None = None,
+    clock: RewardClock | None = None,
+) -> ComposedReward:
+    """The seed's multi-objective reward (seed article 004 §3.1-3.2, on Kimi K2.5): completion 40%, parallel
+    efficiency 30% annealed linearly to 5%, output stability 30%; with the seed's anti-cheating terms: fake
+    parallelism earns no efficiency (``ParallelCredit``), busy-work is penalised (``BusyWork``), and a
+    fabricated answer (``Grounding`` < 1) scores as a failure.
+
+    Output stability is a GROUP term (agreement of the K samples' answers): the trainer adds it with
+    ``reward.finalize_group(group, task)``. ``completion`` defaults to exact match of the final answer.
+    """
+    if busy_work_weight < 0:
+        raise ValueError(f"seed_weighted: busy_work_weight must be >= 0, got {busy_work_weight}")
+    terms = [
+        WeightedTerm("completion", completion or AnswerMatch(), 0.4),
+        WeightedTerm("efficiency", ParallelCredit(k), _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05)),
+        WeightedTerm("busy_work", BusyWork(), busy_work_weight),
+    ]
+    gates = [Gate("grounding", grounding or Grounding())]
+    return ComposedReward(
+        terms, group_terms=[WeightedTerm("stability", OutputAgreement(), 0.3)], gates=gates, clock=clock
+    )
+
+
+def composer(
+    tests: Term | None = None,
+    *,
+    valid_tool_use_weight: float = 0.1,
+    effort: EffortPenalty | None = None,
+    effort_weight: float = 0.1,
+    trivial_tests_weight: float = 0.5,
+    tamper_key: str = "tests_tampered",
+    clock: RewardClock | None = None,
+) -> ComposedReward:
+    """Cursor Composer 2 (Cursor's Composer 2 technical report): hidden tests + valid tool use + effort
+    penalty ((1+k·x)^(1-q)-1)/(k·(1-q)) (default k=1, q=2 over tool calls: bounded by 1), with Cursor's
+    anti-hacking: tampered test files (``trajectory.info["tests_tampered"]``) score as a failure, "no tests
+    collected" scores 0, and generated tests are penalised by how little they cover (``TrivialTests``,
+    reading ``trajectory.info["test_coverage"]``). ``tests`` defaults to ``TestPassRate()``.
+    """
+    for name, value in (("valid_tool_use_weight", valid_tool_use_weight), ("effort_weight", effort_weight),
+                        ("trivial_tests_weight", trivial_tests_weight)):  # fmt: skip
+        if value < 0:
+            raise ValueError(f"composer: {name} must be >= 0, got {value}")
+    terms = [
+        WeightedTerm("tests", tests or TestPassRate(), 1.0),
+        WeightedTerm("valid_tool_use", ValidToolUse(), valid_tool_use_weight),
+        WeightedTerm("effort", effort or EffortPenalty(), effort_weight),
+        WeightedTerm("trivial_tests", TrivialTests(), trivial_tests_weight),
+    ]
+    return ComposedReward(terms, gates=[Gate("tests_intact", InfoFlag(tamper_key))], clock=clock)
+
+
+PRESETS: dict[str, Callable[..., ComposedReward]] = {
+    "context1": context1,
+    "parl": parl,
+    "seed_weighted": seed_weighted,
+    "composer": composer,
+}
+
+
+def make_reward(name: str, **kwargs: Any) -> ComposedReward:
+    """Build a preset by name (for configs); an unknown name lists the presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown reward preset {name!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[name](**kwargs)

@@ -1,0 +1,97 @@
+"""Read what a reward needs out of a Trajectory: tool calls paired with their results, canonical call keys,
+invalid calls and the evidence the agent received.
+
+Rewards run inside ``env.reward`` before the loop fills ``Trajectory.metrics``, so everything here is
+derived from ``trajectory.messages`` alone; the same code scores a trajectory re-read from JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, NamedTuple
+
+from taskrl.types import Message, ToolCall, Trajectory
+
+INVALID_CALL_PREFIXES = ("Invalid tool call:", "Unknown tool '", "Invalid call to '")
+"""How ``taskrl.parsing`` and ``ToolSet.check_call`` open the error result of a call that could not run."""
+
+
+class Exchange(NamedTuple):  # a NamedTuple: built for every call of every scored episode, so it must be cheap
+    """One tool call and the tool message that answered it (None if the episode ended before one came)."""
+
+    call: ToolCall
+    result: Message | None
+    message_index: int
+    """Index in ``trajectory.messages`` of the assistant message that made the call."""
+    turn: int
+    """0-based assistant turn that made the call."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return call_key(self.call)
+
+    @property
+    def is_error(self) -> bool:
+        return self.result is not None and _is_error_message(self.result)
+
+    @property
+    def is_invalid(self) -> bool:
+        """The call never ran: bad JSON, unknown tool or arguments that failed validation."""
+        return self.result is not None and self.result.content.startswith(INVALID_CALL_PREFIXES)
+
+
+def canonical_arguments(arguments: dict[str, Any]) -> str:
+    """Arguments as JSON with sorted keys, so ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` are one call."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def call_key(call: ToolCall) -> tuple[str, str]:
+    return call.name, canonical_arguments(call.arguments)
+
+
+def _is_error_message(message: Message) -> bool:
+    # ToolResult.is_error is not kept on the tool Message; these are the texts every error result opens with.
+    text = message.content
+    return text.startswith(INVALID_CALL_PREFIXES) or text.startswith(("Tool '", "Too many tool calls"))
+
+
+def tool_exchanges(trajectory: Trajectory) -> list[Exchange]:
+    """Every tool call of the episode in the order made, each with its result message."""
+    results = {m.tool_call_id: m for m in trajectory.messages if m.role == "tool" and m.tool_call_id}
+    out: list[Exchange] = []
+    turn = -1
+    for index, message in enumerate(trajectory.messages):
+        if message.role != "assistant":
+            continue
+        turn += 1
+        out.extend(Exchange(c, results.get(c.id), index, turn) for c in message.tool_calls)
+    return out
+
+
+def assistant_turns(trajectory: Trajectory) -> int:
+    return sum(m.role == "assistant" for m in trajectory.messages)
+
+
+def evidence_text(trajectory: Trajectory, *, include_prompt: bool = True) -> str:
+    """What the agent was given or retrieved: successful tool results, plus system/user messages if asked."""
+    roles = ("tool", "system", "user") if include_prompt else ("tool",)
+    parts = [
+        m.content for m in trajectory.messages if m.role in roles and not (m.role == "tool" and _is_error_message(m))
+    ]
+    return "\n".join(parts)
+
+
+_NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
+
+
+def extract_numbers(text: str, *, ordered: bool = False) -> Any:
+    """Numbers in ``text``, normalised ("1,200.50" -> "1200.5", "18.0" -> "18"): a set, or a list in order.
+
+    The default fact extractor of the grounding check, and the number grammar of ``AnswerMatch("number")``.
+    """
+    found = []
+    for raw in _NUMBER_RE.findall(text or ""):
+        value = float(raw.replace(",", ""))
+        found.append(str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value))
+    return found if ordered else set(found)

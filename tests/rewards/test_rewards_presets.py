@@ -1,0 +1,127 @@
+"""Golden values of the four presets (context1, parl, seed_weighted, composer) and their annealing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from taskrl.rewards.compose import RewardClock
+from taskrl.rewards.formulas import f_beta
+from taskrl.rewards.presets import PRESETS, composer, context1, make_reward, parl, seed_weighted
+from taskrl.types import Task, Trajectory
+
+
+def total(rewards: dict[str, float | None]) -> float:
+    return sum(v for v in rewards.values() if v is not None)
+
+
+def search_task(**info: object) -> Task:
+    return Task("q", "who?", answer="x", info={"relevant_chunks": ["c1", "c2", "c3", "c4"], "answer_chunk_ids": ["c3"],
+                                              **info})  # fmt: skip
+
+
+def test_context1_golden_and_beta_annealed_between_epochs(build) -> None:
+    clock = RewardClock()
+    reward = context1(clock=clock)
+    b = build()
+    for _ in range(5):
+        b.turn(("prune_chunks", {"chunk_ids": ["y"]}, "pruned"))
+    traj = b.answer("c1 c2 x", output_chunks=["c1", "c2", "x"], seen_chunks=["c1", "c2", "c3", "x", "y"])
+    out = reward(traj, search_task())
+    f4 = 17 * (2 / 3) * 0.5 / (16 * (2 / 3) + 0.5)
+    assert math.isclose(out["f_beta"], 0.7 * f4) and math.isclose(f4, f_beta(2 / 3, 0.5, 4.0))
+    assert math.isclose(out["trajectory_recall"], 0.3 * 0.75) and out["answer_found"] == 1.0
+    assert math.isclose(out["prune_penalty"], -0.2) and out["turn_penalty"] == 0.0 and out["clamp"] == 0.0
+    assert math.isclose(total(out), 0.7 * f4 + 0.225 + 1.0 - 0.2)
+    reward.set_step(0, epoch=2)
+    assert math.isclose(reward(traj, search_task())["f_beta"], 0.7 * f_beta(2 / 3, 0.5, 3.0))
+    reward.set_step(0, epoch=5)
+    assert math.isclose(reward(traj, search_task())["f_beta"], 0.7 * f_beta(2 / 3, 0.5, 2.0))
+
+
+def test_context1_fact_level_recall_and_clamp(build) -> None:
+    task = search_task(facts=[{"chunk_ids": ["c1", "c5"]}, {"chunk_ids": ["c3"]}])
+    traj = build().answer("c5 x", output_chunks=["c5", "x"], seen_chunks=["c5", "x"])
+    out = context1(clock=RewardClock())(traj, task)
+    assert math.isclose(out["f_beta"], 0.7 * f_beta(0.5, 0.5, 4.0)) and out["answer_found"] == 0.0
+    b = build()
+    for _ in range(130):
+        b.turn(("prune_chunks", {"chunk_ids": ["z"]}, "pruned"))
+    flooded = b.answer("nothing", output_chunks=[], seen_chunks=["c1"])
+    out = context1(clock=RewardClock())(flooded, search_task())
+    assert out["turn_penalty"] == -0.5 and out["prune_penalty"] == -0.5
+    assert math.isclose(total(out), 0.01)  # floored at epsilon: it completed, and r_pre = 0.075 > epsilon
+
+
+def swarm(n: int, *, parallel: bool, answer: str = "x") -> Trajectory:
+    kids = [
+        Trajectory(
+            info={"started_at": 0.0 if parallel else i, "ended_at": 1.0 if parallel else i + 1, "final_answer": "part"}
+        )  # fmt: skip
+        for i in range(n)
+    ]
+    return Trajectory(task_id="q", children=kids, info={"final_answer": answer}, terminated=True)
+
+
+def test_parl_golden_annealing_and_empty_spawns_never_beat_an_honest_solve() -> None:
+    clock = RewardClock()
+    reward = parl(k=4, lambda_parallel=0.3, lambda_finish=0.2, anneal_steps=1000, clock=clock)
+    task = Task("q", "q", answer="x")
+    assert reward(swarm(3, parallel=True), task) == pytest.approx({"perf": 1.0, "parallel": 0.225, "finish": 0.2})
+    assert reward(swarm(3, parallel=False), task)["parallel"] == 0.0  # serial: no parallel credit
+    clock.set(500)
+    assert reward(swarm(3, parallel=True), task) == pytest.approx({"perf": 1.0, "parallel": 0.1125, "finish": 0.1})
+    clock.set(1000)
+    assert total(reward(swarm(3, parallel=True), task)) == 1.0
+    clock.set(0)
+    spawner = swarm(8, parallel=True, answer="wrong")
+    assert total(reward(spawner, task)) < total(reward(Trajectory(info={"final_answer": "x"}), task))
+    cosine = parl(anneal="cosine", anneal_steps=100, clock=RewardClock(50))
+    assert cosine.weights() == pytest.approx({"perf": 1.0, "parallel": 0.15, "finish": 0.1})
+    with pytest.raises(ValueError, match="sum to less than 1"):
+        parl(lambda_parallel=0.6, lambda_finish=0.4)
+
+
+def test_seed_weighted_golden_annealing_and_group_stability(build) -> None:
+    clock = RewardClock()
+    reward = seed_weighted(k=4, efficiency_anneal_steps=100, clock=clock)
+    task = Task("q", "2 x apple", answer="6")
+    honest = build("2 x apple").turn(("price", {"item": "apple"}, "3")).turn(("calc", {}, "6")).answer("6")
+    out = reward(honest, task)
+    assert out == {"completion": 0.4, "efficiency": 0.0, "busy_work": 0.0, "grounding_cap": 0.0}
+    clock.set(100)
+    assert reward.weights()["efficiency"] == pytest.approx(0.05)
+    swarm_traj = swarm(4, parallel=True, answer="6")
+    assert reward(swarm_traj, task)["efficiency"] == pytest.approx(0.05)
+    group = [honest, build("2 x apple").turn(("calc", {}, "6")).answer("6"), build().turn(("c", {}, "7")).answer("7")]
+    for traj in group:
+        traj.rewards = reward(traj, task)
+    reward.finalize_group(group, task)
+    assert [t.rewards["stability"] for t in group] == pytest.approx([0.15, 0.15, 0.0])
+    assert [t.reward for t in group] == pytest.approx([0.55, 0.55, 0.0])
+
+
+def test_composer_golden(build) -> None:
+    reward = composer(clock=RewardClock())
+    b = (
+        build()
+        .turn(("write_file", {}, "ok"), ("nope", {}, "Unknown tool 'nope'. Available tools: x."))
+        .turn(("run_tests", {}, "4 passed"))
+    )
+    out = reward(b.answer("done", tests_passed=3, tests_total=4, test_coverage=0.4, tests_tampered=False))
+    assert out["tests"] == 0.75 and out["valid_tool_use"] == pytest.approx(0.1 * 2 / 3)
+    assert out["effort"] == pytest.approx(-0.1 * 0.75)  # 3 calls, k=1, q=2: 3/4
+    assert out["trivial_tests"] == pytest.approx(-0.5 * math.expm1(1.5) / math.expm1(3.0))
+    assert out["tests_intact_cap"] == 0.0
+    tampered = reward(b.answer("done", tests_passed=4, tests_total=4, tests_tampered=True))
+    assert total(tampered) == 0.0 and tampered["tests_intact_cap"] < 0
+    nothing_collected = reward(b.answer("done", tests_passed=0, tests_total=0))
+    assert nothing_collected["tests"] == 0.0 and nothing_collected["trivial_tests"] is None
+
+
+def test_presets_by_name() -> None:
+    assert set(PRESETS) == {"context1", "parl", "seed_weighted", "composer"}
+    assert make_reward("parl", k=2).weights()["parallel"] == 0.3
+    with pytest.raises(ValueError, match="unknown reward preset 'kimi'; presets: context1, parl"):
+        make_reward("kimi")
