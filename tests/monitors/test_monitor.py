@@ -1,0 +1,283 @@
+"""Each monitor on hand-made batches that should and should not alert; mitigations; one real rollout batch."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taskrl.env import make
+from taskrl.monitor import (
+    MONITORS,
+    FirstToolHint,
+    MitigationConfig,
+    MonitorConfig,
+    Monitors,
+    least_used_first_tool,
+    max_concurrency,
+    sampling_temperature,
+    shape_rewards,
+    with_first_tool_hints,
+)
+from taskrl.policies.scripted import ScriptedPolicy
+from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.types import Message, ToolCall, Trajectory
+
+
+def traj(
+    calls: list[str | tuple[str, dict]] | None = None,
+    *,
+    reward: float = 0.0,
+    answer: str | None = "42",
+    task: str = "t",
+    group: str | None = None,
+    invalid: int = 0,
+    turns: int | None = None,
+    terminated: bool = True,
+    per_turn: int = 1,
+    **info: Any,
+) -> Trajectory:
+    """A trajectory whose assistant turns make ``calls`` (``per_turn`` calls a turn) and then answer."""
+    calls = calls or []
+    messages = [Message("system", "s"), Message("user", "u")]
+    parsed = [(c, {}) if isinstance(c, str) else c for c in calls]
+    for i in range(0, len(parsed), per_turn):
+        turn = [ToolCall(f"call_{i + j}", n, a) for j, (n, a) in enumerate(parsed[i : i + per_turn])]
+        messages.append(Message("assistant", "", tool_calls=turn))
+        messages += [Message("tool", "ok", tool_call_id=c.id, name=c.name) for c in turn]
+    if answer is not None:
+        messages.append(Message("assistant", answer))
+    n_turns = turns if turns is not None else -(-len(calls) // per_turn) + (answer is not None)
+    t = Trajectory(task_id=task, group_id=group, messages=messages, rewards={"r": reward}, terminated=terminated)
+    t.metrics = {"turns": float(n_turns), "tool_calls": float(len(calls)), "invalid_tool_calls": float(invalid)}
+    t.info.update(info)
+    if answer is not None:
+        t.info["final_answer"] = answer
+    return t
+
+
+def check(batch: list[Trajectory], **config: Any) -> tuple[dict[str, float], set[str]]:
+    metrics, alerts = Monitors(MonitorConfig(**config)).check(7, batch)
+    assert all(a.step == 7 and a.message for a in alerts)
+    return metrics, {a.monitor for a in alerts}
+
+
+def test_reward_hacking_alerts_on_high_reward_with_a_failed_check() -> None:
+    honest = [traj(["a"], reward=1.0, tampering=False), traj(["a"], reward=0.0, tampering=False)]
+    metrics, alerts = check(honest)
+    assert metrics["monitor/reward_hacking"] == 0.0 and "reward_hacking" not in alerts
+    hacked = [traj(["a"], reward=1.0, tampering=True), traj(["a"], reward=1.0, tampering=False)]
+    metrics, alerts = check(hacked)
+    assert metrics["monitor/reward_hacking"] == 0.5 and "reward_hacking" in alerts
+    # "answer not found" is a required check: present and false fails it; a failed episode is not hacking
+    not_found = [traj(reward=1.0, final_answer_found=0.0), traj(reward=0.0, final_answer_found=0.0)]
+    assert check(not_found)[0]["monitor/reward_hacking"] == 1.0
+    unchecked = [traj(reward=1.0), traj(reward=1.0)]
+    assert "monitor/reward_hacking" not in check(unchecked)[0], "no check recorded: not applicable"
+
+
+def test_exploration_collapse_entropy_and_duplicates() -> None:
+    varied = [traj(["search", "read"], task="a", group="g"), traj(["grep", "read", "read"], task="a", group="g"),
+              traj(["read"], task="a", group="g", answer="7"), traj([], task="a", group="g", answer="9")]  # fmt: skip
+    metrics, alerts = check(varied)
+    assert metrics["monitor/tool_ngram_entropy"] > 2.0 and metrics["monitor/duplicate_rate"] == 0.0
+    assert not alerts & {"tool_ngram_entropy", "duplicate_rate"}
+    collapsed = [traj([], task="a", group="g") for _ in range(4)]
+    metrics, alerts = check(collapsed)
+    assert metrics["monitor/tool_ngram_entropy"] == 0.0 and metrics["monitor/duplicate_rate"] == 0.75
+    assert {"tool_ngram_entropy", "duplicate_rate"} <= alerts
+    # the same behaviour on different tasks is not duplication
+    assert check([traj(["a"], task=str(i)) for i in range(4)])[0].get("monitor/duplicate_rate") is None
+
+
+def test_context_pollution_counts_irrelevant_unpruned_chunks() -> None:
+    chunks = [{"id": "c1", "tokens": 100, "relevant": True}, {"id": "c2", "tokens": 300, "relevant": False}]
+    polluted = [traj(chunks=chunks), traj(chunks=chunks)]
+    metrics, alerts = check(polluted)
+    assert metrics["monitor/context_pollution"] == pytest.approx(0.75) and "context_pollution" in alerts
+    pruned = [traj(chunks=chunks, pruned_chunk_ids=["c2"]), traj(chunks=chunks, pruned_chunk_ids=["c2"])]
+    metrics, alerts = check(pruned)
+    assert metrics["monitor/context_pollution"] == 0.0 and "context_pollution" not in alerts
+    # the whole context counts when the env records it: 300 irrelevant of 1000 tokens
+    assert check([traj(chunks=chunks, context_tokens=1000)] * 2)[0]["monitor/context_pollution"] == pytest.approx(0.3)
+    assert "monitor/context_pollution" not in check([traj(), traj()])[0]
+
+
+def test_tool_over_use_concentration_and_calls_per_success() -> None:
+    over = [traj(["search"] * 9 + ["read"], reward=1.0), traj(["search"] * 10, reward=0.0)]
+    metrics, alerts = check(over)
+    assert metrics["monitor/tool_concentration"] == 0.95 and "tool_concentration" in alerts
+    assert metrics["monitor/calls_per_success"] == 20.0 and "calls_per_success" in alerts
+    balanced = [traj(["search", "read"] * 3, reward=1.0), traj(["grep", "read"] * 3, reward=1.0)]
+    metrics, alerts = check(balanced)
+    assert metrics["monitor/tool_concentration"] == 0.5 and metrics["monitor/calls_per_success"] == 6.0
+    assert not alerts & {"tool_concentration", "calls_per_success"}
+    # a one-tool env cannot concentrate; nothing solved -> calls per success not applicable
+    metrics, _ = Monitors(tool_names=["noop"]).check(0, [traj(["noop"] * 12), traj(["noop"] * 12)])
+    assert "monitor/tool_concentration" not in metrics and "monitor/calls_per_success" not in metrics
+
+
+def test_tool_call_loops() -> None:
+    looping = [traj([("search", {"q": "x"})] * 3), traj([("search", {"q": "x"})] * 4)]
+    assert check(looping)[0]["monitor/loop_rate"] == 1.0 and "loop_rate" in check(looping)[1]
+    fine = [traj([("search", {"q": str(i)}) for i in range(4)]), traj([("search", {"q": "x"})] * 2)]
+    assert check(fine)[0]["monitor/loop_rate"] == 0.0
+
+
+def child(start: float, end: float, answer: str | None = "found") -> Trajectory:
+    c = Trajectory(task_id="sub", terminated=answer is not None, trainable=False)
+    c.info.update({"started_at": start, "ended_at": end})
+    if answer is not None:
+        c.info["final_answer"] = answer
+    return c
+
+
+def test_swarm_serial_collapse_and_spurious_parallelism() -> None:
+    serial = traj(["assign_task"] * 3)
+    serial.children = [child(0, 1), child(1, 2), child(2, 3)]  # touching ends are not overlap
+    parallel = traj(["assign_task"] * 3, per_turn=3)
+    parallel.children = [child(0, 2), child(0.5, 2.5), child(1, 3)]
+    assert max_concurrency(serial) == 1 and max_concurrency(parallel) == 3
+    metrics, alerts = check([serial, serial])
+    assert metrics["monitor/serial_collapse"] == 1.0 and "serial_collapse" in alerts
+    metrics, alerts = check([parallel, parallel])
+    assert metrics["monitor/serial_collapse"] == 0.0 and metrics["monitor/spurious_parallelism"] == 0.0
+    assert not alerts & {"serial_collapse", "spurious_parallelism"}
+    spurious = traj(["assign_task"] * 4, per_turn=4)
+    spurious.children = [child(0, 1), child(0, 1, answer=""), child(0, 1, answer=None), child(0, 1, answer=None)]
+    metrics, alerts = check([spurious, parallel])
+    assert metrics["monitor/spurious_parallelism"] == 0.5 and "spurious_parallelism" in alerts
+    idle = traj(["create_subagent"] * 4 + ["assign_task"] * 2, per_turn=2, subagents_created=4)
+    idle.children = [child(0, 1), child(0, 1)]  # 4 created, 2 ran and finished: 50% is not below 50%
+    assert check([idle, idle], spurious_max_finished=0.6)[0]["monitor/spurious_parallelism"] == 1.0
+    # without recorded children, assignments in one turn are what ran concurrently
+    assert max_concurrency(traj(["assign_task"] * 4, per_turn=2)) == 2
+    assert "monitor/serial_collapse" not in check([traj(["search"]), traj([])])[0], "not a swarm batch"
+
+
+def test_invalid_calls_early_termination_clarifying_and_no_edit() -> None:
+    bad = [traj(["a", "b"], invalid=1), traj(["a", "b"], invalid=0)]
+    assert check(bad)[0]["monitor/invalid_call_rate"] == 0.25 and "invalid_call_rate" in check(bad)[1]
+    assert check([traj(["a"] * 10, invalid=0)] * 2)[0]["monitor/invalid_call_rate"] == 0.0
+
+    quitters = [traj([], reward=0.0), traj([], reward=0.0), traj(["a", "b"], reward=0.0)]
+    metrics, alerts = check(quitters)
+    assert metrics["monitor/early_termination"] == pytest.approx(2 / 3) and "early_termination" in alerts
+    solvers = [traj([], reward=1.0), traj(["a"], reward=0.0)]  # answering at once and right is not giving up
+    assert check(solvers)[0]["monitor/early_termination"] == 0.0
+
+    asking = [traj(answer="Could you clarify which file you mean?"), traj(answer="Do you want me to fix it?"),
+              traj(answer="Done: fixed the bug.")]  # fmt: skip
+    metrics, alerts = check(asking)
+    assert metrics["monitor/clarifying_rate"] == pytest.approx(2 / 3) and "clarifying_rate" in alerts
+    assert check([traj(answer="The total is 12."), traj(answer="42")])[0]["monitor/clarifying_rate"] == 0.0
+
+    lazy = [traj(["read_file", "run_tests"]), traj(["read_file", "edit_file"]), traj(["read_file"])]
+    metrics, alerts = check(lazy)
+    assert metrics["monitor/no_edit_rate"] == pytest.approx(2 / 3) and "no_edit_rate" in alerts
+    metrics, _ = Monitors(tool_names=["read_file", "edit_file"]).check(0, [traj(["read_file"]), traj([])])
+    assert metrics["monitor/no_edit_rate"] == 1.0, "known edit tools make the monitor apply even if none is used"
+    assert "monitor/no_edit_rate" not in check([traj(["lookup_price"]), traj([])])[0]
+
+
+def test_config_validation_small_batches_disabled_and_log_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ValueError, match="MonitorConfig.max_loop_rate"):
+        MonitorConfig(max_loop_rate=-1)
+    with pytest.raises(ValueError, match="MonitorConfig.disabled"):
+        MonitorConfig(disabled=("nope",))
+    with pytest.raises(ValueError, match="MitigationConfig.temperature_floor"):
+        MitigationConfig(temperature_floor=-0.1)
+    assert Monitors().check(0, [traj()]) == ({}, [])
+    metrics, alerts = check([traj([])] * 4, disabled=("duplicate_rate",))
+    assert "monitor/duplicate_rate" not in metrics and "duplicate_rate" not in alerts
+    with caplog.at_level(logging.WARNING, logger="taskrl.monitor"):
+        _, alerts = Monitors().check(3, [traj([]), traj([])])
+    assert alerts and "tool_ngram_entropy" in caplog.text and "step 3" in caplog.text
+    assert set(alerts[0].to_dict()) == {"step", "monitor", "value", "threshold", "message"}
+    assert len(MONITORS) == 13
+
+
+def test_shape_rewards_penalties_are_capped_and_idempotent() -> None:
+    t = traj(["a"] * 30, reward=1.0, invalid=2)
+    t.metrics["tool_cost"] = 3.0
+    config = MitigationConfig(tool_call_penalty=0.01, tool_cost_weight=0.1, invalid_call_penalty=0.2)
+    shape_rewards([t], config)
+    shape_rewards([t], config)
+    assert t.rewards["tool_cost_penalty"] == pytest.approx(-0.5)  # 0.3 + 0.3 capped at 0.5
+    assert t.rewards["invalid_call_penalty"] == pytest.approx(-0.4)
+    assert t.reward == pytest.approx(1.0 - 0.5 - 0.4)
+    untouched = traj(["a"], reward=1.0)
+    shape_rewards([untouched], MitigationConfig())
+    assert untouched.rewards == {"r": 1.0}
+
+
+def test_exploration_mitigations_temperature_and_first_tool_hint() -> None:
+    monitors = Monitors()
+    floor = MitigationConfig(temperature_floor=0.8)
+    assert sampling_temperature(0.3, floor) == 0.8 and sampling_temperature(1.0, floor) == 1.0
+    on_alert = MitigationConfig(temperature_floor=0.8, only_on_alert=True)
+    assert sampling_temperature(0.3, on_alert, monitors) == 0.3
+    monitors.check(0, [traj([], task="a"), traj([], task="a")])  # collapsed: entropy 0, all duplicates
+    assert sampling_temperature(0.3, on_alert, monitors) == 0.8
+
+    batch = [traj(["lookup_price", "calculator"]), traj(["lookup_price"])]
+    assert least_used_first_tool(batch, ["lookup_price", "calculator"]) == "calculator"
+    factory = with_first_tool_hints(lambda: make("shop"), MitigationConfig(first_tool_hint_every=2), batch,
+                                    ["lookup_price", "calculator"])  # fmt: skip
+    envs = [factory() for _ in range(4)]
+    assert [isinstance(e, FirstToolHint) for e in envs] == [False, True, False, True]
+    assert with_first_tool_hints(make, MitigationConfig(), batch, ["x"]) is make
+
+
+async def test_hinted_env_plays_a_real_episode_and_real_batches_are_judged() -> None:
+    env = make("shop")
+    tasks = list(env.tasks())[:4]
+    config = RolloutConfig(group_size=2, max_turns=6)
+    hinted = lambda: FirstToolHint(make("shop"), "calculator")  # noqa: E731
+    played = await run_episodes(hinted, ScriptedPolicy(env.scripted_rule), tasks[:1], config)
+    assert played[0].messages[2].content == "Start by calling the `calculator` tool." and played[0].reward == 1.0
+    assert played[0].info["first_tool_hint"]
+    wrapped = hinted()
+    wrapped.training = False  # attribute writes (the loop sets ``training``) must reach the inner env
+    assert wrapped._env.training is False and wrapped.tools is wrapped._env.tools
+
+    config = RolloutConfig(group_size=4, max_turns=6)
+    expert = await run_episodes(lambda: make("shop"), ScriptedPolicy(env.scripted_rule), tasks, config)
+    metrics, alerts = Monitors(tool_names=env.tools.names).check(1, expert)
+    assert metrics["monitor/invalid_call_rate"] == 0.0 and metrics["monitor/early_termination"] == 0.0
+    assert metrics["monitor/duplicate_rate"] == 0.75, "a deterministic rule repeats itself within each group"
+    assert {a.monitor for a in alerts} == {"duplicate_rate"}
+
+    noop = make("noop")
+    looped = await run_episodes(lambda: make("noop"), ScriptedPolicy(noop.scripted_rule), list(noop.tasks()),
+                                RolloutConfig(max_turns=20))  # fmt: skip
+    metrics, alerts = Monitors(tool_names=noop.tools.names).check(2, looped)
+    assert metrics["monitor/loop_rate"] == pytest.approx(2 / 3) and "loop_rate" in {a.monitor for a in alerts}
+
+
+RATES = set(MONITORS) - {"tool_ngram_entropy", "calls_per_success"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(
+    st.lists(st.sampled_from(["search", "read", "assign_task", "edit_file"]), max_size=6),
+    st.floats(-1, 2), st.sampled_from(["42", "Can you clarify?", ""]), st.integers(0, 3), st.booleans(),
+    st.lists(st.tuples(st.floats(0, 5), st.floats(0, 5), st.booleans()), max_size=4),
+), min_size=2, max_size=8))  # fmt: skip
+def test_every_monitor_stays_in_range_and_never_raises(episodes: list) -> None:
+    batch = []
+    for calls, reward, answer, invalid, tampered, kids in episodes:
+        t = traj(calls, reward=reward, answer=answer or None, invalid=min(invalid, len(calls)), tampering=tampered,
+                 chunks=[{"id": "c", "tokens": len(calls), "relevant": tampered}])  # fmt: skip
+        t.children = [child(a, b, "x" if done else None) for a, b, done in kids]
+        batch.append(t)
+    metrics, alerts = Monitors().check(0, batch)
+    for name, value in metrics.items():
+        assert math.isfinite(value) and value >= 0, name
+        if name.removeprefix("monitor/") in RATES:
+            assert value <= 1, name
+    assert {a.monitor for a in alerts} <= {k.removeprefix("monitor/") for k in metrics}
