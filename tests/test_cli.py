@@ -39,7 +39,7 @@ def test_rollout_writes_trajectories_and_run_info(tmp_path: Path) -> None:
 
 def test_user_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
     cases = {
-        ("--env", "nope"): "registered envs: noop, shop",
+        ("--env", "nope"): "registered envs: ",
         ("--env", "shop", "--policy", "bogus"): "choose one of: hf, openai, scripted",
         ("--env", "shop", "--policy", "openai"): "needs --base-url",
         ("--env", "shop", "--policy", "openai", "--base-url", "http://127.0.0.1:9/v1"): "start the server",
