@@ -1,0 +1,68 @@
+"""Building corpora: ``build_corpus`` (what ``taskrl corpus build`` runs) and the cached default corpus.
+
+The default corpus is the built-in ``stdlib`` source (pydoc text of a few dozen standard library modules),
+built once into ``cache_dir()/corpora/`` with a verified multi-hop task set beside it, and reused afterwards.
+A build interrupted at any point resumes on the next call; a finished one is opened in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from taskrl.envs.search.corpus import iter_documents
+from taskrl.envs.search.embed import MINILM
+from taskrl.envs.search.store import CorpusStore, IngestStats
+
+DEFAULT_SOURCE = "stdlib"
+DEFAULT_CORPUS_NAME = "stdlib-v1"
+DEFAULT_TASKS = 64
+DEFAULT_TASKS_VERSION = 2
+"""Bumped when the generator changes, so cached default corpora get fresh tasks (the corpus itself is kept)."""
+TASKS_FILE = "tasks.jsonl"
+_DONE_MARKER = "taskrl_default_done.json"
+
+
+def build_corpus(
+    source: str | Path,
+    out: str | Path,
+    *,
+    chroma_url: str | None = None,
+    collection: str | None = None,
+    embedder: str = MINILM,
+    chunk_tokens: int = 512,
+    device: str = "auto",
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[CorpusStore, IngestStats]:
+    """Ingest ``source`` into the corpus at ``out`` (created if needed); idempotent and resumable."""
+    store = CorpusStore(
+        out, create=True, chroma_url=chroma_url, collection=collection, embedder=embedder,
+        chunk_tokens=chunk_tokens, device=device,
+    )  # fmt: skip
+    stats = store.ingest(iter_documents(source), on_progress=on_progress)
+    return store, stats
+
+
+def default_corpus_dir() -> Path:
+    from taskrl.policies.models import cache_dir
+
+    return cache_dir() / "corpora" / DEFAULT_CORPUS_NAME
+
+
+def ensure_default_corpus(device: str = "auto") -> Path:
+    """The default corpus directory, built (with its tasks) on first use; later calls only check a marker."""
+    path = default_corpus_dir()
+    try:
+        if json.loads((path / _DONE_MARKER).read_text()).get("tasks_version") == DEFAULT_TASKS_VERSION:
+            return path
+    except (OSError, ValueError):
+        pass  # not built yet, or interrupted: build (resumes) below
+    from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, write_tasks
+
+    store, _ = build_corpus(DEFAULT_SOURCE, path, device=device)
+    tasks, report = ExtractiveGenerator(store, GenerationConfig(n=DEFAULT_TASKS, seed=0)).generate()
+    write_tasks(tasks, path / TASKS_FILE)
+    marker = {"tasks_version": DEFAULT_TASKS_VERSION, "tasks": len(tasks), "report": report.to_dict()}
+    (path / _DONE_MARKER).write_text(json.dumps(marker))
+    return path

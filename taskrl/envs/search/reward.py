@@ -1,0 +1,240 @@
+"""Context-1's reward and metrics for the search env, exactly as DESIGN.md §6.
+
+r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre), where r_pre = 0.7·F_β + 0.3·r_traj + r_fa:
+- F_β over the documents the final answer lists, with fact-level recall (a fact counts as found when any
+  document holding one of its supporting chunks is listed) and document precision; β anneals 4 -> 2.
+- r_traj: fact-level recall over every chunk the episode encountered, pruned ones included.
+- r_fa: +1 when a chunk containing the answer was encountered.
+- p_prune: 0.1 per prune call beyond a streak of 3 consecutive prune calls, capped at 0.5.
+- p_turn: 0 at 64 turns rising linearly to 0.5 at 128 turns.
+- Floor ε for an episode that completed (final answer, no error); the floor wins over the cap when r_pre < ε,
+  so a completed episode always beats a failed one. Episodes that did not complete are floored at 0.
+``SearchReward`` holds the β schedule; the trainer moves it with ``set_step(step, epoch)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from taskrl.algos.schedules import make_schedule
+from taskrl.envs.search.corpus import doc_id_of
+from taskrl.rewards.formulas import f_beta
+
+PRUNE_TOOL = "prune_chunks"
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Weights and shapes of the Context-1 reward (defaults: DESIGN.md §6)."""
+
+    f_beta_weight: float = 0.7
+    """Weight of F_β on the final answer's documents."""
+    trajectory_recall_weight: float = 0.3
+    """Weight of the recall over every chunk encountered."""
+    answer_found_bonus: float = 1.0
+    """Added when a chunk containing the answer was encountered."""
+    prune_penalty: float = 0.1
+    """Cost of each prune call beyond the free streak."""
+    prune_free_streak: int = 3
+    """Consecutive prune calls allowed before each further one costs ``prune_penalty``."""
+    prune_penalty_cap: float = 0.5
+    """Most the prune penalty can take."""
+    turn_penalty_start: int = 64
+    """Turns at which the turn penalty starts (0 there)."""
+    turn_penalty_end: int = 128
+    """Turns at which the turn penalty reaches its maximum."""
+    turn_penalty_max: float = 0.5
+    """Turn penalty at and beyond ``turn_penalty_end``."""
+    floor: float = 0.01
+    """ε: the least reward of an episode that completes without error."""
+    beta_start: float = 4.0
+    """β at the start of training (recall weighted β² = 16x)."""
+    beta_end: float = 2.0
+    """β after annealing (recall 4x)."""
+    beta_anneal_epochs: int = 4
+    """Epochs over which β moves from start to end (linearly); the trainer reports epochs via set_step."""
+
+    def __post_init__(self) -> None:
+        for name in ("f_beta_weight", "trajectory_recall_weight", "answer_found_bonus", "prune_penalty",
+                     "prune_penalty_cap", "turn_penalty_max", "floor"):  # fmt: skip
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"RewardConfig.{name} must be a finite number >= 0, got {value!r}")
+        if self.prune_free_streak < 0:
+            raise ValueError(f"RewardConfig.prune_free_streak must be >= 0, got {self.prune_free_streak}")
+        if not 0 <= self.turn_penalty_start < self.turn_penalty_end:
+            raise ValueError(
+                f"RewardConfig.turn_penalty_start ({self.turn_penalty_start}) must be >= 0 and below "
+                f"turn_penalty_end ({self.turn_penalty_end})"
+            )
+        for name in ("beta_start", "beta_end"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RewardConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.beta_anneal_epochs < 1:
+            raise ValueError(f"RewardConfig.beta_anneal_epochs must be >= 1, got {self.beta_anneal_epochs}")
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """What a task's answer rests on: each fact's supporting chunk ids, and the chunks holding the answer."""
+
+    facts: tuple[tuple[str, ...], ...]
+    answer_chunk_ids: frozenset[str]
+
+    def __post_init__(self) -> None:
+        if not self.facts or any(not f for f in self.facts):
+            raise ValueError("GroundTruth.facts needs at least one fact, each with at least one supporting chunk")
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> GroundTruth:
+        """From ``task.info`` as written by ``taskrl datagen multihop`` (``facts[i]["chunk_ids"]``)."""
+        facts = tuple(tuple(f["chunk_ids"]) for f in info["facts"])
+        return cls(facts, frozenset(info.get("answer_chunk_ids", ())))
+
+    @property
+    def relevant_chunks(self) -> frozenset[str]:
+        return frozenset(c for fact in self.facts for c in fact) | self.answer_chunk_ids
+
+    @property
+    def relevant_docs(self) -> frozenset[str]:
+        return frozenset(doc_id_of(c) for c in self.relevant_chunks)
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """What an episode did, as the reward needs it."""
+
+    output_docs: tuple[str, ...]
+    """Documents the final answer lists (empty without a final answer)."""
+    encountered: frozenset[str]
+    """Every chunk id shown to the model this episode, pruned ones included."""
+    pruned: frozenset[str]
+    """Chunk ids removed from the model's view by prune_chunks."""
+    tool_calls: tuple[str, ...]
+    """Names of all tool calls in the order the model wrote them."""
+    turns: int
+    """Assistant turns."""
+    completed: bool
+    """The episode ended with a final answer and no error."""
+
+
+def fact_recall(
+    facts: Sequence[Iterable[str]], found_chunks: Iterable[str] = (), found_docs: Iterable[str] = ()
+) -> float:
+    """Share of facts with a supporting chunk in ``found_chunks`` or in a document of ``found_docs``."""
+    chunks, docs = set(found_chunks), set(found_docs)
+    hits = sum(any(c in chunks or doc_id_of(c) in docs for c in fact) for fact in facts)
+    return hits / len(facts) if facts else 0.0
+
+
+def output_precision(output_docs: Iterable[str], relevant_docs: Iterable[str]) -> float:
+    """Share of the listed documents that hold a supporting or answer chunk (0 when none are listed)."""
+    out = set(output_docs)
+    return len(out & set(relevant_docs)) / len(out) if out else 0.0
+
+
+def prune_penalty(tool_calls: Iterable[str], *, per_call: float = 0.1, free_streak: int = 3, cap: float = 0.5) -> float:
+    """``per_call`` for each prune call that extends a run of consecutive prune calls past ``free_streak``.
+
+    Any other tool call ends the run. Capped at ``cap``.
+    """
+    streak, penalty = 0, 0.0
+    for name in tool_calls:
+        streak = streak + 1 if name == PRUNE_TOOL else 0
+        if streak > free_streak:
+            penalty += per_call
+    return min(penalty, cap)
+
+
+def turn_penalty(turns: int, *, start: int = 64, end: int = 128, maximum: float = 0.5) -> float:
+    """0 up to ``start`` turns, then linear to ``maximum`` at ``end``, flat after."""
+    return maximum * min(max(turns - start, 0) / (end - start), 1.0)
+
+
+def clamp_reward(value: float, pre_penalty: float, *, completed: bool, floor: float) -> float:
+    """clamp(value, ε, r_pre) for completed episodes (the floor wins if r_pre < ε); failures floor at 0."""
+    lower = floor if completed else 0.0
+    return max(lower, min(value, pre_penalty))
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """The weighted terms (they add up to the reward) and the unweighted metrics of one episode."""
+
+    terms: dict[str, float]
+    metrics: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+def score_episode(
+    record: EpisodeRecord, truth: GroundTruth, *, beta: float, config: RewardConfig | None = None
+) -> RewardBreakdown:
+    """The Context-1 reward of one episode, term by term, plus its metrics."""
+    cfg = config or RewardConfig()
+    recall = fact_recall(truth.facts, found_docs=record.output_docs)
+    precision = output_precision(record.output_docs, truth.relevant_docs)
+    f = f_beta(precision, recall, beta)
+    traj_recall = fact_recall(truth.facts, found_chunks=record.encountered)
+    answer_found = float(bool(truth.answer_chunk_ids & record.encountered))
+    p_prune = prune_penalty(
+        record.tool_calls, per_call=cfg.prune_penalty, free_streak=cfg.prune_free_streak, cap=cfg.prune_penalty_cap
+    )
+    p_turn = turn_penalty(
+        record.turns, start=cfg.turn_penalty_start, end=cfg.turn_penalty_end, maximum=cfg.turn_penalty_max
+    )
+    terms = {
+        "f_beta": cfg.f_beta_weight * f,
+        "trajectory_recall": cfg.trajectory_recall_weight * traj_recall,
+        "answer_found": cfg.answer_found_bonus * answer_found,
+        "prune_penalty": 0.0 - p_prune,  # 0.0 - x, not -x: no "-0.0" in logs
+        "turn_penalty": 0.0 - p_turn,
+    }
+    pre_penalty = terms["f_beta"] + terms["trajectory_recall"] + terms["answer_found"]
+    raw = pre_penalty - p_prune - p_turn
+    terms["clamp"] = clamp_reward(raw, pre_penalty, completed=record.completed, floor=cfg.floor) - raw
+    relevant = truth.relevant_chunks
+    metrics = {
+        "search/output_recall": recall,
+        "search/output_precision": precision,
+        "search/f_beta": f,
+        "search/beta": beta,
+        "search/trajectory_recall": traj_recall,
+        "search/answer_found": answer_found,
+        "search/prune_accuracy": (
+            len(record.pruned - relevant) / len(record.pruned) if record.pruned else float("nan")
+        ),
+        "search/pruned_chunks": float(len(record.pruned)),
+        "search/encountered_chunks": float(len(record.encountered)),
+        "search/tool_calls_per_turn": len(record.tool_calls) / record.turns if record.turns else 0.0,
+    }
+    return RewardBreakdown(terms, metrics)
+
+
+class SearchReward:
+    """The reward with its β schedule; ``set_step(step, epoch)`` moves β (linear over epochs, 4 -> 2)."""
+
+    def __init__(self, config: RewardConfig | None = None) -> None:
+        self.config = config or RewardConfig()
+        self._beta = make_schedule(
+            {"kind": "linear", "start": self.config.beta_start, "end": self.config.beta_end,
+             "steps": self.config.beta_anneal_epochs},
+            field="RewardConfig.beta",
+        )  # fmt: skip
+        self.step = 0
+        self.epoch = 0
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        self.step, self.epoch = int(step), int(epoch)
+
+    @property
+    def beta(self) -> float:
+        return self._beta(self.epoch)
+
+    def __call__(self, record: EpisodeRecord, truth: GroundTruth) -> RewardBreakdown:
+        return score_episode(record, truth, beta=self.beta, config=self.config)

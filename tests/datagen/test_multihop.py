@@ -1,0 +1,162 @@
+"""Multi-hop task generation: every kept task verifies; bad quotes and answer-bearing distractors are rejected."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from taskrl.cli import app
+from taskrl.datagen.multihop import (
+    ExtractiveGenerator,
+    Fact,
+    GenerationConfig,
+    GenerationReport,
+    LLMGenerator,
+    mask_term,
+    normalize,
+    read_tasks,
+    verify_fact,
+    verify_task,
+    write_tasks,
+)
+from taskrl.envs.search.corpus import Document
+from taskrl.envs.search.embed import HASHING
+from taskrl.envs.search.store import CorpusStore
+from taskrl.policies.scripted import ScriptedPolicy
+from taskrl.types import Message
+
+DOCS = {
+    "orchard": "The orchard grows pears and plums on the south slope. Each tree is pruned with a fennick blade "
+    "in late winter. Its fruit is sold at the fair every autumn.",
+    "fair": "The fair fills the meadow for three days in autumn. Cider is pressed in a cask of ashwood for the "
+    "visitors. Prizes for the best fruit are judged by the mill owner.",
+    "mill": "The mill grinds grain with a wheel turned by the river. The miller keeps the flour in a loft "
+    "above the stream. Every sack is stamped with a crimson seal.",
+    "river": "The river floods the meadow each spring and feeds the mill. Herons nest in the reeds along its "
+    "banks. A ferryman named Oswin crosses it at the narrows.",
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> CorpusStore:
+    store = CorpusStore(tmp_path_factory.mktemp("dg") / "corpus", create=True, embedder=HASHING, chunk_tokens=24)
+    store.ingest(Document(k, v, k) for k, v in DOCS.items())
+    return store
+
+
+def generate(store: CorpusStore, **kw: Any) -> tuple[list, GenerationReport]:
+    return ExtractiveGenerator(store, GenerationConfig(**{"n": 6, "max_answer_df": 1, **kw})).generate()
+
+
+def test_generated_tasks_verify_and_cover_every_difficulty(store: CorpusStore) -> None:
+    tasks, report = generate(store)
+    assert report.kept == len(tasks) == 6
+    assert [t.info["difficulty"] for t in tasks] == [1, 2, 3, 1, 2, 3]
+    for task in tasks:
+        assert verify_task(task, store) == []
+        facts = task.info["facts"]
+        assert len(facts) == task.info["difficulty"]
+        for fact in facts:
+            assert fact["chunk_ids"] and all(normalize(fact["quote"]) in normalize(c.text)
+                                             for c in store.chunks(fact["chunk_ids"]).values())  # fmt: skip
+        for earlier, later in zip(facts, facts[1:], strict=False):
+            assert earlier["term"] == later["doc_id"]  # each masked term names the next hop's document
+        answer = task.info["answer"]
+        assert answer == facts[-1]["term"] and answer.lower() not in task.prompt.lower()
+        assert task.answer.startswith(f"ANSWER: {answer}\nDOCUMENTS: ")
+        assert set(task.info["answer_chunk_ids"]) == set(facts[-1]["chunk_ids"])
+    assert generate(store)[0] == tasks  # deterministic for a seed
+    assert generate(store, seed=1)[0] != tasks
+
+
+def test_a_quote_that_is_not_in_the_document_is_rejected(store: CorpusStore) -> None:
+    fake = Fact("orchard", "Each tree is pruned with a golden blade in late winter.", "golden")
+    assert verify_fact(fake, store) == "quote_not_in_document"
+    elsewhere = Fact("mill", "Each tree is pruned with a fennick blade in late winter.", "fennick")
+    assert verify_fact(elsewhere, store) == "quote_not_in_document"  # real text, wrong document
+    assert verify_fact(Fact("orchard", "Its fruit is sold at the fair every autumn.", "ferryman"), store) == (
+        "term_not_in_quote"
+    )
+    good = Fact("orchard", "Each tree is pruned with a fennick blade in late winter.", "fennick")
+    assert verify_fact(good, store) is None and good.chunk_ids
+
+    task = generate(store)[0][0]
+    broken = copy.deepcopy(task)
+    broken.info["facts"][0]["quote"] = "A sentence that no document contains at all."
+    assert "fact_0_quote_not_in_chunk" in verify_task(broken, store)
+
+
+def test_a_distractor_that_contains_the_answer_is_rejected(store: CorpusStore) -> None:
+    task = generate(store)[0][0]
+    answer = task.info["answer"]
+    holder = next(c for c in store.iter_chunks() if answer.lower() in c.text.lower())
+    poisoned = copy.deepcopy(task)
+    poisoned.info["distractor_chunk_ids"] = [holder.id]
+    assert "distractor_contains_answer" in verify_task(poisoned, store)
+    leaked = copy.deepcopy(task)
+    leaked.prompt += f" (hint: {answer})"
+    assert "answer_in_question" in verify_task(leaked, store)
+    # The generator checks its distractors the same way, counting and dropping those holding the answer.
+    tasks, report = generate(store, n=12, distractors=3)
+    for t in tasks:
+        for chunk in store.chunks(t.info["distractor_chunk_ids"]).values():
+            assert t.info["answer"].lower() not in chunk.text.lower()
+    assert set(report.dropped) <= {"no_answer_term", "no_bridge", "duplicate", "distractor_contains_answer"}
+
+
+def test_mask_and_tasks_round_trip(store: CorpusStore, tmp_path: Path) -> None:
+    assert mask_term("The Mill and the mill-race", "mill", 2) == "The [X2] and the [X2]-race"
+    tasks, _ = generate(store)
+    path = write_tasks(tasks, tmp_path / "t.jsonl")
+    assert read_tasks(path) == tasks
+    path.write_text("{bad\n")
+    with pytest.raises(ValueError, match=r"t.jsonl:1: not a task row"):
+        read_tasks(path)
+
+
+def test_generation_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="GenerationConfig.hops"):
+        GenerationConfig(hops=(4,))
+    with pytest.raises(ValueError, match="GenerationConfig.n"):
+        GenerationConfig(n=0)
+
+
+def _llm(honest: bool) -> ScriptedPolicy:
+    """A policy that answers the generator's prompt: with a real sentence of the passage, or an invented one."""
+
+    def rule(messages: list[Message], tools: Any) -> str:
+        passage = messages[-1].content
+        sentence = re.split(r"(?<=\.)\s+", normalize(passage))[0] if honest else "The moon is made of cheese."
+        answer = max(re.findall(r"[A-Za-z]{5,}", sentence), key=len)
+        return json.dumps({"question": "Which word is hidden here?", "answer": answer, "quote": sentence})
+
+    return ScriptedPolicy(rule)
+
+
+def test_llm_generator_keeps_verified_proposals_and_drops_invented_quotes(store: CorpusStore) -> None:
+    config = GenerationConfig(n=3, hops=(1,), max_attempts=20)
+    tasks, report = asyncio.run(LLMGenerator(store, _llm(honest=True), config).agenerate())
+    assert report.kept == 3 and all(verify_task(t, store) == [] for t in tasks)
+    assert all(t.info["generator"] == "llm" and "Which word is hidden here?" in t.prompt for t in tasks)
+    tasks, report = asyncio.run(
+        LLMGenerator(store, _llm(honest=False), GenerationConfig(n=2, max_attempts=3)).agenerate()
+    )
+    assert tasks == [] and report.dropped["quote_not_in_document"] == 6
+
+
+def test_datagen_cli(store: CorpusStore, tmp_path: Path) -> None:
+    out = tmp_path / "tasks.jsonl"
+    result = CliRunner().invoke(
+        app, ["datagen", "multihop", "--corpus", str(store.path), "--n", "4", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "kept 4/4 tasks" in result.output and len(read_tasks(out)) == 4
+    result = CliRunner().invoke(app, ["datagen", "multihop", "--corpus", str(store.path), "--hops", "x"])
+    assert result.exit_code != 0

@@ -1,0 +1,21 @@
+"""A small planted corpus (real chromadb + bm25s + MiniLM store in a temp dir), built once per test session."""
+
+from __future__ import annotations
+
+import pytest
+from search_planted import write_planted
+
+from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, write_tasks
+from taskrl.envs.search.build import TASKS_FILE, build_corpus
+from taskrl.envs.search.store import CorpusStore
+
+
+@pytest.fixture(scope="session")
+def planted_corpus(tmp_path_factory: pytest.TempPathFactory) -> CorpusStore:
+    """The planted corpus with MiniLM vectors, 48-token chunks, and 12 verified tasks in tasks.jsonl."""
+    root = tmp_path_factory.mktemp("planted")
+    store, _ = build_corpus(write_planted(root / "src"), root / "corpus", chunk_tokens=48, device="cpu")
+    tasks, report = ExtractiveGenerator(store, GenerationConfig(n=12, seed=0, max_answer_df=1)).generate()
+    assert report.kept == 12, report.to_dict()
+    write_tasks(tasks, store.path / TASKS_FILE)
+    return store
