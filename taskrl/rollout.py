@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from taskrl import context as summaries
+from taskrl.context import SummaryConfig
 from taskrl.env import Env, maybe_await
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
 from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
@@ -39,11 +41,18 @@ class RolloutConfig:
     """Root seed; every episode and turn seed derives from it, so runs are reproducible."""
     training: bool = True
     """Set on envs that have a ``training`` attribute before reset: some add guidance only in training."""
+    summary: SummaryConfig | None = None
+    """Self-summarization at a token trigger (see ``taskrl.context``); None = off."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_context_tokens", "group_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.summary is not None and self.summary.trigger_tokens >= self.max_context_tokens:
+            raise ValueError(
+                f"RolloutConfig.summary.trigger_tokens ({self.summary.trigger_tokens}) must be below "
+                f"max_context_tokens ({self.max_context_tokens}): the summary needs room to be written"
+            )
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -88,6 +97,8 @@ class _Context:
         self.tools = tools
         self.messages = list(messages)
         self.token_ids: list[int] | None = self.fmt.prompt_ids(self.messages, tools) if self.fmt else None
+        self._observed_at: int | None = None  # where the last turn's observation tokens start
+        self._observations: list[Message] = []
 
     def __len__(self) -> int:
         return len(self.token_ids) if self.token_ids is not None else 0
@@ -97,18 +108,34 @@ class _Context:
         self.messages.append(assistant)
         self.messages.extend(observations)
         if self.fmt is not None and self.token_ids is not None:
-            self.token_ids = (
-                self.token_ids
-                + completion.token_ids
-                + self.fmt.close_turn_ids(completion.token_ids)
-                + (self.fmt.observation_ids(observations) if observations else [])
-            )
+            closed = self.token_ids + completion.token_ids + self.fmt.close_turn_ids(completion.token_ids)
+            self._observed_at, self._observations = len(closed), list(observations)
+            self.token_ids = closed + (self.fmt.observation_ids(observations) if observations else [])
+
+    def add_message(self, message: Message) -> None:
+        """Append a forced message after the last turn's observations, still as an append (same Segment)."""
+        self.messages.append(message)
+        if self.fmt is None or self.token_ids is None:
+            return
+        if self._observed_at is None:  # nothing sampled since the last re-render
+            self.token_ids = self.fmt.prompt_ids(self.messages, self.tools)
+            return
+        self._observations.append(message)  # re-render only the observation block: it ends in the generation prompt
+        self.token_ids = self.token_ids[: self._observed_at] + self.fmt.observation_ids(self._observations)
 
     def replace(self, messages: list[Message]) -> None:
         """A non-append change (pruning, summary): re-render; the next turn opens a new Segment."""
         self.messages = list(messages)
+        self._observed_at = None
         if self.fmt is not None:
             self.token_ids = self.fmt.prompt_ids(self.messages, self.tools)
+
+    def estimated_tokens(self) -> int:
+        """Tokens in the view: exact in token mode; otherwise ~4 characters per token plus ~4 per message."""
+        if self.token_ids is not None:
+            return len(self)
+        calls = sum(len(c.name) + len(str(c.arguments)) for m in self.messages for c in m.tool_calls)
+        return (sum(len(m.content) for m in self.messages) + calls) // 4 + 4 * len(self.messages)
 
 
 def _parse(completion: Completion, env: Env, call_offset: int) -> ParsedTurn:
@@ -147,6 +174,7 @@ async def run_episode(
         traj.info.update({k: v for k, v in info.items() if k != "context"})
         ctx = _Context(policy, messages, env.tools.schemas())
         traj.messages = list(ctx.messages)
+        opening = list(ctx.messages)  # what a self-summary's new view starts from
         calls_so_far = 0
         for turn in range(config.max_turns):
             room = config.max_context_tokens - len(ctx)
@@ -203,6 +231,11 @@ async def run_episode(
                 if traj.truncated:
                     traj.info["truncation"] = "env"
                 break
+            if config.summary is not None and not await _maybe_summarize(
+                ctx, policy, config, config.summary, segments, traj, opening, turn
+            ):
+                traj.truncated, traj.info["truncation"] = True, "max_context_tokens"
+                break
         else:
             traj.truncated, traj.info["truncation"] = True, "max_turns"
         traj.rewards = dict(await maybe_await(env.reward(traj)))
@@ -215,6 +248,8 @@ async def run_episode(
     if segments.untokenised_turns:
         traj.trainable = False
         traj.info["untrainable_reason"] = "the policy backend reported no token ids for some turns"
+    if config.summary is not None:
+        metrics.update(summaries.summary_metrics(traj.info.get(summaries.SUMMARIES_KEY, [])))
     metrics["segments"] = len(traj.segments)
     metrics["tokens"] = traj.num_tokens
     metrics["sampled_tokens"] = traj.num_sampled_tokens
@@ -222,6 +257,44 @@ async def run_episode(
     traj.metrics.update(metrics)
     _cap_for_invalid_calls(traj, env)
     return traj
+
+
+async def _maybe_summarize(
+    ctx: _Context,
+    policy: Policy,
+    config: RolloutConfig,
+    summary: SummaryConfig,
+    segments: _SegmentBuilder,
+    traj: Trajectory,
+    opening: list[Message],
+    turn: int,
+) -> bool:
+    """At the trigger: ask for a summary (forced tokens, same segment), sample it (trainable tokens), and
+    continue from opening + summary (a new segment). Returns False when no room is left to write it."""
+    before = ctx.estimated_tokens()
+    if not summaries.is_due(summary, before, len(traj.info.get(summaries.SUMMARIES_KEY, []))):
+        return True
+    request = summaries.summary_request(summary)
+    ctx.add_message(request)
+    traj.messages.append(request)
+    room = config.max_context_tokens - len(ctx)
+    if room < 1:
+        return False
+    sampling = replace(
+        config.sampling,
+        seed=(((traj.seed or 0) * 1_000_003 + turn) & 0x7FFFFFFF) ^ 0x5A5A5A5A,  # not the turn's own seed
+        max_new_tokens=min(summary.max_summary_tokens, room),
+    )
+    prompt_ids = ctx.token_ids
+    completion = await policy.generate(token_ids=prompt_ids, messages=ctx.messages, tools=ctx.tools, sampling=sampling)
+    segments.add_turn(prompt_ids if prompt_ids is not None else completion.prompt_token_ids, completion)
+    text = summaries.summary_text(completion.text)
+    view = summaries.compacted_view(opening, text, summary)
+    ctx.replace(view)
+    traj.messages += [Message("assistant", text), view[-1]]
+    record = summaries.record(turn, len(traj.messages) - 1, text, before, ctx.estimated_tokens())
+    traj.info.setdefault(summaries.SUMMARIES_KEY, []).append(record)
+    return True
 
 
 def _context_tokens(ctx: _Context, prompt_ids: list[int] | None, completion: Completion) -> int:

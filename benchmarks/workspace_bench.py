@@ -1,0 +1,129 @@
+"""Workspaces and sandbox of the code env, against their plain baselines measured in the same run.
+
+* Workspaces created per second from a 1,000-file repository: copy-on-write (overlay where it works here, and
+  hardlink) vs ``shutil.copytree``. Targets (issue 6): ratio >= 10x and >= 200 workspaces/s.
+* Warm pool: latency of ``acquire()`` when the pool is warm.
+* Snapshot / restore latency of a workspace with 20 changed files.
+* Sandboxed ``true`` (bubblewrap, rlimits, pids cgroup) p50 vs a bare ``/bin/true`` subprocess. Target: <= 20 ms.
+
+    .venv/bin/python benchmarks/workspace_bench.py [--files 1000] [--clones 200] [--commands 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
+from taskrl.envs.code.workspace import BaseTree, WorkspaceConfig, WorkspacePool, overlay_available
+
+
+def make_repo(root: Path, files: int) -> Path:
+    """A repository of ``files`` Python files of ~2 KB in 50 packages."""
+    repo = root / "repo"
+    per_dir = max(1, files // 50)
+    for i in range(files):
+        pkg = repo / f"pkg{i // per_dir:02d}"
+        pkg.mkdir(parents=True, exist_ok=True)
+        (pkg / f"mod{i % per_dir:03d}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 50)
+    return repo
+
+
+def clone_rate(create, destroy, n: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(workspaces created per second, ms to destroy one); creation timed alone."""
+    start = time.perf_counter()
+    made = [create(i) for i in range(n)]
+    created = time.perf_counter() - start
+    start = time.perf_counter()
+    for item in made:
+        destroy(item)
+    return n / created, (time.perf_counter() - start) / n * 1e3
+
+
+def p50_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+async def command_latency(sandbox: Sandbox, workspace: Path, n: int) -> tuple[float, float]:
+    """p50 of a sandboxed `true` and of a bare `/bin/true` subprocess, interleaved."""
+    sandboxed, bare = [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        await sandbox.run(["true"], workspace)
+        sandboxed.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec("/bin/true", cwd=workspace)
+        await proc.wait()
+        bare.append(time.perf_counter() - start)
+    return p50_ms(sandboxed), p50_ms(bare)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--clones", type=int, default=200)
+    parser.add_argument("--commands", type=int, default=100)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="taskrl-wsbench-"))
+    try:
+        repo = make_repo(tmp, args.files)
+        root = tmp / "workspaces"
+        modes = ["overlay", "hardlink"] if overlay_available(tmp) else ["hardlink"]
+        copies = max(10, args.clones // 10)
+        counter = iter(range(10**9))
+        copy_rate, copy_destroy = clone_rate(
+            lambda i: shutil.copytree(repo, tmp / f"copy{next(counter)}"), shutil.rmtree, copies
+        )
+        print(f"repository: {args.files} files; baseline shutil.copytree: {copy_rate:.1f} workspaces/s "
+              f"({copies} copies, rmtree {copy_destroy:.1f} ms)")  # fmt: skip
+        print("| mode | workspaces/s | vs copytree | destroy ms | warm acquire p50 ms | snapshot p50 ms "
+              "| restore p50 ms |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        sandbox_ws = None
+        for mode in modes:
+            pool = WorkspacePool(BaseTree(repo), WorkspaceConfig(root=str(root), mode=mode, pool_size=0))
+            rate, destroy_ms = clone_rate(lambda i, p=pool: p.create(), lambda ws: ws.destroy(), args.clones)
+            warm_pool = WorkspacePool(BaseTree(repo), WorkspaceConfig(root=str(root), mode=mode, pool_size=4))
+            acquires = []
+            for _ in range(20):
+                while len(warm_pool._ready) < 4:  # let the background thread refill it
+                    time.sleep(0.001)
+                start = time.perf_counter()
+                taken = warm_pool.acquire()
+                acquires.append(time.perf_counter() - start)
+                taken.destroy()
+            warm_pool.close()
+            ws = pool.create()
+            for i in range(20):
+                ws.write_file(f"pkg{i:02d}/mod000.py", b"changed\n")
+            snaps, restores = [], []
+            for i in range(20):
+                start = time.perf_counter()
+                ws.snapshot(f"s{i}")
+                snaps.append(time.perf_counter() - start)
+                ws.write_file("pkg00/mod001.py", b"after the snapshot\n")
+                start = time.perf_counter()
+                ws.restore(f"s{i}")
+                restores.append(time.perf_counter() - start)
+            if sandbox_ws is None:
+                sandbox_ws = ws
+            else:
+                ws.destroy()
+            print(f"| {mode} | {rate:.0f} | {rate / copy_rate:.1f}x | {destroy_ms:.2f} | "
+                  f"{p50_ms(acquires):.3f} | {p50_ms(snaps):.2f} | {p50_ms(restores):.2f} |")  # fmt: skip
+        sandbox = Sandbox(SandboxConfig())
+        boxed, bare = asyncio.run(command_latency(sandbox, sandbox_ws.path, args.commands))  # type: ignore[union-attr]
+        print(f"sandboxed `true` p50: {boxed:.1f} ms vs bare subprocess {bare:.1f} ms ({boxed / bare:.1f}x; "
+              f"process limit: {sandbox.process_limit}; {args.commands} runs)")  # fmt: skip
+        sandbox_ws.destroy()  # type: ignore[union-attr]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

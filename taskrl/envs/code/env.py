@@ -1,0 +1,207 @@
+"""The Composer-style coding env: a sandboxed copy-on-write workspace per episode, seven tools, hidden tests.
+
+``CodeEnv`` is the machinery; ``HumanEvalEnv`` ("code-humaneval") and ``CodeBugsEnv`` ("code-bugs") give it
+tasks. ``reset`` takes a warm workspace from the pool of the task's base tree, writes the task's files and
+hashes the tests; ``reward`` scores the final workspace with the hidden tests (see ``reward.py``) and records
+``tampering``, ``no_edit``, ``clarifying_question`` and test metrics; ``close`` (or garbage collection, or
+process exit) destroys the workspace. ``snapshot``/``restore`` checkpoint the workspace mid-episode, and
+``checkpoint_every_step`` does it after every step. ``scripted_rule`` is an expert that applies the gold fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from taskrl.chat import format_tool_call
+from taskrl.env import StepOutput, ToolEnv
+from taskrl.envs.code.reward import CodeRewardConfig, asked_a_question, effort_term, protect, score, tree_state
+from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
+from taskrl.envs.code.tasks import BUILTIN_BUGS, humaneval_tasks, load_bug_tasks
+from taskrl.envs.code.tools import CodeTools
+from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, pool_for
+from taskrl.types import Message, Task, ToolCall, Trajectory
+
+SYSTEM_PROMPT = (
+    "You are a software engineer working in a project checked out in your working directory. Use the tools to "
+    "read, search, edit and run code, and run the tests before you finish. Fix the code, never the tests. "
+    "When you are done, reply with a short summary of what you changed, without a tool call."
+)
+
+
+@dataclass
+class CodeEnvConfig:
+    """Sandbox, workspaces and reward of a code env."""
+
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Isolation and limits of every command the agent (and the hidden tests) run."""
+    workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
+    """Where workspaces live, how they are cloned, how many are kept warm."""
+    reward: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    """How the final workspace is scored."""
+    checkpoint_every_step: bool = False
+    """Snapshot the workspace after every step as ``step-N`` (for branching rollouts from a checkpoint)."""
+
+    def __post_init__(self) -> None:
+        for name, kind in (("sandbox", SandboxConfig), ("workspace", WorkspaceConfig), ("reward", CodeRewardConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(
+                    f"CodeEnvConfig.{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}"
+                )
+
+
+class CodeEnv(CodeTools, ToolEnv):
+    """A coding task in a sandboxed workspace, scored by hidden tests. Subclasses provide ``tasks``."""
+
+    name = "code"
+    system_prompt = SYSTEM_PROMPT
+
+    def __init__(self, config: CodeEnvConfig | None = None, *, unsafe_no_sandbox: bool = False) -> None:
+        super().__init__()
+        config = config or CodeEnvConfig()
+        if unsafe_no_sandbox:  # a copy: never change a config the caller may share
+            config = replace(config, sandbox=replace(config.sandbox, unsafe_no_sandbox=True))
+        self.config = config
+        self.sandbox = Sandbox(self.config.sandbox)
+        self.workspace: Workspace | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._protected: dict[str, str] = {}
+        self._initial: dict[str, tuple[int, int, int]] = {}
+        self.steps = 0
+
+    # -- episode lifecycle ---------------------------------------------------------------------------------
+    async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        self.close()
+        self.task = task
+        pool = pool_for(task.info["base"], self.config.workspace)
+        workspace = await asyncio.to_thread(pool.acquire)
+        self.workspace = workspace
+        self._finalizer = weakref.finalize(self, workspace.destroy)  # an env dropped without close()
+        for relpath, content in task.info.get("files", {}).items():
+            workspace.write_file(relpath, content.encode("utf-8"))
+        self._protected = protect(workspace.path)
+        self._initial = tree_state(workspace.path)
+        self.edits = self.commands = self.test_runs = self.steps = 0
+        info = {"workspace_mode": workspace.mode, "sandbox": "bubblewrap" if self.sandbox.isolated else "none"}
+        return [Message("system", self.system_prompt), Message("user", task.prompt)], info
+
+    async def step(self, tool_calls: list[ToolCall]) -> StepOutput:
+        results, terminated, truncated, info = await super().step(tool_calls)
+        self.steps += 1
+        if self.config.checkpoint_every_step and self.workspace is not None:
+            await asyncio.to_thread(self.workspace.snapshot, f"step-{self.steps}")
+        return results, terminated, truncated, info
+
+    def snapshot(self, name: str) -> None:
+        """Checkpoint the workspace now; ``restore(name)`` brings it back."""
+        self._ws().snapshot(name)
+
+    def restore(self, name: str) -> None:
+        """Put the workspace back as it was at ``snapshot(name)`` (or ``step-N`` with checkpoint_every_step)."""
+        self._ws().restore(name)
+
+    def close(self) -> None:
+        """Destroy the episode's workspace. Idempotent; the rollout loop calls it after every episode."""
+        if self._finalizer is not None:
+            self._finalizer()  # runs workspace.destroy once
+            self._finalizer = None
+        self.workspace = None
+
+    # -- reward --------------------------------------------------------------------------------------------
+    async def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        if self.task is None or self.workspace is None or not self.workspace.alive:
+            return {"tests": 0.0}
+        changed = tree_state(self.workspace.path) != self._initial
+        result = await score(
+            self.sandbox, self.workspace, self.task, self._protected, self._initial, self.config.reward
+        )
+        metrics, info = trajectory.metrics, trajectory.info
+        metrics["tests_passed"] = result.tests
+        metrics["tampering"] = float(bool(result.tampering))
+        metrics["tests_failed_to_run"] = float(result.failure is not None and not result.tampering)
+        metrics["no_edit"] = float(not changed)
+        metrics["clarifying_question"] = float(asked_a_question(trajectory))
+        metrics["edits"], metrics["commands"] = float(self.edits), float(self.commands)
+        metrics["test_runs"] = float(self.test_runs)
+        if result.tampering:
+            info["tampering"] = result.tampering
+        if result.failure:
+            info["test_failure"] = result.failure
+        if result.run is not None:
+            info["hidden_tests"] = dict(result.run.counts)
+        if result.agent_tests:
+            info["agent_tests"] = result.agent_tests
+        if result.coverage is not None:
+            info["test_coverage"] = result.coverage
+        rewards: dict[str, float | None] = {"tests": result.tests}
+        effort = effort_term(result.tests, trajectory, self.config.reward)
+        if effort is not None:
+            rewards["effort"] = effort
+        return rewards
+
+    # -- expert --------------------------------------------------------------------------------------------
+    def scripted_rule(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        """Expert: read the file to fix, apply the gold fix, run the tests, then report (cold start, tests)."""
+        prompt = next(m.content for m in messages if m.role == "user")
+        calls = [c for m in messages if m.role == "assistant" for c in m.tool_calls]
+        candidates = self._tasks_by_prompt().get(prompt, [])
+        if not candidates:
+            return "I cannot find this task in my task set."
+        first = next(iter(candidates[0].info["files"]))
+        if not calls:
+            return format_tool_call("read_file", {"path": first})
+        if len(calls) == 1:
+            shown = next((m.content for m in messages if m.role == "tool"), "")
+            task = next((t for t in candidates if t.info["files"][first] == shown), candidates[0])
+            gold = task.info["gold"]
+            if "write" in gold:
+                path, content = next(iter(gold["write"].items()))
+                return format_tool_call("write_file", {"path": path, "content": content})
+            return format_tool_call("edit_file", gold["edit"])
+        if len(calls) == 2:
+            return format_tool_call("run_tests", {})
+        return f"Fixed `{first}`: the tests pass now."
+
+    def _tasks_by_prompt(self) -> dict[str, list[Task]]:
+        cached = self.__dict__.get("_by_prompt")
+        if cached is None:
+            cached = {}
+            for task in self.tasks("all"):
+                cached.setdefault(task.prompt, []).append(task)
+            self.__dict__["_by_prompt"] = cached
+        return cached
+
+
+class HumanEvalEnv(CodeEnv):
+    """HumanEval's 164 problems: implement a function in ``solution.py``; reward = its hidden tests pass."""
+
+    name = "code-humaneval"
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        return humaneval_tasks(split)
+
+
+class CodeBugsEnv(CodeEnv):
+    """Bugs injected into real PyPI projects, verified against their own tests; reward = the tests pass again."""
+
+    name = "code-bugs"
+
+    def __init__(
+        self,
+        tasks_path: str = str(BUILTIN_BUGS),
+        config: CodeEnvConfig | None = None,
+        *,
+        unsafe_no_sandbox: bool = False,
+    ) -> None:
+        super().__init__(config, unsafe_no_sandbox=unsafe_no_sandbox)
+        self.task_set = load_bug_tasks(tasks_path)
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        """``test``: every fifth task; ``train``: the others; ``all``: every task."""
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"code-bugs split must be train, test or all, got {split!r}")
+        tasks = self.task_set.tasks
+        return [t for i, t in enumerate(tasks) if split == "all" or (i % 5 == 0) == (split == "test")]

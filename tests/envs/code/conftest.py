@@ -1,0 +1,48 @@
+"""Fixtures of the code-env tests: a sandbox with small limits, and workspace roots in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
+from taskrl.envs.code.workspace import WorkspaceConfig
+
+SMALL_LIMITS = dict(
+    timeout_s=5.0,
+    cpu_seconds=2,
+    memory_bytes=1 << 30,
+    max_processes=32,
+    max_file_bytes=4 << 20,
+    tmp_bytes=16 << 20,
+    max_output_bytes=4000,
+    kill_output_bytes=1 << 20,
+)
+
+
+@pytest.fixture(scope="session")
+def small_limits() -> SandboxConfig:
+    return SandboxConfig(**SMALL_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def sandbox(small_limits: SandboxConfig) -> Sandbox:
+    return Sandbox(small_limits)
+
+
+@pytest.fixture
+def workspace_config(tmp_path: Path) -> WorkspaceConfig:
+    return WorkspaceConfig(root=str(tmp_path / "workspaces"), pool_size=0)
+
+
+@pytest.fixture
+def base_tree(tmp_path: Path) -> Path:
+    """A small project: two modules, a test file, a nested package."""
+    base = tmp_path / "base"
+    (base / "pkg" / "sub").mkdir(parents=True)
+    (base / "pkg" / "__init__.py").write_text("")
+    (base / "pkg" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (base / "pkg" / "sub" / "deep.txt").write_text("deep\n")
+    (base / "test_calc.py").write_text("from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    return base
