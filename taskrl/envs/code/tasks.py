@@ -42,7 +42,7 @@ class TaskSetError(ValueError):
 
 def code_cache() -> Path:
     """``cache_dir()/code``: unpacked repositories and downloaded sdists."""
-    from taskrl.policies.models import cache_dir  # imported here: that module loads torch
+    from taskrl.paths import cache_dir
 
     return cache_dir() / "code"
 

@@ -45,7 +45,7 @@ def build_corpus(
 
 
 def default_corpus_dir() -> Path:
-    from taskrl.policies.models import cache_dir
+    from taskrl.paths import cache_dir
 
     return cache_dir() / "corpora" / DEFAULT_CORPUS_NAME
 
