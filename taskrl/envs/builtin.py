@@ -1,8 +1,9 @@
-"""Two small built-in envs: ``shop`` (a two-tool task with a verifiable answer) and ``noop``.
+"""Small built-in envs: ``shop`` (a two-tool task with a verifiable answer), ``price`` and ``noop``.
 
 ``shop`` asks for the total price of an order; the model must look prices up and may use a calculator.
-The reward is 1 when the last number of the final answer equals the total. ``noop`` exists to measure the
-agent loop itself: its only tool does nothing.
+The reward is 1 when the last number of the final answer equals the total. ``price`` is the smallest
+tool-use task (one lookup, then "quantity x price = total"; the ``make demo`` training env). ``noop``
+exists to measure the agent loop itself: its only tool does nothing.
 """
 
 from __future__ import annotations
@@ -118,6 +119,57 @@ class ShopEnv(ToolEnv):
             expression = " + ".join(f"{q}*{p:g}" for (q, _), p in zip(order, prices, strict=True))
             return format_tool_call("calculator", {"expression": expression})
         return f"The total is {messages[-1].content}."
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        assert self.task is not None, "reward() before reset()"
+        answer = last_number(trajectory.final_answer)
+        return {"correct": float(answer is not None and answer == float(self.task.answer))}
+
+
+def make_price_tasks(n: int, seed: int) -> list[Task]:
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        item, qty = rng.choice(sorted(PRICES)), rng.randint(1, 3)
+        prompt = f"What is the price of {qty} x {item}?"
+        info = {"item": item, "quantity": qty}
+        tasks.append(Task(id=f"price-{seed}-{i}", prompt=prompt, answer=qty * PRICES[item], info=info))
+    return tasks
+
+
+class PriceEnv(ToolEnv):
+    """Look up one unit price and answer quantity x price; reward 1 for the right total."""
+
+    name = "price"
+    system_prompt = "Look up the unit price with the tool, then reply with quantity x unit price = total."
+
+    def __init__(self, num_tasks: int = 64) -> None:
+        super().__init__()
+        self.num_tasks = num_tasks
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        return make_price_tasks(self.num_tasks, seed={"train": 0, "test": 1}.get(split, 2))
+
+    @tool
+    def lookup_price(self, item: str) -> str:
+        """Look up the unit price of an item, in dollars.
+
+        Args:
+            item: the item's name, singular, e.g. "apple".
+        """
+        key = item.strip().lower().removesuffix("s")
+        if key not in PRICES:
+            raise KeyError(f"no item '{item}'; known items: {', '.join(sorted(PRICES))}")
+        return f"{key}: ${PRICES[key]}"
+
+    @staticmethod
+    def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        """An expert: look the price up, then answer with the multiplication written out."""
+        qty, item = re.findall(r"(\d+) x (\w+)", next(m.content for m in messages if m.role == "user"))[0]
+        prices = [last_number(m.content) for m in messages if m.role == "tool"]
+        if not prices or prices[-1] is None:
+            return format_tool_call("lookup_price", {"item": item})
+        return f"{qty} x {prices[-1]:g} = {int(qty) * prices[-1]:g}"
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         assert self.task is not None, "reward() before reset()"

@@ -1,0 +1,32 @@
+"""Kimi K2.5 token masking: a policy-gradient loss that zeroes the gradient of tokens that moved too far.
+
+With log-ratio d_t = log pi(token_t) - log pi_old(token_t) and mask m_t = [alpha <= d_t <= beta] (no gradient
+through the mask):
+
+    loss_t = m_t * (-A * d_t + tau * d_t^2)
+
+Unlike PPO's clip, the mask applies for either sign of the advantage: a token outside [alpha, beta] gets no
+gradient at all, whether the update would push it further or pull it back. The optional tau * d^2 term is the
+Kimi K1.5 mirror-descent regulariser that keeps the new policy near the old one.
+
+Where this departs from the papers (Kimi K1.5, 2025; Kimi K2.5, 2026):
+- K1.5 writes the objective as a squared loss (A - tau_paper * d)^2 over whole sequences; its gradient equals
+  ours per token with tau = tau_paper / 2 (up to a constant factor absorbed by the learning rate).
+- Defaults alpha = -log 2, beta = log 2 (ratio in [0.5, 2]) and tau = 0; Kimi did not publish theirs.
+- Advantages are GRPO's group-relative ones (r - mean of the group), normalised per token over the batch.
+"""
+
+from __future__ import annotations
+
+from taskrl.algos.losses import Tensor
+
+
+def policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, alpha: float, beta: float, tau: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token masked loss; stats: ``clipfrac`` (share of tokens masked out)."""
+    log_ratio = logprobs - old_logprobs
+    detached = log_ratio.detach()
+    inside = ((detached >= alpha) & (detached <= beta)).to(logprobs.dtype)
+    loss = inside * (-advantages * log_ratio + tau * log_ratio**2)
+    return loss, {"clipfrac": 1.0 - inside}

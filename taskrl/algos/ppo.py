@@ -1,0 +1,71 @@
+"""PPO with a value head: GAE(gamma, lambda) over sampled tokens, clipped surrogate, clipped value loss.
+
+The time steps are the sampled tokens of a trajectory, in order across its segments (tool output and other
+forced tokens are the environment's transitions, not steps). The episode reward arrives at the last sampled
+token; a k1 KL penalty, when enabled, is a per-token reward. A terminated episode bootstraps with 0; a
+truncated one with the value of the state after its last token (STYLE: terminated vs truncated).
+
+Where this departs from the paper (Schulman et al. 2017) and common RLHF practice:
+- The value head is a linear layer on the policy's last hidden state (shared trunk), not a separate critic
+  model: half the memory, and the one backward pass trains both.
+- gamma applies per token; the default is 1.0 (the reward comes at the end; per-token discounting of long
+  answers would erase it). The seed's gamma 0.9/0.99 are per-turn values: set ``gamma`` accordingly when a
+  per-token horizon is short.
+- Advantages are not whitened per batch (whitening would shift the sign of a batch that is all failures).
+- Loss normalisation is per token over the optimizer batch, as in ``grpo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from taskrl.algos.losses import Tensor, clipped_surrogate
+
+
+def gae(
+    rewards: Sequence[float] | Tensor,
+    values: Sequence[float] | Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    bootstrap_value: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over one trajectory's steps; returns (advantages, returns).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V_T = ``bootstrap_value``), A_t = delta_t + gamma * lam * A_{t+1},
+    returns_t = A_t + V_t (the value targets).
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    v = torch.as_tensor(values, dtype=torch.float64)
+    if r.shape != v.shape or r.ndim != 1:
+        raise ValueError(f"gae: rewards and values must be 1-D of equal length, got {tuple(r.shape)}, {tuple(v.shape)}")
+    advantages = torch.zeros_like(r)
+    next_value, running = float(bootstrap_value), 0.0
+    for t in range(len(r) - 1, -1, -1):
+        delta = float(r[t]) + gamma * next_value - float(v[t])
+        running = delta + gamma * lam * running
+        advantages[t] = running
+        next_value = float(v[t])
+    return advantages.float(), (advantages + v).float()
+
+
+def policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token clipped surrogate; stats: ``clipfrac`` (share of tokens whose clipped branch was taken)."""
+    loss, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low=clip_eps_low, eps_high=clip_eps_high)
+    return loss, {"clipfrac": clipped.float()}
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: float) -> Tensor:
+    """Per-token 0.5 * max((V - R)^2, (V_clipped - R)^2), V_clipped = old + clamp(V - old, -clip, clip).
+
+    ``clip`` <= 0 gives the plain squared error.
+    """
+    unclipped = (values - returns) ** 2
+    if clip <= 0:
+        return 0.5 * unclipped
+    clipped = (old_values + (values - old_values).clamp(-clip, clip) - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped)

@@ -1,0 +1,195 @@
+"""Trajectories -> token sequences -> micro-batches that waste no compute on padding or repeated prompts.
+
+Each trainable segment becomes a ``TokenSequence`` (exact sampled ids, loss mask, sampler logprobs; never a
+re-render). ``plan_micro_batches`` sorts sequences so that those sharing a prompt sit together, then fills a
+token budget. ``collate`` finds the longest prefix a micro-batch shares (the K samples of a GRPO group share
+their whole prompt) so the learner runs it once and the rows only their own suffixes: the gradient is exact
+(the suffixes attend to the prefix's keys and values, and backpropagate into them), and a group of 8 answers
+to a 300-token prompt costs 300 + 8 x answer tokens instead of 8 x (300 + answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from taskrl.types import Trajectory
+
+MIN_SHARED_PREFIX = 8
+"""Shorter shared prefixes are not worth a separate forward call."""
+
+
+@dataclass
+class TokenSequence:
+    """One segment of one trajectory, as the learner trains it; per-token arrays cover sampled tokens only."""
+
+    traj_index: int
+    """Index of the trajectory in the list given to ``sequences_from``."""
+    token_ids: list[int]
+    sampled_positions: list[int]
+    """Positions (>= 1) of the tokens with loss_mask 1, in order."""
+    sampler_logprobs: torch.Tensor
+    """The sampler's logprob of each sampled token."""
+    policy_version: int
+
+    @property
+    def num_sampled(self) -> int:
+        return len(self.sampled_positions)
+
+    @property
+    def first_sampled(self) -> int:
+        return self.sampled_positions[0]
+
+
+def sequences_from(trajectories: Sequence[Trajectory]) -> list[TokenSequence]:
+    """Every segment with at least one trainable token (a token at position 0 has no context: skipped)."""
+    out: list[TokenSequence] = []
+    for index, traj in enumerate(trajectories):
+        for seg in traj.segments:
+            positions = [i for i, m in enumerate(seg.loss_mask) if m and i > 0]
+            if not positions:
+                continue
+            out.append(
+                TokenSequence(
+                    traj_index=index,
+                    token_ids=list(seg.token_ids),
+                    sampled_positions=positions,
+                    sampler_logprobs=torch.tensor([seg.logprobs[i] for i in positions], dtype=torch.float32),
+                    policy_version=seg.policy_version,
+                )
+            )
+    return out
+
+
+def _shared_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_length(sequences: Sequence[TokenSequence]) -> int:
+    """Tokens all rows share that no row needs a hidden state for (the shared prompt, minus its last token).
+
+    The hidden state that predicts a sampled token at position j sits at j - 1, so the prefix stops one token
+    before the earliest sampled position. Below ``MIN_SHARED_PREFIX`` it is 0 (one plain batched forward).
+    """
+    if len(sequences) < 2:
+        return 0
+    limit = min(s.first_sampled for s in sequences) - 1
+    first = sequences[0].token_ids
+    for s in sequences[1:]:
+        limit = _shared_prefix(first, s.token_ids, limit)
+        if limit < MIN_SHARED_PREFIX:
+            return 0
+    return limit
+
+
+def micro_batch_cost(sequences: Sequence[TokenSequence]) -> int:
+    """Tokens a forward of these rows computes: shared prefix once, then every row padded to the longest."""
+    prefix = prefix_length(sequences)
+    return prefix + len(sequences) * max(len(s.token_ids) - prefix for s in sequences)
+
+
+def _cost(rows: int, shared: int, longest: int) -> int:
+    prefix = shared if rows > 1 and shared >= MIN_SHARED_PREFIX else 0
+    return prefix + rows * (longest - prefix)
+
+
+def plan_micro_batches(sequences: Sequence[TokenSequence], token_budget: int) -> list[list[int]]:
+    """Group sequence indices into micro-batches of at most ``token_budget`` computed tokens.
+
+    Sorted by prompt (so a group's samples share a micro-batch and its prefix), then by length (so padding
+    is small); a sequence joins the current micro-batch when that costs no more than computing it alone. A
+    sequence longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(
+        range(len(sequences)),
+        key=lambda i: (sequences[i].token_ids[: sequences[i].first_sampled], len(sequences[i].token_ids)),
+    )
+    batches: list[list[int]] = []
+    current: list[int] = []
+    shared = longest = 0  # of ``current``: raw common prefix (capped before the first sampled token), max length
+    for i in order:
+        s = sequences[i]
+        if current:
+            first = sequences[current[0]].token_ids
+            new_shared = _shared_prefix(first, s.token_ids, min(shared, s.first_sampled - 1))
+            new_longest = max(longest, len(s.token_ids))
+            prefix = new_shared if new_shared >= MIN_SHARED_PREFIX else 0
+            cost_with = prefix + (len(current) + 1) * (new_longest - prefix)
+            # Join only if that is no dearer than running the sequence alone: one long outlier must not make
+            # every row of the batch pay its padding.
+            if cost_with <= token_budget and cost_with - _cost(len(current), shared, longest) <= len(s.token_ids):
+                current.append(i)
+                shared, longest = new_shared, new_longest
+                continue
+            batches.append(current)
+        current, shared, longest = [i], s.first_sampled - 1, len(s.token_ids)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class MicroBatch:
+    """Tensors of one forward: an optional shared prefix and right-padded suffix rows."""
+
+    prefix_ids: torch.Tensor | None
+    """[P] token ids all rows share (run once), or None."""
+    input_ids: torch.Tensor
+    """[n, S] suffix ids, right-padded."""
+    attention_mask: torch.Tensor
+    """[n, P + S] 1 for real tokens (the prefix included)."""
+    position_ids: torch.Tensor
+    """[n, S] positions of the suffix tokens (P, P + 1, ...)."""
+    rows: torch.Tensor
+    """[N] row of each sampled token."""
+    columns: torch.Tensor
+    """[N] suffix column whose hidden state predicts each sampled token."""
+    targets: torch.Tensor
+    """[N] the sampled token ids."""
+    last_columns: torch.Tensor
+    """[n] suffix column of each row's last real token (the state after it bootstraps truncated episodes)."""
+    num_sampled: list[int]
+    """Sampled tokens per row; the flattened [N] tensors are in row order."""
+
+    @property
+    def computed_tokens(self) -> int:
+        prefix = 0 if self.prefix_ids is None else len(self.prefix_ids)
+        return prefix + self.input_ids.numel()
+
+
+def collate(sequences: Sequence[TokenSequence], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+    """Build the tensors of one micro-batch (see the module docstring for the prefix sharing)."""
+    prefix = prefix_length(sequences)
+    width = max(len(s.token_ids) for s in sequences) - prefix
+    n = len(sequences)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, prefix + width), dtype=torch.long)
+    attention[:, :prefix] = 1
+    rows, columns, targets, last_columns = [], [], [], []
+    for row, s in enumerate(sequences):
+        suffix = s.token_ids[prefix:]
+        input_ids[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+        attention[row, prefix : prefix + len(suffix)] = 1
+        rows += [row] * s.num_sampled
+        columns += [p - 1 - prefix for p in s.sampled_positions]
+        targets += [s.token_ids[p] for p in s.sampled_positions]
+        last_columns.append(len(suffix) - 1)
+    positions = torch.arange(prefix, prefix + width, dtype=torch.long).expand(n, width)
+    prefix_ids = torch.tensor(sequences[0].token_ids[:prefix], dtype=torch.long) if prefix else None
+    return MicroBatch(
+        prefix_ids=None if prefix_ids is None else prefix_ids.to(device),
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        position_ids=positions.to(device),
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        columns=torch.tensor(columns, dtype=torch.long, device=device),
+        targets=torch.tensor(targets, dtype=torch.long, device=device),
+        last_columns=torch.tensor(last_columns, dtype=torch.long, device=device),
+        num_sampled=[s.num_sampled for s in sequences],
+    )

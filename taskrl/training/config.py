@@ -1,0 +1,281 @@
+"""TrainConfig: the one flat config of ``taskrl train``, validated at start, loaded from TOML plus overrides.
+
+    config = load_config("recipes/grpo_smollm2_lora.toml", ["lr=1e-4", "steps=20"])
+
+Overrides are ``field=value`` with a TOML value (``lr=1e-4``, ``env="shop"``, ``lora_targets=["q_proj"]``,
+``lr={kind="cosine", start=3e-5, end=1e-6, steps=100}``); a bare word is taken as a string. Unknown keys and
+bad values fail before anything runs, naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taskrl.algos.schedules import make_schedule
+
+ALGOS = ("grpo", "ppo", "cispo", "kimi", "sft")
+KL_MODES = ("none", "k1_reward", "k3_loss")
+FINETUNE_MODES = ("full", "lora")
+DTYPES = ("float32", "bfloat16", "float16")
+_SCHEDULE_FIELDS = ("lr", "sft_lr", "entropy_coef")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run does; the run is reproducible from this and nothing else."""
+
+    # -- run -----------------------------------------------------------------------------------------
+    run_dir: str = "runs/train"
+    """Run directory (config, metrics, trajectories, checkpoints); a rerun resumes from its last checkpoint."""
+    seed: int = 0
+    """Root seed: task order, rollout sampling, minibatch shuffles and initial weights of new heads."""
+    steps: int = 100
+    """Training steps (each: collect, score, update, sync, log); SFT warm-up steps count."""
+    resume: bool = True
+    """Resume from the run directory's latest checkpoint when there is one; False refuses a non-empty run_dir."""
+    checkpoint_every: int = 10
+    """Steps between checkpoints (the last step is always checkpointed); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (oldest deleted first)."""
+    log_trajectories: bool = True
+    """Write every step's trajectories to run_dir/trajectories/train_STEP.jsonl."""
+    progress: bool = True
+    """Show a progress bar with ETA on the terminal (one line per step when not a terminal)."""
+    log_backends: list[str] = field(default_factory=list)
+    """Mirrors of the JSONL metrics: any of tensorboard, wandb, mlflow (pip install 'taskrl[observability]')."""
+    device: str = "auto"
+    """auto (CUDA when present), cpu, cuda, cuda:1 ..."""
+
+    # -- model ---------------------------------------------------------------------------------------
+    model: str = "smollm2"
+    """'smollm2' (bundled SmolLM2-135M-Instruct) or a local save_pretrained directory."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    finetune: str = "lora"
+    """full (every parameter not matched by ``freeze``) or lora (peft adapters; the base stays frozen)."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: float = 32.0
+    """LoRA scaling alpha (effective scale alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input; > 0 makes the first-update ratio differ from 1."""
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that get LoRA adapters."""
+    freeze: list[str] = field(default_factory=list)
+    """Regular expressions of parameter names kept frozen in full fine-tuning (e.g. 'embed_tokens')."""
+
+    # -- env and rollout -----------------------------------------------------------------------------
+    env: str = "shop"
+    """Registered env name (see `taskrl env list`)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env's constructor."""
+    split: str = "train"
+    """Task split to train on."""
+    tasks_per_step: int = 8
+    """Tasks per step; each is played group_size times."""
+    group_size: int = 8
+    """Episodes per task (K); GRPO, CISPO and Kimi need K >= 2."""
+    max_turns: int = 4
+    """Assistant turns per episode."""
+    max_context_tokens: int = 2048
+    """Tokens in the model's context per episode."""
+    max_new_tokens: int = 128
+    """Tokens sampled per turn."""
+    temperature: float = 1.0
+    """Sampling temperature; the learner scores tokens at the same temperature, so the first ratio is 1."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    concurrency: int = 32
+    """Episodes in flight at once (they are decoded in one batch)."""
+
+    # -- algorithm -----------------------------------------------------------------------------------
+    algo: str = "grpo"
+    """grpo, ppo (value head + GAE), cispo, kimi (K2.5 token masking) or sft."""
+    lr: float | dict[str, Any] = 1e-5
+    """Learning rate of RL (or algo=sft) steps: a number or a schedule such as {kind="cosine", ...}."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip; 0 disables clipping (the norm is still logged)."""
+    epochs_per_batch: int = 1
+    """Passes over each step's samples."""
+    minibatches: int = 1
+    """Optimizer steps per pass; > 1 (or epochs > 1) scores the batch once before updating (old logprobs)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward (shared prefixes counted once, padding counted); bounds memory."""
+    normalize_std: bool = False
+    """Divide group-relative advantages by the group's std (original GRPO); off = Dr. GRPO."""
+    drop_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (no signal) before the update."""
+    clip_eps_low: float = 0.2
+    """PPO/GRPO ratio clip below 1."""
+    clip_eps_high: float = 0.2
+    """PPO/GRPO ratio clip above 1 (DAPO's clip-higher uses 0.28)."""
+    cispo_eps_low: float = 1.0
+    """CISPO IS-weight clip below 1 (1.0 = no lower bound)."""
+    cispo_eps_high: float = 2.0
+    """CISPO IS-weight clip above 1."""
+    kimi_alpha: float = -math.log(2.0)
+    """Kimi masking: tokens whose log-ratio is below this get no gradient."""
+    kimi_beta: float = math.log(2.0)
+    """Kimi masking: tokens whose log-ratio is above this get no gradient."""
+    kimi_tau: float = 0.0
+    """Kimi: weight of the tau * log-ratio^2 regulariser."""
+    gamma: float = 1.0
+    """PPO: per-token discount."""
+    gae_lambda: float = 0.95
+    """PPO: GAE lambda."""
+    vf_coef: float = 0.5
+    """PPO: value loss weight."""
+    vf_clip: float = 0.2
+    """PPO: value clip range around the old values; 0 disables."""
+    kl: str = "none"
+    """KL to the initial policy: none, k1_reward (penalty in the reward) or k3_loss (term in the loss)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty."""
+    entropy_coef: float | dict[str, Any] = 0.0
+    """Entropy bonus weight: a number or a schedule (seed: linear 0.01 -> 0.001)."""
+    reward_weights: dict[str, float | dict[str, Any]] = field(default_factory=dict)
+    """Extra weight (number or schedule) per reward term, applied on top of the env's weights; others 1."""
+    max_staleness: int = 2
+    """Samples whose policy version is more than this behind the learner are dropped."""
+    is_truncation: float = 2.0
+    """C of the truncated importance weights min(pi_learner / pi_sampler, C); 0 turns the correction off."""
+
+    # -- supervised warm start -----------------------------------------------------------------------
+    sft_warmup_steps: int = 0
+    """Steps of SFT on ``sft_data`` before RL starts (BC -> SFT -> RL); they count in ``steps``."""
+    sft_data: str = "expert"
+    """expert (the env's scripted_rule), policy (own samples: rejection sampling) or a trajectories JSONL."""
+    sft_min_reward: float = 1.0
+    """SFT keeps trajectories whose reward is >= this."""
+    sft_lr: float | dict[str, Any] = 1e-4
+    """Learning rate of the SFT warm-up steps (a number or a schedule)."""
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    eval_every: int = 0
+    """Steps between greedy evaluations on ``eval_split`` (0 = none); logged as eval/*."""
+    eval_split: str = "test"
+    """Task split of the evaluations."""
+    eval_tasks: int = 16
+    """Tasks per evaluation (one greedy episode each)."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise ConfigError(f"TrainConfig.{name} {what}, got {getattr(self, name)!r}")
+
+        for name in ("steps", "tasks_per_step", "group_size", "max_turns", "max_context_tokens", "max_new_tokens",
+                     "concurrency", "epochs_per_batch", "minibatches", "micro_batch_tokens", "lora_rank",
+                     "keep_checkpoints", "eval_tasks"):  # fmt: skip
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "must be an integer >= 1")
+        for name in ("checkpoint_every", "sft_warmup_steps", "eval_every", "max_staleness"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "must be an integer >= 0")
+        for name in ("weight_decay", "max_grad_norm", "clip_eps_low", "clip_eps_high", "cispo_eps_low",
+                     "cispo_eps_high", "kimi_tau", "vf_coef", "vf_clip", "kl_coef", "is_truncation", "temperature",
+                     "lora_alpha"):  # fmt: skip
+            value = getattr(self, name)
+            need(isinstance(value, int | float) and math.isfinite(value) and value >= 0, name, "must be >= 0")
+        need(self.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
+        need(self.kl in KL_MODES, "kl", f"must be one of {', '.join(KL_MODES)}")
+        need(self.finetune in FINETUNE_MODES, "finetune", f"must be one of {', '.join(FINETUNE_MODES)}")
+        need(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
+        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
+        need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
+        need(0 <= self.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
+        need(self.clip_eps_low < 1, "clip_eps_low", "must be < 1")
+        need(self.kimi_alpha < self.kimi_beta, "kimi_alpha", f"must be below kimi_beta ({self.kimi_beta})")
+        need(self.sft_warmup_steps <= self.steps, "sft_warmup_steps", f"must be <= steps ({self.steps})")
+        need(bool(self.lora_targets), "lora_targets", "must name at least one module")
+        need(self.kl == "none" or self.kl_coef > 0, "kl_coef", f"must be > 0 when kl={self.kl!r}")
+        rl = self.algo != "sft" and self.sft_warmup_steps < self.steps
+        need(not rl or self.algo == "ppo" or self.group_size >= 2, "group_size", f"must be >= 2 for {self.algo}")
+        try:
+            for name in _SCHEDULE_FIELDS:
+                make_schedule(getattr(self, name), field=f"TrainConfig.{name}")
+            for term, spec in self.reward_weights.items():
+                make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
+    def phases(self) -> tuple[int, int]:
+        """(SFT steps, RL steps) of the run."""
+        if self.algo == "sft":
+            return self.steps, 0
+        return self.sft_warmup_steps, self.steps - self.sft_warmup_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _parse_value(text: str) -> Any:
+    """A TOML value (number, bool, string, array, inline table); anything unparsable is a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["lr=1e-4", "env=shop"]`` -> ``{"lr": 1e-4, "env": "shop"}``."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not field=value (e.g. --set lr=1e-4)")
+        out[key.strip()] = _parse_value(value.strip())
+    return out
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build a TrainConfig; unknown keys and wrong types fail naming the key."""
+    known = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; see recipes/ or TrainConfig docs")
+    defaults = TrainConfig()
+    for key, value in data.items():
+        default = getattr(defaults, key)
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key in _SCHEDULE_FIELDS:
+            ok, expected = is_number or isinstance(value, dict), "a number or a schedule table"
+        elif isinstance(default, bool):
+            ok, expected = isinstance(value, bool), "a boolean"
+        elif isinstance(default, int):
+            ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, expected = is_number, "a number"
+            data[key] = float(value) if ok else value
+        else:
+            ok, expected = isinstance(value, type(default)), f"a {type(default).__name__}"
+        if not ok:
+            raise ConfigError(f"TrainConfig.{key} must be {expected}, got {value!r}")
+    return TrainConfig(**data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """TOML file (optional) plus ``field=value`` overrides -> a validated TrainConfig."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} not found; see recipes/ for examples")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    data.update(parse_overrides(overrides or []))
+    return config_from_dict(data)

@@ -1,0 +1,344 @@
+"""The learner: any list of trajectories -> advantages -> micro-batched, gradient-accumulated optimizer steps.
+
+``Learner(model, config).update(trajectories, step=...)`` is callable on any trajectories (fresh, replayed,
+from another process): it drops untrainable and too-stale samples, scores them when needed (old logprobs,
+reference logprobs, values), computes advantages (GRPO group-relative or PPO's GAE), and trains only on
+loss_mask = 1 tokens, each weighted 1 / (sampled tokens in the optimizer step), with truncated importance
+weights against the sampler's logprobs. Each call that changes the weights bumps ``version``; the trainer
+syncs that version into the rollout policy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from taskrl.algos import cispo, grpo, kimi, ppo, sft
+from taskrl.algos.losses import approx_kl, kl_k1, kl_k3, truncated_is_weights
+from taskrl.algos.schedules import make_schedule
+from taskrl.rollout import derive_seed
+from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, sequences_from
+from taskrl.training.config import TrainConfig
+from taskrl.training.model import Reference, forward, make_value_head
+from taskrl.types import Trajectory
+
+GROUP_ALGOS = ("grpo", "cispo", "kimi")
+
+
+class _Scores:
+    """Per-sequence tensors filled before the update (old logprobs, reference logprobs, values, advantages)."""
+
+    def __init__(self) -> None:
+        self.old: dict[int, torch.Tensor] = {}
+        self.ref: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.last_value: dict[int, float] = {}
+        self.advantages: dict[int, torch.Tensor] = {}
+        self.returns: dict[int, torch.Tensor] = {}
+
+
+class _Stats:
+    """Token-weighted means of loss diagnostics over an update."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, float] = defaultdict(float)
+
+    def add(self, name: str, values: torch.Tensor) -> None:
+        self.sums[name] += float(values.detach().float().sum())
+        self.counts[name] += values.numel()
+
+    def add_scalar(self, name: str, value: float) -> None:
+        self.sums[name] += value
+        self.counts[name] += 1
+
+    def means(self) -> dict[str, float]:
+        return {name: self.sums[name] / self.counts[name] for name in self.sums if self.counts[name]}
+
+
+class Learner:
+    """Owns the trainable model, the optional value head and reference, the optimizer and the LR schedules."""
+
+    def __init__(self, model: Any, config: TrainConfig, *, pad_id: int = 0) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.version = 0
+        self.value_head = make_value_head(model) if config.algo == "ppo" else None
+        self.reference = Reference(model) if config.kl != "none" else None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            self.params += list(self.value_head.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, weight_decay=config.weight_decay)
+        self.lr = make_schedule(config.lr, field="TrainConfig.lr")
+        self.sft_lr = make_schedule(config.sft_lr, field="TrainConfig.sft_lr")
+        self.entropy_coef = make_schedule(config.entropy_coef, field="TrainConfig.entropy_coef")
+
+    # -- public ------------------------------------------------------------------------------------
+    def update(self, trajectories: Sequence[Trajectory], *, step: int, sft_mode: bool = False) -> dict[str, float]:
+        """One learner step on ``trajectories``: RL (``config.algo``) or, with ``sft_mode``, behaviour cloning.
+
+        ``step`` drives the schedules (RL steps count from the end of the SFT warm-up) and the minibatch
+        shuffle. Returns ``losses/*`` and ``charts/*`` metrics.
+        """
+        cfg = self.config
+        sft_mode = sft_mode or cfg.algo == "sft"
+        metrics: dict[str, float] = {"charts/offered_trajectories": float(len(trajectories))}
+        usable = [t for t in trajectories if t.trainable and t.num_sampled_tokens > 0]
+        if sft_mode:
+            batch = sft.select(usable, min_reward=cfg.sft_min_reward)
+        else:
+            batch = [t for t in usable if self._staleness(t) <= cfg.max_staleness]
+            metrics["charts/stale_dropped"] = float(len(usable) - len(batch))
+        metrics["charts/untrainable"] = float(len(trajectories) - len(usable))
+        sequences = sequences_from(batch)
+        scores = _Scores()
+        if not sft_mode:
+            self._score(sequences, scores)
+            kept = self._advantages(batch, sequences, scores, metrics)
+            sequences = [s for i, s in enumerate(sequences) if i in kept]
+            scores = _reindex(scores, sorted(kept))
+        metrics["charts/trained_trajectories"] = float(len({s.traj_index for s in sequences}))
+        metrics["charts/trained_tokens"] = float(sum(s.num_sampled for s in sequences))
+        if sequences:
+            metrics.update(self._optimize(sequences, scores, step=step, sft_mode=sft_mode))
+            self.version += 1  # only weights that changed make a new version (staleness counts real updates)
+        metrics["charts/lr"] = self._lr(step, sft_mode)
+        metrics["charts/policy_version"] = float(self.version)
+        return metrics
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Every parameter the optimizer updates (LoRA adapters or the unfrozen weights) and the value head."""
+        state = {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
+        if self.value_head is not None:
+            state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
+        return state
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        expected = self.trainable_state()
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not fit this model/config: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+                "resume with the config the run was started with"
+            )
+        with torch.no_grad():
+            for name, tensor in expected.items():
+                tensor.copy_(state[name].to(tensor.device, tensor.dtype))
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _staleness(self, traj: Trajectory) -> int:
+        versions = [s.policy_version for s in traj.segments if s.num_sampled]
+        return self.version - min(versions) if versions else 0
+
+    def _lr(self, step: int, sft_mode: bool) -> float:
+        """``lr`` for RL steps (counted from the end of the warm-up) and algo=sft; ``sft_lr`` in the warm-up."""
+        if self.config.algo == "sft":
+            return float(self.lr(step))
+        if sft_mode:
+            return float(self.sft_lr(step))
+        return float(self.lr(step - self.config.sft_warmup_steps))
+
+    def _micro_batches(self, sequences: Sequence[TokenSequence]) -> list[list[int]]:
+        return plan_micro_batches(sequences, self.config.micro_batch_tokens)
+
+    @torch.no_grad()
+    def _score(self, sequences: list[TokenSequence], scores: _Scores) -> None:
+        """The pre-update pass: old logprobs (several optimizer steps per batch), reference logprobs, values."""
+        cfg = self.config
+        need_old = cfg.epochs_per_batch * cfg.minibatches > 1 or cfg.algo == "ppo" or cfg.kl == "k1_reward"
+        if not (need_old or self.reference is not None):
+            return
+        self.model.eval()
+        for indices in self._micro_batches(sequences):
+            batch = collate([sequences[i] for i in indices], self.pad_id, self.device)
+            if need_old:
+                out = forward(self.model, batch, temperature=self._temperature(), value_head=self.value_head)
+                for i, piece in zip(indices, out.logprobs.split(batch.num_sampled), strict=True):
+                    scores.old[i] = piece
+                if out.values is not None and out.last_values is not None:
+                    for row, (i, piece) in enumerate(zip(indices, out.values.split(batch.num_sampled), strict=True)):
+                        scores.values[i] = piece
+                        scores.last_value[i] = float(out.last_values[row])
+            if self.reference is not None:
+                with self.reference.model(self.model) as ref_model:
+                    ref = forward(ref_model, batch, temperature=self._temperature())
+                for i, piece in zip(indices, ref.logprobs.split(batch.num_sampled), strict=True):
+                    scores.ref[i] = piece
+
+    def _temperature(self) -> float:
+        return self.config.temperature if self.config.temperature > 0 else 1.0
+
+    def _advantages(
+        self, batch: list[Trajectory], sequences: list[TokenSequence], scores: _Scores, metrics: dict[str, float]
+    ) -> set[int]:
+        """Fill ``scores.advantages`` (and PPO returns); return the indices of the sequences that keep a signal."""
+        cfg = self.config
+        by_traj: dict[int, list[int]] = defaultdict(list)
+        for i, s in enumerate(sequences):
+            by_traj[s.traj_index].append(i)
+        k1 = {}
+        if cfg.kl == "k1_reward":
+            k1 = {i: kl_k1(scores.old[i], scores.ref[i]) for i in range(len(sequences))}
+            metrics["losses/kl_k1_per_episode"] = float(sum(float(v.sum()) for v in k1.values()) / max(len(by_traj), 1))
+        if cfg.algo in GROUP_ALGOS:
+            rewards = []
+            for t_index, traj in enumerate(batch):
+                penalty = sum(float(k1[i].sum()) for i in by_traj[t_index]) if k1 else 0.0
+                rewards.append(traj.reward - cfg.kl_coef * penalty)
+            result = grpo.group_advantages(
+                rewards,
+                [t.group_id for t in batch],
+                normalize_std=cfg.normalize_std,
+                drop_zero_variance=cfg.drop_zero_variance,
+            )
+            metrics["charts/groups"] = float(result.groups)
+            metrics["charts/dropped_groups"] = float(result.dropped_groups)
+            kept = set()
+            for i, s in enumerate(sequences):
+                advantage = result.advantages[s.traj_index]
+                if advantage is not None:
+                    scores.advantages[i] = torch.full((s.num_sampled,), advantage, device=self.device)
+                    kept.add(i)
+            return kept
+        for t_index, traj in enumerate(batch):  # PPO: GAE over the trajectory's sampled tokens, in order
+            indices = by_traj[t_index]
+            if not indices:
+                continue
+            values = torch.cat([scores.values[i] for i in indices]).float().cpu()
+            rewards = torch.zeros_like(values)
+            if k1:
+                rewards -= cfg.kl_coef * torch.cat([k1[i] for i in indices]).float().cpu()
+            rewards[-1] += traj.reward
+            bootstrap = scores.last_value[indices[-1]] if traj.truncated and not traj.terminated else 0.0
+            adv, returns = ppo.gae(rewards, values, gamma=cfg.gamma, lam=cfg.gae_lambda, bootstrap_value=bootstrap)
+            sizes = [sequences[i].num_sampled for i in indices]
+            for i, a, r in zip(indices, adv.split(sizes), returns.split(sizes), strict=True):
+                scores.advantages[i], scores.returns[i] = a.to(self.device), r.to(self.device)
+        return set(scores.advantages)
+
+    def _optimize(
+        self, sequences: list[TokenSequence], scores: _Scores, *, step: int, sft_mode: bool
+    ) -> dict[str, float]:
+        cfg = self.config
+        stats = _Stats()
+        lr = self._lr(step, sft_mode)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        entropy_coef = 0.0 if sft_mode else float(self.entropy_coef(step))
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
+        epochs, minibatches = (1, 1) if sft_mode else (cfg.epochs_per_batch, cfg.minibatches)
+        computed = 0
+        self.model.train()
+        try:
+            for _ in range(epochs):
+                order = torch.randperm(len(sequences), generator=generator).tolist() if minibatches > 1 else None
+                order = order if order is not None else list(range(len(sequences)))
+                for chunk in (order[k::minibatches] for k in range(minibatches)):
+                    if not chunk:
+                        continue
+                    subset = [sequences[i] for i in chunk]
+                    tokens = sum(s.num_sampled for s in subset)
+                    self.optimizer.zero_grad(set_to_none=True)  # gradients left by anyone else must not leak in
+                    for local in self._micro_batches(subset):
+                        ids = [chunk[j] for j in local]
+                        computed += self._micro_step(sequences, ids, scores, tokens, entropy_coef, sft_mode, stats)
+                    norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm or float("inf"))
+                    stats.add_scalar("grad_norm", float(norm))
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollouts
+        finally:
+            self.model.eval()
+        out = {f"losses/{k}": v for k, v in stats.means().items()}
+        out["charts/entropy_coef"] = entropy_coef
+        out["charts/forward_tokens"] = float(computed)
+        return out
+
+    def _micro_step(
+        self,
+        sequences: list[TokenSequence],
+        ids: list[int],
+        scores: _Scores,
+        total_tokens: int,
+        entropy_coef: float,
+        sft_mode: bool,
+        stats: _Stats,
+    ) -> int:
+        """Forward and backward one micro-batch; its loss is already divided by the optimizer step's tokens."""
+        cfg = self.config
+        rows = [sequences[i] for i in ids]
+        batch = collate(rows, self.pad_id, self.device)
+        temperature = 1.0 if sft_mode else self._temperature()
+        out = forward(
+            self.model,
+            batch,
+            temperature=temperature,
+            entropy=True,
+            entropy_grad=entropy_coef > 0,
+            value_head=None if sft_mode else self.value_head,
+        )
+        logprobs = out.logprobs
+        if out.entropy is not None:
+            stats.add("entropy", out.entropy)
+        if sft_mode:
+            per_token, _ = sft.nll_loss(logprobs)
+            stats.add("sft_nll", per_token)
+            (per_token.sum() / total_tokens).backward()
+            return batch.computed_tokens
+
+        def cat(table: dict[int, torch.Tensor]) -> torch.Tensor:
+            return torch.cat([table[i] for i in ids]).to(self.device)
+
+        old = cat(scores.old) if scores.old else logprobs.detach()
+        advantages = cat(scores.advantages)
+        sampler = torch.cat([s.sampler_logprobs for s in rows]).to(self.device)
+        if cfg.algo == "cispo":
+            per_token, extra = cispo.policy_loss(
+                logprobs, old, advantages, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high
+            )
+        elif cfg.algo == "kimi":
+            per_token, extra = kimi.policy_loss(
+                logprobs, old, advantages, alpha=cfg.kimi_alpha, beta=cfg.kimi_beta, tau=cfg.kimi_tau
+            )
+        else:  # grpo and ppo share the clipped surrogate
+            per_token, extra = grpo.policy_loss(
+                logprobs, old, advantages, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high
+            )
+        stats.add("policy_loss", per_token)
+        stats.add("approx_kl", approx_kl(logprobs, old))
+        stats.add("ratio", torch.exp(logprobs.detach() - old))
+        for name, values in extra.items():
+            stats.add(name, values)
+        if scores.ref:
+            k3 = kl_k3(logprobs, cat(scores.ref))
+            stats.add("kl_ref", k3)
+            if cfg.kl == "k3_loss":
+                per_token = per_token + cfg.kl_coef * k3
+        if entropy_coef > 0 and out.entropy is not None:
+            per_token = per_token - entropy_coef * out.entropy
+        weights = truncated_is_weights(old, sampler, cfg.is_truncation)
+        stats.add("is_weight", weights)
+        if cfg.is_truncation > 0:
+            stats.add("is_truncated", (weights >= cfg.is_truncation).float())
+        loss = (per_token * weights).sum()
+        if out.values is not None:
+            value_loss = ppo.value_loss(out.values, cat(scores.values), cat(scores.returns), clip=cfg.vf_clip)
+            stats.add("value_loss", value_loss)
+            loss = loss + cfg.vf_coef * value_loss.sum()
+        (loss / total_tokens).backward()
+        return batch.computed_tokens
+
+
+def _reindex(scores: _Scores, kept: list[int]) -> _Scores:
+    """Scores of the kept sequences, renumbered 0..len(kept)-1 like the filtered sequence list."""
+    out = _Scores()
+    for new, old in enumerate(kept):
+        for name in ("old", "ref", "values", "last_value", "advantages", "returns"):
+            table = getattr(scores, name)
+            if old in table:
+                getattr(out, name)[new] = table[old]
+    return out

@@ -1,0 +1,157 @@
+"""The training loop end to end on a tiny model: SFT warm-up then GRPO, run directory, hooks, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taskrl.envs.builtin import PriceEnv
+from taskrl.policies.hf import HFPolicy
+from taskrl.policies.models import tiny_model
+from taskrl.runlog import read_metrics, read_trajectories
+from taskrl.trainer import InProcessSync, Trainer, train
+from taskrl.training.config import TrainConfig
+from taskrl.types import Task, Trajectory
+
+
+def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "finetune": "lora", "lora_rank": 4, "steps": 3,
+            "sft_warmup_steps": 1, "sft_lr": 1e-2, "lr": 1e-3, "tasks_per_step": 2, "group_size": 3,
+            "max_turns": 3, "max_new_tokens": 40, "checkpoint_every": 2, "eval_every": 3, "eval_tasks": 2,
+            "progress": False}  # fmt: skip
+    return TrainConfig(**{**base, **changes})
+
+
+def _policy() -> HFPolicy:
+    model, tokenizer = tiny_model(seed=0)
+    return HFPolicy(model, tokenizer, device="cpu")
+
+
+class StepAwareReward:
+    """A reward object an env holds: the trainer must tell it the step (annealed weights) and finish groups."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int]] = []
+        self.groups: list[tuple[int, str]] = []
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        self.steps.append((step, epoch))
+
+    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
+        self.groups.append((len(trajectories), task.id if task else ""))
+        for i, t in enumerate(trajectories):  # varies inside the group, so GRPO has something to learn
+            t.rewards["group_bonus"] = 0.1 * i
+
+
+SHARED = StepAwareReward()
+
+
+class HookedPriceEnv(PriceEnv):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reward_fn = SHARED
+
+
+def test_sft_warmup_then_grpo_writes_a_complete_run_dir(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    SHARED.steps.clear()
+    rows = train(config, policy=_policy(), env_factory=HookedPriceEnv)
+    assert [r["charts/phase"] for r in rows] == ["sft", "grpo", "grpo"]
+    sft = rows[0]
+    assert sft["rewards/correct"] == 1.0 and sft["losses/sft_nll"] > 0 and sft["charts/trained_trajectories"] == 2
+    assert {(0, 0), (1, 0), (2, 0)} <= set(SHARED.steps)
+    assert SHARED.groups and all(size == 3 for size, _ in SHARED.groups)  # expert steps have groups of 1: skipped
+    for row in rows[1:]:
+        assert row["rewards/group_bonus"] == pytest.approx(0.1) and row["charts/trained_tokens"] > 0
+        expected = {"losses/entropy", "charts/lr", "charts/tokens_per_s", "tools/tool_calls", "charts/dropped_groups"}
+        assert expected <= set(row)
+    assert "eval/success_rate" in rows[2] and "eval/mean_reward" in rows[2]
+
+    run = Path(config.run_dir)
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert sorted(read_trajectories(run)) == [1, 2, 3]
+    assert json.loads((run / "config.json").read_text())["sft_warmup_steps"] == 1
+    assert (run / "eval" / "step_000003.json").exists()
+    assert (run / "checkpoints" / "latest").read_text() == "step_000003"
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
+    assert (run / "policy" / "adapter_config.json").exists()
+
+
+def test_score_applies_weights_and_keeps_the_invalid_call_cap(tmp_path: Path) -> None:
+    weights = {"correct": {"kind": "linear", "start": 5.0, "end": 1.0, "steps": 4}}
+    trainer = Trainer(_config(tmp_path, reward_weights=weights), policy=_policy())
+    good = Trajectory(rewards={"correct": 1.0, "other": 0.25}, metrics={"invalid_tool_calls": 0})
+    cheat = Trajectory(rewards={"correct": 1.0, "invalid_tool_call_cap": -1.0}, metrics={"invalid_tool_calls": 1})
+    trainer.score(2, [good, cheat])  # weight 3 at step 2 of 4
+    assert good.rewards == {"correct": 3.0, "other": 0.25}
+    assert cheat.rewards["correct"] == 3.0 and cheat.reward == 0.0  # an invalid call never beats a failure
+    trainer.close()
+
+
+def test_in_process_sync_needs_the_shared_model() -> None:
+    policy = _policy()
+    with pytest.raises(ValueError, match="does not hold the learner's model"):
+        InProcessSync(policy, object())
+    sync = InProcessSync(policy, policy.model)
+    sync(4)
+    assert policy.version == 4
+
+
+def test_sft_expert_needs_a_scripted_rule(tmp_path: Path) -> None:
+    from taskrl.env import ToolEnv
+
+    class NoExpert(ToolEnv):
+        def tasks(self, split: str = "train") -> list[Task]:
+            return [Task("t", "hi")]
+
+    with pytest.raises(ValueError, match="sft_data='expert' needs env 'price' to define scripted_rule"):
+        Trainer(_config(tmp_path), policy=_policy(), env_factory=NoExpert)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", "from taskrl.cli import main; main()", "train", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_errors_are_one_line_naming_the_field(tmp_path: Path) -> None:
+    cases = {
+        ("--set", "algo=dpo"): "TrainConfig.algo must be one of",
+        ("--set", "learning_rate=1e-4"): "unknown TrainConfig field(s): learning_rate",
+        (str(tmp_path / "missing.toml"),): "not found; see recipes/",
+        ("--set", "steps"): "is not field=value",
+    }
+    for args, fix in cases.items():
+        run = _cli(*args, "--set", f'run_dir="{tmp_path / "never"}"')
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
+        assert run.returncode == 2 and len(lines) == 1 and fix in lines[0], (args, run.stderr)
+    assert not (tmp_path / "never").exists()
+
+
+def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
+    """`make demo` runs this code with SmolLM2 (minutes); here the same path runs on a tiny model."""
+    from rich.console import Console
+
+    from taskrl.training.demo import run_demo
+
+    model_dir = tmp_path / "tiny"
+    model, tokenizer = tiny_model(seed=0)
+    model.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # a previous demo's run is replaced
+    console = Console(record=True, width=140)
+    overrides = {"model": str(model_dir), "steps": 2, "sft_warmup_steps": 1, "eval_tasks": 2, "group_size": 2,
+                 "tasks_per_step": 1, "max_new_tokens": 40}  # fmt: skip
+    results = run_demo(out, device="cpu", console=console, overrides=overrides)
+    assert set(results) == {"before", "after_sft", "after", "expert"}
+    assert results["expert"]["policies"]["policy"]["success_rate"]["value"] == 1.0
+    text = console.export_text()
+    assert "after 1 SFT steps" in text and "expert rule (reference)" in text
+    assert sorted(p.name for p in (out / "eval").iterdir()) == ["after.json", "after_sft.json", "before.json"]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2] and (out / "policy").exists()
