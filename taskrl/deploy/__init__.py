@@ -1,1 +1,6 @@
-"""Serving trained policies: the OpenAI-compatible server and, later, routing, feedback and promotion."""
+"""Serving trained policies and learning from production (Composer 2's real-time RL loop).
+
+``server`` (OpenAI-compatible, streaming, tools), ``store`` (interactions, feedback, decisions in SQLite or
+PostgreSQL), ``feedback`` (signals -> rewards), ``router`` (canary, holdout, shadow, rollback), ``gate``
+(bootstrap regression test, N consecutive wins), ``dataset`` (store -> trajectories), ``cycle`` (the loop).
+"""

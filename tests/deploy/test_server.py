@@ -126,10 +126,15 @@ def test_unknown_model_is_404_naming_served_models(client: httpx.Client) -> None
     assert "fixed" in response.json()["error"]["message"]
 
 
-def test_stream_is_400(client: httpx.Client) -> None:
+def test_stream_is_server_sent_events(client: httpx.Client, policies: dict) -> None:
+    policies["fixed"].completion = Completion(text="a streamed answer that spans pieces")
     response = chat(client, stream=True)
-    assert response.status_code == 400
-    assert "streaming not supported yet" in response.json()["error"]["message"]
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "a streamed answer that spans pieces"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_policy_error_is_500_with_its_message(client: httpx.Client) -> None:

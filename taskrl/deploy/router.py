@@ -1,0 +1,212 @@
+"""The router: which policy version answers each session of a served model.
+
+A ``Router`` holds the versions of one model: ``stable``, at most one ``candidate`` in canary stages
+(1% -> 5% -> 20% -> 100% by default, advancing after ``min_samples`` feedback rewards per stage), a
+``holdout`` share of sessions that stays on the previous policy, and an optional ``shadow`` version that
+sees mirrored requests. Assignment hashes the session id, so a session is sticky and a session on the
+canary stays on it as the stage grows. Live rewards roll a candidate back when it regresses
+significantly; every decision goes to ``on_decision`` with its evidence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taskrl.deploy.gate import bootstrap_diff_ci
+from taskrl.deploy.store import Decision
+from taskrl.policies.base import Policy
+
+
+@dataclass
+class RouterConfig:
+    """Canary stages, holdout and the live rollback rule."""
+
+    stages: tuple[float, ...] = (0.01, 0.05, 0.2, 1.0)
+    """Share of (non-holdout) sessions on the candidate at each canary stage; the last must be 1.0."""
+    min_samples: int = 100
+    """Feedback rewards the candidate must collect in a stage before it advances."""
+    holdout: float = 0.05
+    """Share of sessions that stays on the previous policy (Cursor-style 5-10% holdout); 0 disables it."""
+    rollback_min_samples: int = 30
+    """Candidate rewards needed before the live rollback test runs."""
+    rollback_confidence: float = 0.95
+    """Confidence of the bootstrap interval of (candidate - stable) live reward."""
+    rollback_margin: float = 0.0
+    """Roll back when the interval's upper end is below -rollback_margin."""
+    salt: str = "taskrl"
+    """Hash salt of session assignment; change it to reshuffle which sessions are canaries."""
+
+    def __post_init__(self) -> None:
+        if not self.stages or any(not 0 < s <= 1 for s in self.stages) or list(self.stages) != sorted(self.stages):
+            raise ValueError(f"RouterConfig.stages must be increasing shares in (0, 1], got {self.stages}")
+        if self.stages[-1] != 1.0:
+            raise ValueError(f"RouterConfig.stages must end at 1.0 (full rollout), got {self.stages}")
+        if self.min_samples < 1:
+            raise ValueError(f"RouterConfig.min_samples must be >= 1, got {self.min_samples}")
+        if not 0 <= self.holdout < 0.5:
+            raise ValueError(f"RouterConfig.holdout must be in [0, 0.5), got {self.holdout}")
+        if self.rollback_min_samples < 2:
+            raise ValueError(f"RouterConfig.rollback_min_samples must be >= 2, got {self.rollback_min_samples}")
+        if not 0.5 < self.rollback_confidence < 1:
+            raise ValueError(f"RouterConfig.rollback_confidence must be in (0.5, 1), got {self.rollback_confidence}")
+
+
+class RouterError(ValueError):
+    """A routing operation that does not apply (unknown version, a canary already running)."""
+
+
+def session_unit(session_id: str, salt: str) -> float:
+    """A stable number in [0, 1) for a session (independent of PYTHONHASHSEED)."""
+    digest = hashlib.blake2b(f"{salt}:{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class Router:
+    """Versions of one served model and the rule that picks one per session."""
+
+    def __init__(
+        self,
+        model: str,
+        policy: Policy,
+        config: RouterConfig | None = None,
+        *,
+        on_decision: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config or RouterConfig()
+        self.versions: dict[int, Policy] = {int(policy.version): policy}
+        self.stable = self.previous = int(policy.version)
+        self.candidate: int | None = None
+        self.shadow: int | None = None
+        self.stage = 0
+        self.stage_samples = 0
+        self.live: dict[int, list[float]] = {}
+        self.decisions: list[Decision] = []
+        self.on_decision = on_decision
+
+    # -- versions --------------------------------------------------------------------------------
+    def add_version(self, policy: Policy) -> int:
+        """Register ``policy`` as the next version (its ``version`` attribute is set to match) and return it."""
+        version = max(self.versions) + 1
+        policy.version = version
+        self.versions[version] = policy
+        self._decide("add_version", None, version, {"name": policy.name})
+        return version
+
+    def _check(self, version: int) -> None:
+        if version not in self.versions:
+            raise RouterError(f"{self.model} has no version {version}; known: {sorted(self.versions)}")
+
+    def start_canary(self, version: int) -> None:
+        """Send the first stage's share of sessions to ``version``."""
+        self._check(version)
+        if self.candidate is not None:
+            raise RouterError(f"{self.model} already has candidate {self.candidate} in canary; promote or roll back")
+        if version == self.stable:
+            raise RouterError(f"version {version} is already stable")
+        self.candidate, self.stage, self.stage_samples = version, 0, 0
+        self.live = {}
+        self._decide("start_canary", self.stable, version, {"share": self.config.stages[0]})
+
+    def set_shadow(self, version: int | None) -> None:
+        """Mirror requests to ``version`` without returning its output (None stops shadowing)."""
+        if version is not None:
+            self._check(version)
+        self._decide("shadow", self.shadow, version, {})
+        self.shadow = version
+
+    def activate(self, version: int, evidence: dict | None = None) -> None:
+        """Make ``version`` stable at once (skipping the canary), keeping the old one for the holdout."""
+        self._check(version)
+        self._promote(version, {"forced": True, **(evidence or {})})
+
+    # -- routing ---------------------------------------------------------------------------------
+    def route(self, session_id: str) -> tuple[int, str]:
+        """(version, arm) for a session; arm is stable, canary or holdout."""
+        unit = session_unit(session_id, self.config.salt)
+        if unit < self.config.holdout:
+            return self.previous, "holdout"
+        if self.candidate is not None:
+            position = (unit - self.config.holdout) / (1 - self.config.holdout)
+            if position < self.config.stages[self.stage]:
+                return self.candidate, "canary"
+        return self.stable, "stable"
+
+    def policy(self, version: int) -> Policy:
+        return self.versions[version]
+
+    # -- live metric, stages, rollback -------------------------------------------------------------
+    def observe(self, version: int, reward: float) -> Decision | None:
+        """Record a live reward for ``version``; may advance the canary, promote it, or roll it back."""
+        self.live.setdefault(version, []).append(float(reward))
+        if self.candidate is None or version != self.candidate:
+            return None
+        self.stage_samples += 1
+        decision = self._maybe_rollback()
+        if decision is not None or self.stage_samples < self.config.min_samples:
+            return decision
+        evidence = {"stage": self.stage, "samples": self.stage_samples, **self._live_summary()}
+        if self.stage + 1 < len(self.config.stages):
+            self.stage += 1
+            self.stage_samples = 0
+            evidence["share"] = self.config.stages[self.stage]
+            return self._decide("advance", self.stable, self.candidate, evidence)
+        return self._promote(self.candidate, evidence)
+
+    def _live_summary(self) -> dict:
+        out = {}
+        for name, version in (("stable", self.stable), ("candidate", self.candidate)):
+            values = self.live.get(version, []) if version is not None else []
+            out[f"{name}_n"] = len(values)
+            out[f"{name}_mean"] = sum(values) / len(values) if values else None
+        return out
+
+    def _maybe_rollback(self) -> Decision | None:
+        candidate = self.live.get(self.candidate, [])  # type: ignore[arg-type]
+        stable = self.live.get(self.stable, [])
+        if len(candidate) < self.config.rollback_min_samples or len(stable) < 2:
+            return None
+        diff, lower, upper = bootstrap_diff_ci(
+            stable, candidate, confidence=self.config.rollback_confidence, n_boot=500, seed=len(candidate)
+        )
+        if upper >= -self.config.rollback_margin:
+            return None
+        return self.rollback({"diff": diff, "ci": [lower, upper], **self._live_summary()})
+
+    def rollback(self, evidence: dict | None = None) -> Decision:
+        """Send every session back to the stable version and drop the candidate."""
+        if self.candidate is None:
+            raise RouterError(f"{self.model} has no candidate to roll back")
+        candidate, self.candidate = self.candidate, None
+        return self._decide("rollback", candidate, self.stable, {"stage": self.stage, **(evidence or {})})
+
+    def _promote(self, version: int, evidence: dict) -> Decision:
+        old = self.stable
+        self.previous, self.stable = old, version
+        if self.candidate == version:
+            self.candidate = None
+        return self._decide("promote", old, version, evidence)
+
+    def _decide(self, kind: str, from_version: int | None, to_version: int | None, evidence: dict) -> Decision:
+        decision = Decision(self.model, kind, from_version, to_version, evidence)
+        self.decisions.append(decision)
+        if self.on_decision is not None:
+            self.on_decision(decision)
+        return decision
+
+    def state(self) -> dict:
+        """What /v1/router reports: versions, arms and the canary's progress."""
+        return {
+            "model": self.model,
+            "versions": sorted(self.versions),
+            "stable": self.stable,
+            "previous": self.previous,
+            "candidate": self.candidate,
+            "shadow": self.shadow,
+            "stage": self.stage if self.candidate is not None else None,
+            "share": self.config.stages[self.stage] if self.candidate is not None else None,
+            "stage_samples": self.stage_samples,
+            **self._live_summary(),
+        }
