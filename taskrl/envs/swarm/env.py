@@ -1,0 +1,323 @@
+"""The Agent Swarm orchestrator env (Kimi K2.5 PARL, DESIGN.md §7): the trainable orchestrator's tools and episode.
+
+``SwarmEnv`` gives the orchestrator ``create_subagent(name, system_prompt)`` and ``assign_task(agent_id, task)``.
+The assignments of one turn run concurrently (asyncio); each plays a frozen sub-agent policy in its own context
+against a wrapped env (``search`` by default) and only its final answer comes back. ``reward`` attaches the
+sub-agent episodes as ``children`` (``parent_id``, ``trainable=False``, run intervals, the critical flag), records
+critical steps, total steps and wall time, and scores r_perf + λ1·r_parallel + λ2·r_finish.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskrl.env import Env, ToolEnv, make
+from taskrl.envs.swarm.critical import critical_members, critical_steps, total_steps
+from taskrl.envs.swarm.reward import SwarmRewardConfig, swarm_reward
+from taskrl.envs.swarm.scripted import fanout_rule
+from taskrl.envs.swarm.subagents import Subagent, SubagentRuntime
+from taskrl.envs.swarm.tasks import item_scores
+from taskrl.policies.base import Policy, SamplingParams
+from taskrl.rewards.cheating import max_concurrency, subagent_intervals
+from taskrl.rollout import RolloutConfig, derive_seed
+from taskrl.tools import tool
+from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
+
+SYSTEM_PROMPT = """\
+You lead a team of helper agents. Helpers can search a document corpus; you cannot.
+
+Tools:
+- create_subagent(name, system_prompt): create a helper with its own instructions; returns its agent id.
+- assign_task(agent_id, task): give a helper a task and get back its final answer. A helper sees only the task \
+you write, not this conversation, so make the task self-contained.
+
+When you are done, reply without a tool call, with the final answer in the format the question asks for."""
+
+
+class UnknownSubagentError(KeyError):
+    """assign_task named an agent id that create_subagent never returned."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class TooManySubagentsError(RuntimeError):
+    """create_subagent was called past ``SwarmEnvConfig.max_subagents``."""
+
+
+@dataclass
+class SwarmEnvConfig:
+    """Tasks, sub-agents, step limits per role, the critical-steps budget and the reward of the swarm env."""
+
+    tasks: str | None = None
+    """Tasks JSONL from `taskrl datagen widesearch|deepsearch`; None: a wide-search set on the default corpus."""
+    corpus: str = "default"
+    """Search corpus directory for the sub-agents' env ("default": the cached stdlib corpus)."""
+    subagent_env: str = "search"
+    """Registered env the sub-agents act in."""
+    subagent_policy: str = "scripted"
+    """Frozen sub-agent policy when none is passed in: "scripted" (the wrapped env's rule), "hf" or "openai"."""
+    subagent_model: str = "smollm2"
+    """Model of an "hf" or "openai" sub-agent policy."""
+    subagent_base_url: str | None = None
+    """Server URL of an "openai" sub-agent policy."""
+    orchestrator_max_steps: int = 15
+    """Orchestrator turns with tool calls before the episode is truncated (Kimi: 15 deep search, 100 wide)."""
+    subagent_max_steps: int = 100
+    """Turns of one sub-agent assignment (Kimi: 100)."""
+    max_critical_steps: int | None = None
+    """Episode budget in critical steps; reaching it truncates the episode. None: no budget."""
+    max_subagents: int = 32
+    """Most sub-agents one episode may create."""
+    subagent_timeout_s: float = 600.0
+    """Wall-clock limit of one sub-agent assignment."""
+    subagent_max_context_tokens: int = 4096
+    """Context size of a sub-agent."""
+    subagent_max_new_tokens: int = 256
+    """Most tokens a sub-agent samples per turn."""
+    subagent_temperature: float = 0.0
+    """Sampling temperature of the sub-agents (frozen helpers: greedy by default)."""
+    reward: SwarmRewardConfig = field(default_factory=SwarmRewardConfig)
+    """λ1, λ2, K and the annealing of the PARL reward."""
+
+    def __post_init__(self) -> None:
+        for name in ("orchestrator_max_steps", "subagent_max_steps", "max_subagents",
+                     "subagent_max_context_tokens", "subagent_max_new_tokens"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"SwarmEnvConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_critical_steps is not None and self.max_critical_steps < 2:
+            raise ValueError(f"SwarmEnvConfig.max_critical_steps must be >= 2 or None, got {self.max_critical_steps}")
+        if self.subagent_timeout_s <= 0:
+            raise ValueError(f"SwarmEnvConfig.subagent_timeout_s must be > 0, got {self.subagent_timeout_s}")
+        if self.subagent_temperature < 0:
+            raise ValueError(f"SwarmEnvConfig.subagent_temperature must be >= 0, got {self.subagent_temperature}")
+        if self.subagent_policy not in ("scripted", "hf", "openai"):
+            raise ValueError(
+                f"SwarmEnvConfig.subagent_policy must be 'scripted', 'hf' or 'openai', got {self.subagent_policy!r}"
+            )
+        if isinstance(self.reward, dict):  # from a TOML/JSON config
+            self.reward = SwarmRewardConfig(**self.reward)
+
+    @classmethod
+    def preset(cls, kind: str, **overrides: Any) -> SwarmEnvConfig:
+        """Kimi's step limits: "deep" search 15 orchestrator / 100 sub-agent steps, "wide" 100 / 100."""
+        limits = {"deep": 15, "wide": 100}
+        if kind not in limits:
+            raise ValueError(f"SwarmEnvConfig.preset: kind must be 'wide' or 'deep', got {kind!r}")
+        return cls(**{"orchestrator_max_steps": limits[kind], "subagent_max_steps": 100, **overrides})
+
+
+_TASKS: dict[str, list[Task]] = {}
+_POLICIES: dict[tuple[Any, ...], Policy] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _load_tasks(config: SwarmEnvConfig) -> list[Task]:
+    from taskrl.datagen.multihop import read_tasks
+    from taskrl.datagen.widesearch import ensure_default_swarm_tasks
+
+    path = config.tasks or str(ensure_default_swarm_tasks())
+    with _CACHE_LOCK:
+        if path not in _TASKS:
+            _TASKS[path] = read_tasks(path)
+        return _TASKS[path]
+
+
+def _subagent_env_factory(config: SwarmEnvConfig) -> Callable[[], Env]:
+    kwargs: dict[str, Any] = {}
+    if config.subagent_env == "search":
+        kwargs["corpus"] = config.corpus
+        if config.corpus != "default" and config.tasks:
+            kwargs["tasks"] = config.tasks  # a corpus built without multi-hop tasks: any Task JSONL will do
+    return lambda: make(config.subagent_env, **kwargs)
+
+
+def _default_policy(config: SwarmEnvConfig, env_factory: Callable[[], Env]) -> Policy:
+    """One frozen sub-agent policy per process and setting (envs are built per episode; models load once)."""
+    from taskrl.policies import make_policy
+
+    key = (config.subagent_policy, config.subagent_model, config.subagent_base_url, config.subagent_env)
+    with _CACHE_LOCK:
+        if key not in _POLICIES:
+            env = env_factory() if config.subagent_policy == "scripted" else None
+            _POLICIES[key] = make_policy(
+                config.subagent_policy, model=config.subagent_model, base_url=config.subagent_base_url, env=env
+            )
+        return _POLICIES[key]
+
+
+class SwarmEnv(ToolEnv):
+    """The orchestrator's env; one instance plays one episode at a time."""
+
+    name = "swarm"
+    system_prompt = SYSTEM_PROMPT
+    failure_reward = 0.0
+    scripted_rule = staticmethod(fanout_rule)
+    """The env's expert rule (`--policy scripted`): one helper per row, all assigned in the first turn."""
+
+    def __init__(
+        self,
+        config: SwarmEnvConfig | None = None,
+        *,
+        subagent_policy: Policy | str | None = None,
+        subagent_env_factory: Callable[[], Env] | None = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__()
+        if isinstance(subagent_policy, str):  # a config value from TOML/CLI env kwargs ("scripted", "hf", ...)
+            overrides["subagent_policy"], subagent_policy = subagent_policy, None
+        self.config = config if config is not None else SwarmEnvConfig(**overrides)
+        self._tasks = _load_tasks(self.config)
+        env_factory = subagent_env_factory or _subagent_env_factory(self.config)
+        policy = subagent_policy or _default_policy(self.config, env_factory)
+        sampling = SamplingParams(
+            max_new_tokens=self.config.subagent_max_new_tokens, temperature=self.config.subagent_temperature
+        )
+        rollout = RolloutConfig(
+            max_turns=self.config.subagent_max_steps,
+            max_context_tokens=self.config.subagent_max_context_tokens,
+            sampling=sampling,
+            training=False,
+        )
+        self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
+        self.reward_fn = swarm_reward(self.config.reward)
+        self._reset_state(0)
+
+    def _reset_state(self, seed: int) -> None:
+        self.agents: dict[str, Subagent] = {}
+        self.turns: list[list[Trajectory]] = []
+        """Per orchestrator turn with tool calls: the sub-agent episodes it launched, in launch order."""
+        self._assignments = 0
+        self._seed = seed
+        self._started = time.monotonic()
+
+    # -- contract -----------------------------------------------------------------------------------
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        return [t for t in self._tasks if t.info.get("split", "train") == split]
+
+    def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        self._reset_state(seed or 0)
+        return super().reset(task, seed)
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        """Move the λ annealing (the reward toolkit's clock)."""
+        self.reward_fn.set_step(step, epoch)
+
+    def critical_steps_so_far(self) -> int:
+        return critical_steps([[int(c.metrics.get("turns", 0)) for c in turn] for turn in self.turns])
+
+    async def step(self, tool_calls: list[ToolCall]) -> tuple[list[ToolResult], bool, bool, dict[str, Any]]:
+        self.turns.append([])
+        # Agents must exist before this turn's assignments look them up; creating is instant, so do it first.
+        creates = [c for c in tool_calls if c.name == "create_subagent"]
+        others = [c for c in tool_calls if c.name != "create_subagent"]
+        results = (await self.tools.execute(creates) if creates else []) + (
+            await self.tools.execute(others) if others else []
+        )
+        by_id = {r.call_id: r for r in results}
+        ordered = [by_id[c.id] for c in tool_calls]
+        budget = self.config.max_critical_steps
+        over_budget = budget is not None and self.critical_steps_so_far() >= budget
+        truncated = over_budget or len(self.turns) >= self.config.orchestrator_max_steps
+        info: dict[str, Any] = {}
+        if truncated:
+            info["swarm_truncation"] = "max_critical_steps" if over_budget else "orchestrator_max_steps"
+        return ordered, False, truncated, info
+
+    # -- tools --------------------------------------------------------------------------------------
+    @tool(in_thread=False)
+    def create_subagent(self, name: str, system_prompt: str) -> str:
+        """Create a helper agent with its own instructions. Returns the helper's agent id.
+
+        Args:
+            name: a short name for the helper, e.g. "row3_finder".
+            system_prompt: the helper's instructions: its role and how it should answer.
+        """
+        if len(self.agents) >= self.config.max_subagents:
+            raise TooManySubagentsError(
+                f"at most {self.config.max_subagents} sub-agents per task; reuse one of: {', '.join(self.agents)}"
+            )
+        base = re.sub(r"\W+", "_", name).strip("_")[:40] or "agent"
+        agent_id, n = base, 2
+        while agent_id in self.agents:
+            agent_id, n = f"{base}_{n}", n + 1
+        self.agents[agent_id] = Subagent(agent_id, name, system_prompt)
+        return f"Created sub-agent with agent_id: {agent_id}"
+
+    @tool(timeout_s=None)
+    async def assign_task(self, agent_id: str, task: str) -> str:
+        """Give a helper agent a task. Returns the helper's final answer.
+
+        Args:
+            agent_id: an id returned by create_subagent.
+            task: the task, self-contained: the helper does not see this conversation.
+        """
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            known = ", ".join(self.agents) or "none yet: call create_subagent first"
+            raise UnknownSubagentError(f"no sub-agent {agent_id!r}; known agent ids: {known}")
+        if not task.strip():
+            raise ValueError("the task is empty; write what the helper should find and how to answer")
+        if not self.turns:  # called outside step (a direct call): count it as its own turn
+            self.turns.append([])
+        turn, index = len(self.turns) - 1, self._assignments
+        self._assignments += 1
+        task_id = f"{self.task.id if self.task else 'task'}/{agent_id}/{index}"
+        child = await self.runtime.run(
+            agent, task, task_id=task_id, seed=derive_seed(self._seed, turn, index), max_steps=self._steps_left(turn)
+        )
+        child.info.update({"turn": turn, "assignment": index, "task": task})
+        self.turns[turn].append(child)
+        if child.error is not None:
+            return f"Sub-agent {agent_id} failed: {child.error}"
+        answer = (child.final_answer or "").strip()
+        if not answer:
+            return f"Sub-agent {agent_id} ended without an answer ({child.info.get('truncation', 'no answer')})."
+        return answer
+
+    def _steps_left(self, turn: int) -> int:
+        """Sub-agent step limit, lowered so this turn cannot overrun the critical-steps budget."""
+        if self.config.max_critical_steps is None:
+            return self.config.subagent_max_steps
+        before = critical_steps([[int(c.metrics.get("turns", 0)) for c in t] for t in self.turns[:turn]])
+        left = self.config.max_critical_steps - before - 2  # this turn's own step and a final answer
+        return max(1, min(self.config.subagent_max_steps, left))
+
+    # -- reward -------------------------------------------------------------------------------------
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        assert self.task is not None, "reward() before reset()"
+        orchestrator_turns = sum(m.role == "assistant" for m in trajectory.messages)
+        steps = [[int(c.metrics.get("turns", 0)) for c in turn] for turn in self.turns]
+        steps += [[] for _ in range(max(0, orchestrator_turns - len(steps)))]  # the answer turn launches nobody
+        children = []
+        for turn, member in zip(self.turns, critical_members(steps), strict=False):
+            for i, child in enumerate(turn):
+                child.parent_id = trajectory.id
+                child.info["critical"] = i == member
+                children.append(child)
+        trajectory.children = children
+        ended = time.monotonic()
+        trajectory.info.update(
+            {"started_at": self._started, "ended_at": ended, "subagents_created": len(self.agents),
+             "turn_subagent_steps": steps}
+        )  # fmt: skip
+        scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
+        trajectory.metrics.update(
+            {"critical_steps": float(critical_steps(steps)), "total_steps": float(total_steps(steps)),
+             "swarm/wall_time_s": ended - self._started, "swarm/subagents_created": float(len(self.agents)),
+             "swarm/assignments": float(len(children)),
+             "swarm/subagents_finished": float(sum(bool((c.final_answer or "").strip()) for c in children)),
+             "swarm/max_concurrency": float(_max_overlap(children)),
+             **{f"swarm/{k}": v for k, v in scores.items()}}
+        )  # fmt: skip
+        return self.reward_fn(trajectory, self.task)
+
+
+def _max_overlap(children: Sequence[Trajectory]) -> int:
+    holder = Trajectory(children=list(children))
+    return max_concurrency(subagent_intervals(holder))

@@ -1,0 +1,119 @@
+"""Sub-agent runtime: frozen policies playing their own episodes, in their own contexts, against a wrapped env.
+
+``SubagentEnv`` wraps any env (e.g. ``search``) so a sub-agent sees the system prompt the orchestrator gave it
+plus the wrapped env's own, and the task text it was assigned. ``SubagentRuntime.run`` plays one assignment with
+the agent loop (``run_episode``) under the sub-agent step limit and a wall timeout, and returns the child
+trajectory with its run interval. Assignments of one orchestrator turn are awaited together, so they overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from taskrl.env import Env, maybe_await
+from taskrl.policies.base import Policy
+from taskrl.rollout import RolloutConfig, run_episode
+from taskrl.types import Message, Task, ToolCall, Trajectory
+
+
+@dataclass(frozen=True)
+class Subagent:
+    """A sub-agent the orchestrator created."""
+
+    agent_id: str
+    """Id the orchestrator assigns tasks to."""
+    name: str
+    """Name the orchestrator gave it."""
+    system_prompt: str
+    """Instructions the orchestrator wrote for it (put before the wrapped env's own system prompt)."""
+
+
+class SubagentEnv:
+    """The wrapped env as one sub-agent sees it: the orchestrator's instructions first, the env's tools, no reward.
+
+    Sub-agents are never trained, so their episodes carry no reward; the orchestrator's reward scores the outcome.
+    """
+
+    def __init__(self, inner: Env, agent: Subagent) -> None:
+        self.inner = inner
+        self.agent = agent
+        self.name = f"{getattr(inner, 'name', 'env')}@subagent"
+        self.tools = inner.tools
+        if hasattr(inner, "training"):
+            self.training = False
+
+    def __getattr__(self, attr: str) -> Any:  # observe_context and other optional hooks reach the wrapped env
+        if attr in ("observe_context", "scripted_rule", "close"):
+            return getattr(self.inner, attr)
+        raise AttributeError(attr)
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        return []
+
+    async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        if hasattr(self.inner, "training"):
+            self.inner.training = getattr(self, "training", False)
+        messages, info = await maybe_await(self.inner.reset(task, seed=seed))
+        messages = list(messages)
+        if messages and messages[0].role == "system":
+            messages[0] = Message("system", f"{self.agent.system_prompt.strip()}\n\n{messages[0].content}")
+        else:
+            messages.insert(0, Message("system", self.agent.system_prompt))
+        return messages, info
+
+    async def step(self, tool_calls: list[ToolCall]) -> Any:
+        return await maybe_await(self.inner.step(tool_calls))
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        return {}
+
+
+class SubagentRuntime:
+    """Plays sub-agent assignments: a fresh wrapped env per assignment, a frozen policy, a step limit."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        env_factory: Callable[[], Env],
+        rollout: RolloutConfig,
+        *,
+        timeout_s: float = 600.0,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"SubagentRuntime timeout_s must be > 0, got {timeout_s}")
+        self.policy = policy
+        self.env_factory = env_factory
+        self.rollout = rollout
+        self.timeout_s = timeout_s
+
+    async def run(self, agent: Subagent, task_text: str, *, task_id: str, seed: int, max_steps: int) -> Trajectory:
+        """One assignment as a child trajectory (``trainable=False``) with ``info["started_at"/"ended_at"]``.
+
+        A sub-agent that times out or whose env breaks still returns a trajectory (with ``error`` set), so the
+        orchestrator sees what happened and the episode goes on.
+        """
+        config = replace(self.rollout, max_turns=max(1, min(max_steps, self.rollout.max_turns)), training=False)
+        env = SubagentEnv(self.env_factory(), agent)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                child = await run_episode(env, self.policy, Task(task_id, task_text), config, seed=seed)
+        except TimeoutError:
+            child = Trajectory(task_id=task_id, env=env.name, seed=seed, truncated=True)
+            child.error = f"TimeoutError: sub-agent ran past {self.timeout_s:g}s"
+            child.info["truncation"] = "timeout"
+        finally:
+            close = getattr(env.inner, "close", None)
+            if close is not None:
+                await maybe_await(close())
+        child.trainable = False
+        child.info.update(
+            {"started_at": started, "ended_at": time.monotonic(), "name": agent.name, "agent_id": agent.agent_id,
+             "policy": getattr(self.policy, "name", type(self.policy).__name__)}
+        )  # fmt: skip
+        child.metrics.setdefault("turns", 0.0)
+        return child
