@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 # System packages the tests use (the code sandbox needs bubblewrap).
 sysdeps:
 	@command -v bwrap >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+	@# the report's browser test drives Debian's headless Chromium (fonts for readable screenshots)
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium fonts-dejavu-core; }
 
 setup: $(STAMP) sysdeps
 

@@ -21,10 +21,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from taskrl import __version__
+from taskrl.datagen.codebugs import MiningError, codebugs_command
+from taskrl.datagen.multihop import multihop_command
+from taskrl.datagen.widesearch import deepsearch_command, widesearch_command
+from taskrl.deploy.cli import cycle_command, serve_command, train_from_store_command
 from taskrl.env import EnvCheckError, UnknownEnvError, acheck_env, make, registry
+from taskrl.envs.code.sandbox import SandboxUnavailableError
+from taskrl.envs.search.cli import corpus_app
+from taskrl.eval import eval_command
 from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, make_policy
-from taskrl.policies.scripted import ScriptedPolicy
+from taskrl.report.cli import report_command
+from taskrl.rewards.cli import rewards_app
 from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.training.command import train_command
 from taskrl.types import Task, Trajectory
 
 app = typer.Typer(
@@ -32,6 +41,20 @@ app = typer.Typer(
 )
 env_app = typer.Typer(help="Inspect registered environments.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
+datagen_app = typer.Typer(help="Generate task sets.", no_args_is_help=True)
+app.add_typer(datagen_app, name="datagen")
+app.add_typer(corpus_app, name="corpus")
+app.add_typer(rewards_app, name="rewards")
+datagen_app.command("multihop")(multihop_command)
+datagen_app.command("codebugs")(codebugs_command)
+datagen_app.command("widesearch")(widesearch_command)
+datagen_app.command("deepsearch")(deepsearch_command)
+app.command("eval")(eval_command)
+app.command("report")(report_command)
+app.command("train")(train_command)
+app.command("serve")(serve_command)
+app.command("cycle")(cycle_command)
+app.command("train-from-store")(train_from_store_command)
 console = Console()
 if not console.is_terminal:  # logs and CI: wide enough that the summary tables are not wrapped
     console.width = max(console.width, 120)
@@ -182,50 +205,29 @@ def _show_episode(traj: Trajectory) -> None:
 
 @app.command()
 def demo(
-    n: Annotated[int, typer.Option(help="tasks to play")] = 8,
-    group_size: Annotated[int, typer.Option(help="episodes per task")] = 2,
-    out_dir: Annotated[Path, typer.Option(help="run directory")] = Path("runs/demo"),
-    device: Annotated[str, typer.Option()] = "auto",
+    out_dir: Annotated[Path, typer.Option(help="run directory (replaced on every demo)")] = Path("runs/demo"),
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
 ) -> None:
-    """The main job on embedded defaults: SmolLM2-135M-Instruct plays the built-in shop env."""
+    """The main job on embedded defaults: SmolLM2-135M-Instruct learns the built-in price tool-use task
+    (SFT warm start on the env's expert, then GRPO with LoRA), evaluated before and after."""
+    from taskrl.runlog import read_trajectories
+    from taskrl.training.demo import DEMO_CONFIG, run_demo
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    out = out_dir / "trajectories.jsonl"
-    _prepare_out(out, overwrite=True)
-    console.print("loading SmolLM2-135M-Instruct (first run converts the GGUF and caches it) ...")
-    pol = make_policy("hf", model="smollm2", device=device)
-    env_obj = make("shop")
-    config = RolloutConfig(
-        max_turns=4,
-        max_context_tokens=2048,
-        sampling=SamplingParams(max_new_tokens=96, temperature=0.7),
-        group_size=group_size,
-        concurrency=16,
-        seed=0,
-    )
-    start = time.perf_counter()
-    tasks = list(env_obj.tasks("train"))[:n]
-    trajectories = asyncio.run(_play("shop", pol, tasks, config, out))
-    wall = time.perf_counter() - start
-    _show_episode(max(trajectories, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))
-    # The env's expert rule on the same tasks shows what solving looks like: the gap RL has to close.
-    expert = asyncio.run(
-        run_episodes(
-            lambda: make("shop"), ScriptedPolicy(env_obj.scripted_rule, chat_format=pol.chat_format), tasks, config
-        )
-    )
-    rows = {"SmolLM2-135M": trajectories, "expert rule": expert}
-    console.print(_summary_table(rows, "shop env, per-episode means"))
-    sampled = sum(t.num_sampled_tokens for t in trajectories)
-    console.print(f"{sampled} tokens sampled in {wall:.1f}s ({sampled / wall:.1f} tok/s) on {pol.device}")
-    _write_meta(out, config, trajectories, {"env": "shop", "policy": "hf", "model": "smollm2", "wall_time_s": wall})
-    console.print(f"trajectories: {out}")
+    run_demo(out_dir, device=device, console=console)
+    after = read_trajectories(out_dir, "after-policy").get(DEMO_CONFIG["steps"], [])
+    if after:
+        _show_episode(max(after, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))
 
 
 def main() -> None:
     """Entry point: user-fixable errors become one line on stderr and exit code 2 (TASKRL_DEBUG=1: traceback)."""
     try:
         app()
-    except (UsageError, UnknownEnvError, PolicyError, EnvCheckError, ValueError, FileNotFoundError) as e:
+    except (
+        UsageError, UnknownEnvError, PolicyError, EnvCheckError, ValueError, FileNotFoundError, MiningError,
+        SandboxUnavailableError,
+    ) as e:  # fmt: skip
         if os.environ.get("TASKRL_DEBUG"):  # developers want the traceback
             raise
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)
