@@ -22,10 +22,20 @@ def train_command(
         list[str] | None,
         typer.Option("--set", help="override a field with a TOML value, e.g. --set lr=1e-4 (repeatable)"),
     ] = None,
+    from_store: Annotated[
+        str | None,
+        typer.Option("--from-store", help="train on logged production interactions with feedback (store URL)"),
+    ] = None,
 ) -> None:
     """Train a policy: collect, score, update, sync, log and checkpoint every step; a rerun resumes."""
     resolved = load_config(config, overrides or [])
     console = Console()
+    if from_store is not None:  # production data instead of rollouts: exact stored tokens, fresh versions only
+        from taskrl.deploy.cycle import train_from_store
+
+        rows, out = train_from_store(resolved, from_store)
+        console.print(f"{len(rows)} updates from {from_store}; wrote {out} (hot-load with /v1/load_lora_adapter)")
+        return
     if resolved.resume and completed_steps(resolved.run_dir) >= resolved.steps:  # no model load for nothing
         console.print(f"nothing to do: {resolved.run_dir} already completed {resolved.steps} steps")
         return
