@@ -51,6 +51,14 @@ def safe_eval(expression: str) -> float:
     return ev(ast.parse(expression, mode="eval"))
 
 
+def lookup(item: str) -> str:
+    """The shared price lookup of the shop and price envs; unknown items raise (an error the model sees)."""
+    key = item.strip().lower().removesuffix("s")
+    if key not in PRICES:
+        raise KeyError(f"no item '{item}'; known items: {', '.join(sorted(PRICES))}")
+    return f"{key}: ${PRICES[key]}"
+
+
 def last_number(text: str | None) -> float | None:
     found = _NUMBER_RE.findall((text or "").replace(",", ""))
     return float(found[-1]) if found else None
@@ -92,10 +100,7 @@ class ShopEnv(ToolEnv):
         Args:
             item: the item's name, singular, e.g. "apple".
         """
-        key = item.strip().lower().removesuffix("s")
-        if key not in PRICES:
-            raise KeyError(f"no item '{item}'; known items: {', '.join(sorted(PRICES))}")
-        return f"{key}: ${PRICES[key]}"
+        return lookup(item)
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -157,10 +162,7 @@ class PriceEnv(ToolEnv):
         Args:
             item: the item's name, singular, e.g. "apple".
         """
-        key = item.strip().lower().removesuffix("s")
-        if key not in PRICES:
-            raise KeyError(f"no item '{item}'; known items: {', '.join(sorted(PRICES))}")
-        return f"{key}: ${PRICES[key]}"
+        return lookup(item)
 
     @staticmethod
     def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
