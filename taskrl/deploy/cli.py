@@ -17,8 +17,6 @@ import typer
 from rich.console import Console
 
 from taskrl.deploy.config import ServeConfig
-from taskrl.deploy.cycle import CycleConfig, ProductionCycle
-from taskrl.deploy.gate import evaluate_env
 from taskrl.deploy.router import RouterConfig
 from taskrl.deploy.store import InteractionStore
 
@@ -90,6 +88,9 @@ def cycle_command(
     port: int = 8000,
 ) -> None:
     """Serve and collect -> train from the store -> gate on the config's env -> deploy, every --cycle-s seconds."""
+    # imported here, like the rest: the cycle loads torch, which `taskrl --help` must not pay for
+    from taskrl.deploy.cycle import CycleConfig, ProductionCycle
+    from taskrl.deploy.gate import evaluate_env
     from taskrl.deploy.server import ServerThread, create_app
     from taskrl.policies.hf import HFPolicy
     from taskrl.training.config import load_config
