@@ -30,7 +30,9 @@ from taskrl.types import Task
 SOLUTION_FILE = "solution.py"
 HIDDEN_TEST_FILE = "test_hidden_humaneval.py"
 HIDDEN_TEST_ID = "test_hidden_humaneval::test_check"
-STUB_BODY = "    # TODO: implement this function\n    raise NotImplementedError\n"
+# The workspace's starting solution file: HumanEval's prompt plus an unsolved body that the agent replaces.
+# It raises so the hidden tests fail clearly until the agent writes the function.
+STARTER_BODY = "    # Write the body of this function.\n    raise NotImplementedError\n"
 BUILTIN_DATA = Path(__file__).parent / "data"
 BUILTIN_BUGS = BUILTIN_DATA / "inflection-0.5.1.json"
 TASK_SET_FORMAT = 1
@@ -80,7 +82,7 @@ def humaneval_task(problem: dict[str, Any], base: Path) -> Task:
         info={
             "kind": "humaneval",
             "base": str(base),
-            "files": {SOLUTION_FILE: problem["prompt"] + STUB_BODY},
+            "files": {SOLUTION_FILE: problem["prompt"] + STARTER_BODY},
             "hidden_files": {HIDDEN_TEST_FILE: hidden},
             "hidden_targets": [HIDDEN_TEST_FILE],
             "fail_to_pass": [HIDDEN_TEST_ID],
