@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 # System packages the tests use (the code sandbox needs bubblewrap).
 sysdeps:
 	@command -v bwrap >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+	@# the interaction store's tests start a real PostgreSQL server (initdb/pg_ctl from the distribution)
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq postgresql; }
 	@# the report's browser test drives Debian's headless Chromium (fonts for readable screenshots)
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium fonts-dejavu-core; }
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from taskrl.deploy.dataset import trajectories_from_store
@@ -47,8 +45,8 @@ def row(i: int, version: int, prompt: list[int]) -> Interaction:
     )
 
 
-def test_trajectories_from_store(tmp_path: Path) -> None:
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+def test_trajectories_from_store(store_url: str) -> None:
+    with InteractionStore(store_url) as store:
         versions = [0, 1, 2, 2, 2]
         for i, version in enumerate(versions):
             store.add_sync("interactions", row(i, version, [1, 2, 3] if i != 4 else [1, 9]))

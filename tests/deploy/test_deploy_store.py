@@ -1,4 +1,5 @@
-"""The interaction store on a real SQLite file: group commit, isolation of bad rows, tenant filters, crash safety."""
+"""The interaction store on a real SQLite file and a real PostgreSQL server: group commit, isolation of bad rows,
+tenant filters, crash safety (``store_url`` in conftest.py starts the database)."""
 
 from __future__ import annotations
 
@@ -31,20 +32,21 @@ def interaction(i: int, tenant: str = "a", version: int = 0) -> Interaction:
     )
 
 
-async def test_concurrent_writes_are_all_committed_once(tmp_path: Path) -> None:
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+async def test_concurrent_writes_are_all_committed_once(store_url: str) -> None:
+    with InteractionStore(store_url) as store:
         await asyncio.gather(*(store.add("interactions", interaction(i)) for i in range(300)))
         assert store.count() == 300
         rows = store.interactions()
         assert sorted(r.id for r in rows) == sorted(f"int_{i}" for i in range(300))
         assert rows[0].completion_token_ids == [0, 1] and rows[0].logprobs == [-0.5, -0.25]
-        assert store.engine.dialect.name == "sqlite"
-        with store.engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert store.engine.dialect.name == store_url.split(":")[0].split("+")[0]
+        if store.engine.dialect.name == "sqlite":
+            with store.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
-async def test_a_bad_row_fails_alone(tmp_path: Path) -> None:
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+async def test_a_bad_row_fails_alone(store_url: str) -> None:
+    with InteractionStore(store_url) as store:
         await store.add("interactions", interaction(1))
         results = await asyncio.gather(
             store.add("interactions", interaction(1)),  # duplicate id
@@ -58,8 +60,8 @@ async def test_a_bad_row_fails_alone(tmp_path: Path) -> None:
         assert store.count() == 2 and store.count("feedback") == 1
 
 
-def test_reads_filter_by_tenant_version_and_session(tmp_path: Path) -> None:
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+def test_reads_filter_by_tenant_version_and_session(store_url: str) -> None:
+    with InteractionStore(store_url) as store:
         for i in range(6):
             store.add_sync("interactions", interaction(i, tenant="a" if i < 4 else "b", version=i % 2))
         store.add_sync("decisions", Decision("m", "promote", 0, 1, {"ci": [0.1, 0.2]}))
@@ -93,13 +95,12 @@ while True:
 """
 
 
-def test_kill_mid_write_loses_nothing_acknowledged(tmp_path: Path) -> None:
+def test_kill_mid_write_loses_nothing_acknowledged(tmp_path: Path, store_url: str) -> None:
     helper = tmp_path / "tests_store_helper.py"
     helper.write_text(Path(__file__).read_text().split("WRITER = ")[0])
-    db = tmp_path / "crash.db"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, f"sqlite:///{db}"], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", WRITER, store_url], stdout=subprocess.PIPE, text=True, env=env
     )
     acknowledged = []
     assert proc.stdout is not None
@@ -112,7 +113,9 @@ def test_kill_mid_write_loses_nothing_acknowledged(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)  # mid-write: the writer is committing the next batches
     proc.wait(10)
     assert len(acknowledged) >= 200, "writer subprocess did not get going"
-    assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    with InteractionStore(f"sqlite:///{db}") as store:
+    if store_url.startswith("sqlite"):
+        db = store_url.removeprefix("sqlite:///")
+        assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with InteractionStore(store_url) as store:
         stored = [r.id for r in store.interactions()]
     assert set(acknowledged) <= set(stored) and len(stored) == len(set(stored))

@@ -1,0 +1,90 @@
+"""Store URLs for the deploy tests: a SQLite file, and a real PostgreSQL server started for the session.
+
+The PostgreSQL server is the distribution's own binaries (``initdb``/``pg_ctl``; the Makefile's ``sysdeps``
+installs them), run in a temporary directory on a Unix socket with trust auth, as the ``postgres`` user when
+the tests run as root (PostgreSQL refuses to run as root). On a dev machine without PostgreSQL the postgresql
+cases skip; under CI=true they fail instead, so CI cannot pass without having tested the PostgreSQL path.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[tuple[str, int]]:
+    """(socket directory, port) of a PostgreSQL server that lives for the test session."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        message = "PostgreSQL binaries (initdb, pg_ctl) not found; `make sysdeps` installs them"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    pytest.importorskip("psycopg")
+    root = Path(tempfile.mkdtemp(prefix="taskrl-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(root, "postgres")
+    data, sock = root / "data", root / "sock"
+    for d in (data, sock):
+        d.mkdir()
+        if as_user:
+            shutil.chown(d, "postgres")
+    run = {"check": True, "capture_output": True, "timeout": 120}
+    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"], **run)
+    port = _free_port()
+    options = f"-k {sock} -p {port} -h '' -c fsync=off"  # Unix socket only; fsync off: tests, not durability
+    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-w", "-l", str(root / "log"), "start"], **run)
+    try:
+        yield str(sock), port
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database for one test: a SQLite file, or a new database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    sock, port = request.getfixturevalue("postgres_server")
+    return _new_database(sock, port)
+
+
+def _new_database(sock: str, port: int) -> str:
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(host=sock, port=port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"postgresql+psycopg://postgres@/{name}?host={sock}&port={port}"
+
+
+@pytest.fixture
+def new_postgres_url(postgres_server: tuple[str, int]) -> Callable[[], str]:
+    return lambda: _new_database(*postgres_server)
