@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from taskrl.deploy.feedback import RewardMap
-from taskrl.deploy.server import ChatMessageIn
+from taskrl.deploy.schemas import ChatMessageIn
 from taskrl.deploy.store import Interaction, InteractionStore
 from taskrl.types import Message, Segment, Trajectory
 
