@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+import taskrl.cli_options as opts
 from taskrl import __version__
 from taskrl.datagen.codebugs import MiningError, codebugs_command
 from taskrl.datagen.multihop import multihop_command
@@ -147,7 +148,7 @@ def _write_meta(out: Path, config: RolloutConfig, trajectories: list[Trajectory]
 
 @app.command()
 def rollout(
-    env: Annotated[str, typer.Option(help="registered env name (see `taskrl env list`)")],
+    env: opts.EnvName,
     policy: Annotated[str, typer.Option(help=f"one of {', '.join(POLICY_KINDS)}")] = "hf",
     n: Annotated[int, typer.Option(help="number of tasks to play")] = 8,
     group_size: Annotated[int, typer.Option(help="episodes per task (K)")] = 1,
@@ -155,16 +156,16 @@ def rollout(
         "runs/rollout.jsonl"
     ),
     model: Annotated[str, typer.Option(help="hf: 'smollm2' or a local model dir; openai: model name")] = "smollm2",
-    base_url: Annotated[str | None, typer.Option(help="openai: server URL incl. /v1")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: API key")] = None,
-    device: Annotated[str, typer.Option(help="hf: auto, cpu, cuda, cuda:1 ...")] = "auto",
-    split: Annotated[str, typer.Option(help="task split")] = "train",
-    max_turns: Annotated[int, typer.Option()] = 8,
-    max_new_tokens: Annotated[int, typer.Option()] = 256,
-    max_context_tokens: Annotated[int, typer.Option()] = 4096,
-    temperature: Annotated[float, typer.Option()] = 1.0,
-    concurrency: Annotated[int, typer.Option()] = 8,
-    seed: Annotated[int, typer.Option()] = 0,
+    base_url: opts.BaseUrl = None,
+    api_key: opts.ApiKey = None,
+    device: opts.Device = "auto",
+    split: opts.Split = "train",
+    max_turns: opts.MaxTurns = 8,
+    max_new_tokens: opts.MaxNewTokens = 256,
+    max_context_tokens: opts.MaxContextTokens = 4096,
+    temperature: opts.Temperature = 1.0,
+    concurrency: opts.Concurrency = 8,
+    seed: opts.Seed = 0,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
     """Play episodes of an env with a policy and write the trajectories as JSONL."""

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+import taskrl.cli_options as opts
 from taskrl.env import Env, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
@@ -305,25 +306,25 @@ def results_table(result: dict[str, Any]) -> Any:
 
 
 def eval_command(
-    env: Annotated[str, typer.Option(help="registered env name (see `taskrl env list`)")],
+    env: opts.EnvName,
     policy: Annotated[list[str], typer.Option(help="KIND[:MODEL], repeat to compare: scripted, hf, hf:PATH, "
                                                    "openai:MODEL (with --base-url)")] = ["scripted"],  # noqa: B006
     out: Annotated[Path, typer.Option(help="run directory (eval/NAME.json + trajectories)")] = Path("runs/eval"),
     name: Annotated[str, typer.Option(help="name of this evaluation in the run directory")] = "eval",
-    split: Annotated[str, typer.Option(help="task split")] = "test",
+    split: opts.Split = "test",
     n: Annotated[int, typer.Option(help="number of tasks (0: all)")] = 16,
     k: Annotated[int, typer.Option(help="samples per task (K)")] = 4,
     pass_k: Annotated[list[int], typer.Option(help="report pass@k for this k (K is always reported)")] = [1],  # noqa: B006
     threshold: Annotated[float, typer.Option(help="reward >= threshold counts as a pass")] = 1.0,
-    base_url: Annotated[str | None, typer.Option(help="openai: server URL incl. /v1")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: API key")] = None,
-    device: Annotated[str, typer.Option(help="hf: auto, cpu, cuda, cuda:1 ...")] = "auto",
-    max_turns: Annotated[int, typer.Option()] = 8,
-    max_new_tokens: Annotated[int, typer.Option()] = 256,
-    max_context_tokens: Annotated[int, typer.Option()] = 4096,
-    temperature: Annotated[float, typer.Option()] = 1.0,
-    concurrency: Annotated[int, typer.Option()] = 8,
-    seed: Annotated[int, typer.Option()] = 0,
+    base_url: opts.BaseUrl = None,
+    api_key: opts.ApiKey = None,
+    device: opts.Device = "auto",
+    max_turns: opts.MaxTurns = 8,
+    max_new_tokens: opts.MaxNewTokens = 256,
+    max_context_tokens: opts.MaxContextTokens = 4096,
+    temperature: opts.Temperature = 1.0,
+    concurrency: opts.Concurrency = 8,
+    seed: opts.Seed = 0,
 ) -> None:
     """Evaluate policies on an env: K samples per task, pass@k and mean with 95% CIs, per-task table."""
     from rich.console import Console
