@@ -322,12 +322,18 @@ async def run_episodes(
     config: RolloutConfig,
     *,
     on_trajectory: Callable[[Trajectory], Any] | None = None,
+    task_indices: Sequence[int] | None = None,
 ) -> list[Trajectory]:
     """Play ``config.group_size`` episodes of every task, at most ``config.concurrency`` at once.
 
     Each episode gets a fresh env from ``env_factory``. Trajectories come back in task order;
-    ``on_trajectory`` sees each one as soon as it finishes.
+    ``on_trajectory`` sees each one as soon as it finishes. Episode seeds come from ``config.seed``, the task's
+    index and id and the sample number; ``task_indices`` gives each task its index in the whole batch when
+    ``tasks`` is a share of it (a data-parallel rank, a Ray worker), so every share samples what one process would.
     """
+    if task_indices is not None and len(task_indices) != len(tasks):
+        raise ValueError(f"task_indices has {len(task_indices)} entries for {len(tasks)} tasks")
+    indices = list(task_indices) if task_indices is not None else list(range(len(tasks)))
     limit = asyncio.Semaphore(config.concurrency)
 
     async def play(task_index: int, task: Task, k: int) -> Trajectory:
@@ -347,7 +353,7 @@ async def run_episodes(
 
     jobs = [
         asyncio.ensure_future(play(i, task, k))
-        for i, task in enumerate(tasks)
+        for i, task in zip(indices, tasks, strict=True)
         for k in range(config.group_size)
     ]
     try:

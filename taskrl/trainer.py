@@ -6,20 +6,24 @@
 
 Each step is four separable parts: ``collect`` (the agent loop; knows nothing of the algorithm), ``score``
 (extra reward terms, scheduled weights, group terms), ``Learner.update`` (callable on any trajectories) and
-``weight_sync`` (a no-op version bump when the rollout policy holds the learner's model). A run directory is
-resumed from its last checkpoint when rerun with the same config: same tasks, same seeds, same samples.
+``weight_sync`` (``taskrl.training.sync``: a version bump when the rollout policy holds the learner's model, a
+copy into a separate rollout model, or a LoRA push to a server). A run directory is resumed from its last
+checkpoint when rerun with the same config: same tasks, same seeds, same samples. Rollouts play on the run's
+own event-loop thread; with ``async_rollout`` the next step's episodes play while the learner updates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from taskrl.algos.schedules import make_schedule
+from taskrl.distributed.ddp import DataParallel
 from taskrl.env import Env, make, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
@@ -40,35 +45,17 @@ from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TrajectoryFile
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
+from taskrl.training.overlap import RolloutLoop
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
-from taskrl.types import Trajectory
+from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.trainer.InProcessSync
+from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_setup
+from taskrl.types import Task, Trajectory
 
 INVALID_CALL_CAP = "invalid_tool_call_cap"
 
 ScoreFn = Callable[[int, list[Trajectory]], None]
 """Extra scoring after the env's reward: ``fn(step, trajectories)`` edits ``trajectory.rewards`` in place
 (token-level rewards, reward models, ``taskrl.monitor.shape_rewards``)."""
-
-
-class WeightSync(Protocol):
-    """Makes the rollout policy sample from the learner's weights at ``version`` (later samples carry it)."""
-
-    def __call__(self, version: int) -> None: ...
-
-
-class InProcessSync:
-    """The rollout policy holds the learner's model object: nothing to copy, only the version to bump."""
-
-    def __init__(self, policy: Any, model: Any) -> None:
-        if getattr(policy, "model", None) is not model:
-            raise ValueError(
-                "the rollout policy does not hold the learner's model; pass a weight_sync that pushes weights "
-                "to it (e.g. LoRA adapters to a server)"
-            )
-        self.policy = policy
-
-    def __call__(self, version: int) -> None:
-        self.policy.version = version
 
 
 class Trainer:
@@ -117,22 +104,46 @@ class Trainer:
             term: make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
             for term, spec in cfg.reward_weights.items()
         }
-        self.run = RunLog(cfg.run_dir, backends=cfg.log_backends)
+        self.group = DataParallel.from_process_group()  # nproc > 1: rank 0 writes the run directory for all ranks
+        self.run = RunLog(cfg.run_dir, backends=cfg.log_backends if self.group.is_main else [])
+        # A rollout server is checked before the model loads: a wrong URL or model name fails in seconds.
+        server = connect_server(cfg) if cfg.rollout_policy == "server" else None
         self._owns_policy = policy is None
         if policy is None:
             from taskrl.policies.hf import HFPolicy
 
             dtype = getattr(torch, cfg.dtype)
             policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=dtype)
-        self.policy: Any = policy
+        # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
+        self.learner_policy: Any = policy
         policy.model = prepare_model(policy.model, cfg)
         tokenizer = policy.chat_format.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.learner = Learner(policy.model, cfg, pad_id=int(pad or 0))
-        self.weight_sync = weight_sync or InProcessSync(policy, policy.model)
+        self.learner = Learner(policy.model, cfg, pad_id=int(pad or 0), data_parallel=self.group)
+        # ``self.policy`` samples the rollouts: the learner's own policy, a synced copy, or a served model.
+        self.policy: Any
+        self.policy, default_sync = rollout_setup(cfg, self.learner, policy, self.run.dir, server_policy=server)
+        self.weight_sync: WeightSync = weight_sync or default_sync
+        self.ray_rollout: Any = None
+        if cfg.ray:  # rollout actors with their own policy copies; the local policy still serves evaluation
+            from taskrl.distributed.ray_rollout import RayRollout, RaySync
+
+            self.ray_rollout = RayRollout(cfg, env_factory=env_factory)
+            self.ray_rollout.check_weights(policy.model)
+            self.weight_sync = RaySync(
+                self.ray_rollout, self.learner, local=self.weight_sync, rollout_policy=self.policy
+            )
+            self.weight_sync(self.learner.version)  # the actors start from the learner's exact weights
         use_expert = cfg.phases[0] and cfg.sft_data == "expert"
         self.expert = ScriptedPolicy(rule, name="expert", chat_format=policy.chat_format) if use_expert else None
         self.completed: int | None = None  # steps done once ``train`` has resumed; None before
+        self.rollouts = RolloutLoop()  # every rollout and evaluation of the run plays on this loop's thread
+        self._ahead: tuple[int, Future[list[Trajectory]]] | None = None  # async_rollout: next step in flight
+        self._sync_due = False  # async_rollout: an update waits to be synced when the in-flight rollouts end
+        self._data_state: dict[str, Any] | None = None  # sampler state to checkpoint once the next step is drawn
+        self._rollout_times: dict[int, tuple[float, float]] = {}
+        self._end = 0
+        self._clock0 = time.monotonic()
 
     # -- the four parts of a step ------------------------------------------------------------------
     def is_sft_step(self, step: int) -> bool:
@@ -151,13 +162,22 @@ class Trainer:
 
     def collect(self, step: int) -> list[Trajectory]:
         """Play this step's episodes (the expert's or a JSONL's in SFT warm-up steps) and add group terms."""
+        return self.rollouts.run(self._plan(step))
+
+    def _plan(self, step: int) -> Coroutine[Any, Any, list[Trajectory]]:
+        """Draw this step's tasks and seeds now, on the caller's thread and in step order (so sampler state and
+        reward clocks advance as in a serial run); returns the coroutine that plays them on the rollout loop."""
         cfg = self.config
         epoch = int(getattr(self.sampler, "epoch", 0))
         set_training_step(step, epoch)
         sft_step = self.is_sft_step(step)
         if sft_step and self.sft_file is not None:
-            return self.sft_file.take(cfg.tasks_per_step * cfg.group_size)
+            return _ready(self.group.shard(self.sft_file.take(cfg.tasks_per_step * cfg.group_size)))
         tasks = self.sampler.sample(step, cfg.tasks_per_step, random.Random(derive_seed(cfg.seed, "tasks", step)))
+        # Every rank draws the same tasks and plays its share (whole groups), seeded by each task's index in the
+        # whole step, so the ranks together sample exactly the episodes one process would.
+        indices = self.group.shard(range(len(tasks)))
+        tasks = [tasks[i] for i in indices]
         expert = sft_step and self.expert is not None
         rollout = RolloutConfig(
             max_turns=cfg.max_turns,
@@ -167,9 +187,19 @@ class Trainer:
             concurrency=cfg.concurrency,
             seed=derive_seed(cfg.seed, "rollout", step),
         )
-        factory = self.env_factory_at(step, epoch)
-        policy = self.expert if expert else self.policy
-        trajectories = asyncio.run(run_episodes(factory, policy, tasks, rollout))
+        return self._play(step, epoch, tasks, rollout, expert, indices)
+
+    async def _play(
+        self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
+    ) -> list[Trajectory]:
+        started = time.monotonic()
+        if self.ray_rollout is not None and not expert:
+            # ray.get blocks: a worker thread keeps the rollout loop free (evaluations may share it).
+            trajectories = await asyncio.to_thread(self.ray_rollout.collect, tasks, rollout, step=step, epoch=epoch)
+        else:
+            policy = self.expert if expert else self.policy
+            factory = self.env_factory_at(step, epoch)
+            trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
         for hook in _step_hooks(self.probe, "set_step"):
             hook(step, epoch)
         finalizers = _step_hooks(self.probe, "finalize_group") if rollout.group_size > 1 else []
@@ -178,6 +208,7 @@ class Trainer:
                 task = self.tasks_by_id.get(group[0].task_id)
                 for finalize in finalizers:
                     finalize(group, task)
+        self._rollout_times[step] = (started, time.monotonic())
         return trajectories
 
     def score(self, step: int, trajectories: list[Trajectory]) -> None:
@@ -198,30 +229,41 @@ class Trainer:
         cfg = self.config
         sft_step = self.is_sft_step(step)
         start = time.perf_counter()
-        trajectories = self.collect(step)
+        trajectories, sync_metrics = self._take_batch(step)
         collected = time.perf_counter()
         self.score(step, trajectories)
+        own, trajectories = trajectories, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
         for task_id, group in _groups(trajectories, by="task_id").items():
             if task_id in self.tasks_by_id:
                 self.sampler.update(task_id, [t.reward for t in group])
-        metrics = self.learner.update(trajectories, step=step, sft_mode=sft_step)
+        self._prefetch(step + 1)  # async_rollout: the next step's episodes play while this update runs
+        version, update_started = self.learner.version, time.perf_counter()
+        metrics = self.learner.update(own, step=step, sft_mode=sft_step)
         updated = time.perf_counter()
-        self.weight_sync(self.learner.version)
+        metrics.update(sync_metrics)
+        metrics.update(self._sync_after_update(step + 1))
+        metrics.update(_staleness_metrics(own, version))
+        metrics.update(self._timeline(step, update_started, updated))
         metrics.update(_batch_metrics(trajectories))
         monitor_metrics, alerts = self.monitors.check(step + 1, trajectories)
         metrics.update(monitor_metrics)
-        for alert in alerts:
+        for alert in alerts if self.group.is_main else []:
             self.run.alert(alert.step, alert.monitor, alert.value, alert.threshold, alert.message)
         metrics.update(self.sampler.metrics() if hasattr(self.sampler, "metrics") else {})
         sampled = sum(t.num_sampled_tokens for t in trajectories)
         metrics.update({
             "charts/phase": "sft" if sft_step else cfg.algo,
             "charts/step_time_s": updated - start,
-            "charts/rollout_time_s": collected - start,
-            "charts/update_time_s": updated - collected,
+            # How long the episodes played (they may have overlapped the previous update) vs how long we waited.
+            "charts/rollout_time_s": metrics.pop("timeline/rollout_s", collected - start),
+            "charts/rollout_wait_s": collected - start,
+            "charts/update_time_s": updated - update_started,
             "charts/tokens_per_s": sampled / max(updated - start, 1e-9),
-            "charts/update_tokens_per_s": metrics.get("charts/trained_tokens", 0.0) / max(updated - collected, 1e-9),
+            "charts/update_tokens_per_s": metrics.get("charts/trained_tokens", 0.0)
+            / max(updated - update_started, 1e-9),
         })  # fmt: skip
+        if not self.group.is_main:
+            return metrics
         if cfg.log_trajectories:
             self.run.write_trajectories(step + 1, trajectories)
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
@@ -243,9 +285,77 @@ class Trainer:
             seed=cfg.seed,
         )
         name = name or f"step_{step:06d}"
-        return asyncio.run(
-            evaluate(self.env_factory, {"policy": self.policy}, tasks, config, run_log=self.run, name=name, step=step)
+        # The learner's own weights, whatever samples the rollouts: an evaluation scores exactly this step's model.
+        policies = {"policy": self.learner_policy}
+        return self.rollouts.run(
+            evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step)
         )
+
+    # -- overlap and sync --------------------------------------------------------------------------
+    def _take_batch(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """This step's trajectories (already in flight with async_rollout, else played now) and the metrics of
+        the deferred sync that runs once no rollout is in flight."""
+        ahead, self._ahead = self._ahead, None
+        trajectories = None
+        if ahead is not None and ahead[0] == step:
+            trajectories = ahead[1].result()
+        elif ahead is not None:  # a step this run no longer plays next (an earlier step failed): drop it
+            ahead[1].cancel()
+        sync_metrics = self._sync(step) if self._sync_due else {}
+        self._sync_due = False
+        return (trajectories if trajectories is not None else self.collect(step)), sync_metrics
+
+    def _prefetch(self, step: int) -> None:
+        """async_rollout: start ``step``'s episodes now, with the weights synced so far (one step ahead at most)."""
+        self._data_state = None
+        if not self.config.async_rollout or step >= self._end:
+            return
+        self._data_state = self._data_snapshot()  # what a serial run would checkpoint after this step
+        self._ahead = (step, self.rollouts.submit(self._plan(step)))
+
+    def _sync_after_update(self, completed: int) -> dict[str, float]:
+        """Sync now, or, while the next step's rollouts play, when they end: every rollout then samples from one
+        version from start to end, so an async run is as reproducible as a serial one."""
+        if self._ahead is not None:
+            self._sync_due = True
+            return {}
+        return self._sync(completed)
+
+    def _sync(self, step: int) -> dict[str, float]:
+        """Run the weight sync; a failure is reported (console, alert, metric), never fatal: the next one retries."""
+        started = time.perf_counter()
+        failed = 0.0
+        try:
+            self.weight_sync(self.learner.version)
+        except WeightSyncError as e:
+            failed = 1.0
+            self.console.print(f"step {step}: {e}", highlight=False, markup=False)
+            if self.group.is_main:
+                rollout_version = float(getattr(self.policy, "version", 0))
+                self.run.alert(step, "weight_sync", float(self.learner.version), rollout_version, str(e))
+        return {"charts/sync_time_s": time.perf_counter() - started, "charts/sync_failed": failed}
+
+    def _timeline(self, step: int, update_started: float, updated: float) -> dict[str, float]:
+        """When this step's rollouts and update ran, in seconds on one clock since the trainer was built."""
+        clock = time.monotonic() - time.perf_counter()  # perf_counter stamps -> the monotonic clock
+        out = {
+            "timeline/update_start_s": update_started + clock - self._clock0,
+            "timeline/update_end_s": updated + clock - self._clock0,
+        }
+        if step in self._rollout_times:
+            rollout_start, rollout_end = self._rollout_times.pop(step)
+            out.update({
+                "timeline/rollout_start_s": rollout_start - self._clock0,
+                "timeline/rollout_end_s": rollout_end - self._clock0,
+                "timeline/rollout_s": rollout_end - rollout_start,
+            })  # fmt: skip
+        return out
+
+    def _data_snapshot(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"sampler": copy.deepcopy(self.sampler.state_dict())}
+        if self.sft_file is not None:
+            state["sft_file"] = copy.deepcopy(self.sft_file.state_dict())
+        return state
 
     # -- the run -----------------------------------------------------------------------------------
     def resume(self) -> int:
@@ -254,21 +364,25 @@ class Trainer:
         checkpoint = latest_checkpoint(cfg.run_dir)
         check_resumable(self.run.dir, cfg, has_checkpoint=checkpoint is not None)
         if checkpoint is None:
-            rewind_run_dir(self.run.dir, 0)  # a run killed before its first checkpoint starts over
+            if self.group.is_main:
+                rewind_run_dir(self.run.dir, 0)  # a run killed before its first checkpoint starts over
             return 0
         state = load_checkpoint(checkpoint, self.learner)
         self.sampler.load_state_dict(state["sampler"])
         if self.sft_file is not None:
             self.sft_file.load_state_dict(state["sft_file"])
-        self.weight_sync(self.learner.version)
-        rewind_run_dir(self.run.dir, int(state["step"]))
+        self._sync(int(state["step"]))
+        if self.group.is_main:  # every rank loads the checkpoint; one rewinds the shared run directory
+            rewind_run_dir(self.run.dir, int(state["step"]))
         self.console.print(f"resuming {cfg.run_dir} from {checkpoint.name} (policy version {self.learner.version})")
         return int(state["step"])
 
-    def checkpoint(self, completed: int) -> Path:
-        state: dict[str, Any] = {"sampler": self.sampler.state_dict()}
-        if self.sft_file is not None:
-            state["sft_file"] = self.sft_file.state_dict()
+    def checkpoint(self, completed: int) -> Path | None:
+        """Save on rank 0 (None elsewhere), after checking that every rank holds the same weights."""
+        self.group.check_in_sync(self.learner.trainable_state(), f"checkpoint at step {completed}")
+        if not self.group.is_main:
+            return None
+        state = self._data_state or self._data_snapshot()
         return save_checkpoint(self.run.dir, completed, self.learner, state, keep=self.config.keep_checkpoints)
 
     def train(self, until: int | None = None) -> list[dict[str, Any]]:
@@ -279,8 +393,11 @@ class Trainer:
         cfg = self.config
         if self.completed is None:
             self.completed = self.resume()
-            self.run.write_config(cfg)
+            self.group.broadcast_(self.learner.trainable_state())  # all ranks start from rank 0's weights
+            if self.group.is_main:
+                self.run.write_config(cfg)
         end = cfg.steps if until is None else min(until, cfg.steps)
+        self._end = end  # async_rollout never plays ahead past the steps this call runs
         rows: list[dict[str, Any]] = []
         with self._progress() as bar:
             job = bar.add_task("training", total=end, completed=self.completed, reward=float("nan"))
@@ -293,23 +410,34 @@ class Trainer:
                 bar.update(job, advance=1, reward=metrics.get("rewards/total", float("nan")))
                 if bar.disable:
                     self.console.print(_step_line(self.completed, cfg.steps, metrics), highlight=False, markup=False)
-        if self.completed == cfg.steps and (rows or not (self.run.dir / "policy").exists()):
+        if self.completed == cfg.steps and self.group.is_main and (rows or not (self.run.dir / "policy").exists()):
             self.export(self.run.dir / "policy")
         return rows
 
     def export(self, path: Path) -> Path:
         """Save the trained policy: the LoRA adapter or the full model, with the tokenizer."""
-        self.policy.model.save_pretrained(str(path))
-        self.policy.chat_format.tokenizer.save_pretrained(str(path))
+        self.learner.model.save_pretrained(str(path))
+        self.learner_policy.chat_format.tokenizer.save_pretrained(str(path))
         return path
 
     def close(self) -> None:
         self.run.close()
+        if self.ray_rollout is not None:
+            self.ray_rollout.close()
         close_env = getattr(self.probe, "close", None)
         if close_env is not None:
             asyncio.run(maybe_await(close_env()))
-        if self._owns_policy:
+        if self._ahead is not None:
+            self._ahead[1].cancel()
+        own_rollout_policy = self.policy is not self.learner_policy  # a copy or a server client this trainer built
+        aclose = getattr(self.policy, "aclose", None)
+        if own_rollout_policy and aclose is not None:
+            self.rollouts.run(aclose())  # its connections belong to the rollout loop
+        self.rollouts.close()  # cancels whatever still plays, before the decode threads stop
+        if own_rollout_policy and aclose is None:
             self.policy.close()
+        if self._owns_policy:
+            self.learner_policy.close()
 
     def _progress(self) -> Progress:
         columns = (
@@ -346,6 +474,24 @@ def _groups(trajectories: Sequence[Trajectory], by: str = "group_id") -> dict[st
         key = getattr(t, by)
         out[key if key is not None else t.id].append(t)
     return out
+
+
+async def _ready(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """Trajectories that need no playing (SFT from a file), as a rollout coroutine."""
+    return trajectories
+
+
+def _staleness_metrics(trajectories: Sequence[Trajectory], version: int) -> dict[str, float]:
+    """How many versions behind the learner (before this update) each sampled trajectory's oldest turn is."""
+    lags = [
+        version - min(s.policy_version for s in t.segments if s.num_sampled)
+        for t in trajectories
+        if t.trainable and t.num_sampled_tokens > 0
+    ]
+    return {
+        "charts/staleness_mean": _mean([float(x) for x in lags]),
+        "charts/staleness_max": float(max(lags, default=0)),
+    }
 
 
 def _mean(values: list[float]) -> float:

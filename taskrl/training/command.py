@@ -6,13 +6,14 @@ trainer (torch, transformers) loads when the command runs. Rerunning the same co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from taskrl.training.config import load_config
+from taskrl.training.config import ConfigError, load_config
 from taskrl.training.runs import completed_steps
 
 
@@ -26,22 +27,44 @@ def train_command(
         str | None,
         typer.Option("--from-store", help="train on logged production interactions with feedback (store URL)"),
     ] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="play rollouts in Ray actors (same as --set ray=true)")] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help='Ray cluster to join: "auto" or ray://host:port (implies --ray)'),
+    ] = None,
+    nproc: Annotated[
+        int | None, typer.Option("--nproc", help="data-parallel learner processes (same as --set nproc=N)")
+    ] = None,
 ) -> None:
     """Train a policy: collect, score, update, sync, log and checkpoint every step; a rerun resumes."""
-    resolved = load_config(config, overrides or [])
+    overrides = list(overrides or [])
+    if ray or ray_address is not None:
+        overrides.append("ray=true")
+    if ray_address is not None:
+        overrides.append(f"ray_address={json.dumps(ray_address)}")  # a TOML string, whatever the address holds
+    if nproc is not None:
+        overrides.append(f"nproc={nproc}")
+    resolved = load_config(config, overrides)
     console = Console()
     if from_store is not None:  # production data instead of rollouts: exact stored tokens, fresh versions only
         from taskrl.deploy.cycle import train_from_store
 
+        if resolved.nproc > 1:
+            raise ConfigError("TrainConfig.nproc must be 1 with --from-store (one learner process)")
         rows, out = train_from_store(resolved, from_store)
         console.print(f"{len(rows)} updates from {from_store}; wrote {out} (hot-load with /v1/load_lora_adapter)")
         return
     if resolved.resume and completed_steps(resolved.run_dir) >= resolved.steps:  # no model load for nothing
         console.print(f"nothing to do: {resolved.run_dir} already completed {resolved.steps} steps")
         return
-    from taskrl.trainer import train
+    if resolved.nproc > 1:  # N local learner processes; rank 0 logs and checkpoints for all of them
+        from taskrl.distributed.ddp import launch
 
-    rows = train(resolved, console=console)
+        rows = launch(resolved, console)[0].rows
+    else:
+        from taskrl.trainer import train
+
+        rows = train(resolved, console=console)
     last = rows[-1] if rows else {}
     console.print(
         f"done: {len(rows)} steps run, last reward {last.get('rewards/total', float('nan')):.3f}; "

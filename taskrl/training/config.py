@@ -22,6 +22,8 @@ ALGOS = ("grpo", "ppo", "cispo", "kimi", "sft")
 KL_MODES = ("none", "k1_reward", "k3_loss")
 FINETUNE_MODES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
+ROLLOUT_POLICIES = ("inprocess", "copy", "server")
+DIST_BACKENDS = ("auto", "gloo", "nccl")
 _SCHEDULE_FIELDS = ("lr", "sft_lr", "entropy_coef")
 
 
@@ -54,6 +56,11 @@ class TrainConfig:
     """Mirrors of the JSONL metrics: any of tensorboard, wandb, mlflow (pip install 'taskrl[observability]')."""
     device: str = "auto"
     """auto (CUDA when present), cpu, cuda, cuda:1 ..."""
+    nproc: int = 1
+    """Data-parallel learner processes (torch.distributed): each plays its share of a step's tasks, gradients are
+    summed over all of them; > 1 needs device auto, cpu or cuda (one GPU per local rank)."""
+    dist_backend: str = "auto"
+    """torch.distributed backend of nproc > 1: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
 
     # -- model ---------------------------------------------------------------------------------------
     model: str = "smollm2"
@@ -98,6 +105,27 @@ class TrainConfig:
     """Nucleus sampling mass (1.0 = off)."""
     concurrency: int = 32
     """Episodes in flight at once (they are decoded in one batch)."""
+    ray: bool = False
+    """Play rollouts in Ray actors, each with its own policy copy and envs (same seeds, same samples as local)."""
+    ray_address: str = ""
+    """Ray cluster with ray=true: "" starts a local Ray, "auto" or "ray://host:port" connects to a running one."""
+    ray_workers: int = 2
+    """Rollout actors with ray=true; each step's task groups are dealt across them."""
+    ray_num_cpus_per_worker: float = 1.0
+    """CPUs Ray reserves for each rollout actor."""
+    ray_num_gpus_per_worker: float = 0.0
+    """GPUs Ray reserves for each rollout actor (fractions share one); device=auto uses CUDA only when one is held."""
+    rollout_policy: str = "inprocess"
+    """Who samples: inprocess (the learner's model), copy (its own model copy, synced after each update) or server
+    (an OpenAI-compatible server at rollout_url; each update's LoRA adapter is pushed to it)."""
+    rollout_url: str = ""
+    """rollout_policy=server: the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1."""
+    rollout_model: str = ""
+    """rollout_policy=server: the served base model's name; the pushed adapters apply to it."""
+    rollout_api_key_env: str = "TASKRL_ROLLOUT_API_KEY"
+    """rollout_policy=server: environment variable holding the server's API key (admin rights load adapters)."""
+    async_rollout: bool = False
+    """Play step k+1's episodes while the learner updates on step k's (needs rollout_policy copy or server)."""
 
     # -- algorithm -----------------------------------------------------------------------------------
     algo: str = "grpo"
@@ -178,19 +206,41 @@ class TrainConfig:
 
         for name in ("steps", "tasks_per_step", "group_size", "max_turns", "max_context_tokens", "max_new_tokens",
                      "concurrency", "epochs_per_batch", "minibatches", "micro_batch_tokens", "lora_rank",
-                     "keep_checkpoints", "eval_tasks"):  # fmt: skip
+                     "keep_checkpoints", "eval_tasks", "ray_workers", "nproc"):  # fmt: skip
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "must be an integer >= 1")
         for name in ("checkpoint_every", "sft_warmup_steps", "eval_every", "max_staleness"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("weight_decay", "max_grad_norm", "clip_eps_low", "clip_eps_high", "cispo_eps_low",
                      "cispo_eps_high", "kimi_tau", "vf_coef", "vf_clip", "kl_coef", "is_truncation", "temperature",
-                     "lora_alpha"):  # fmt: skip
+                     "lora_alpha", "ray_num_cpus_per_worker", "ray_num_gpus_per_worker"):  # fmt: skip
             value = getattr(self, name)
             need(isinstance(value, int | float) and math.isfinite(value) and value >= 0, name, "must be >= 0")
         need(self.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
         need(self.kl in KL_MODES, "kl", f"must be one of {', '.join(KL_MODES)}")
         need(self.finetune in FINETUNE_MODES, "finetune", f"must be one of {', '.join(FINETUNE_MODES)}")
         need(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
+        need(self.rollout_policy in ROLLOUT_POLICIES, "rollout_policy", f"must be one of {', '.join(ROLLOUT_POLICIES)}")
+        need(not self.async_rollout or self.rollout_policy != "inprocess" or self.ray, "async_rollout",
+             "needs rollout_policy copy or server, or ray (rollouts must not sample weights mid-update)")  # fmt: skip
+        need(not (self.ray and self.rollout_policy == "copy"), "rollout_policy",
+             "must not be 'copy' with ray=true: the Ray actors already sample from their own copies")  # fmt: skip
+        server = self.rollout_policy == "server"
+        need(not server or self.rollout_url.startswith(("http://", "https://")), "rollout_url",
+             "must be the server's http(s) base URL with rollout_policy=server")  # fmt: skip
+        need(not server or bool(self.rollout_model), "rollout_model", "must name the served base model (server)")
+        need(not server or self.finetune == "lora", "rollout_policy",
+             "must not be 'server' with finetune='full': only LoRA adapters can be loaded into a running server "
+             "(/v1/load_lora_adapter), full weights would need a restart; use rollout_policy='copy'")  # fmt: skip
+        need(self.dist_backend in DIST_BACKENDS, "dist_backend", f"must be one of {', '.join(DIST_BACKENDS)}")
+        need(self.nproc <= self.tasks_per_step, "nproc", f"must be <= tasks_per_step ({self.tasks_per_step})")
+        need(self.nproc == 1 or self.device in ("auto", "cpu", "cuda"), "device",
+             "must be auto, cpu or cuda when nproc > 1 (each rank takes cuda:LOCAL_RANK)")  # fmt: skip
+        need(not (self.dist_backend == "nccl" and self.device == "cpu"), "dist_backend", "nccl needs CUDA devices")
+        need(self.nproc == 1 or not self.ray, "nproc", "must be 1 with ray=true (Ray rollouts feed one learner)")
+        need(self.nproc == 1 or self.rollout_policy != "server", "nproc",
+             "must be 1 with rollout_policy='server' (every rank would push the same adapter)")  # fmt: skip
+        need(self.ray_address in ("", "auto") or self.ray_address.startswith(("ray://", "http://")) or ":" in
+             self.ray_address, "ray_address", 'must be "", "auto", "ray://host:port" or "host:port"')
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
         need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")

@@ -19,6 +19,7 @@ import torch
 from taskrl.algos import cispo, grpo, kimi, ppo, sft
 from taskrl.algos.losses import approx_kl, kl_k1, kl_k3, truncated_is_weights
 from taskrl.algos.schedules import make_schedule
+from taskrl.distributed.ddp import DataParallel
 from taskrl.rollout import derive_seed
 from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, sequences_from
 from taskrl.training.config import TrainConfig
@@ -26,6 +27,10 @@ from taskrl.training.model import Reference, forward, make_value_head
 from taskrl.types import Trajectory
 
 GROUP_ALGOS = ("grpo", "cispo", "kimi")
+SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "charts/untrainable", "charts/groups",
+                     "charts/dropped_groups", "charts/trained_trajectories", "charts/trained_tokens",
+                     "charts/forward_tokens")  # fmt: skip
+"""Count metrics of a data-parallel update: each rank counts its own share, the update reports the total."""
 
 
 class _Scores:
@@ -58,14 +63,28 @@ class _Stats:
     def means(self) -> dict[str, float]:
         return {name: self.sums[name] / self.counts[name] for name in self.sums if self.counts[name]}
 
+    def over_ranks(self, group: DataParallel) -> _Stats:
+        """The stats of every rank's tokens (a per-step scalar such as grad_norm is equal on all ranks)."""
+        out = _Stats()
+        for sums, counts in group.all_gather((dict(self.sums), dict(self.counts))):
+            for name, value in sums.items():
+                out.sums[name] += value
+                out.counts[name] += counts[name]
+        return out
+
 
 class Learner:
     """Owns the trainable model, the optional value head and reference, the optimizer and the LR schedules."""
 
-    def __init__(self, model: Any, config: TrainConfig, *, pad_id: int = 0) -> None:
+    def __init__(
+        self, model: Any, config: TrainConfig, *, pad_id: int = 0, data_parallel: DataParallel | None = None
+    ) -> None:
+        """``data_parallel``: this process's learner group; each rank then updates on its own trajectories (whole
+        groups) and the weights move as one process's would on all ranks' trajectories concatenated in rank order."""
         self.model = model
         self.config = config
         self.pad_id = pad_id
+        self.group = data_parallel or DataParallel()
         self.device = next(model.parameters()).device
         self.version = 0
         self.value_head = make_value_head(model) if config.algo == "ppo" else None
@@ -104,9 +123,12 @@ class Learner:
             scores = _reindex(scores, sorted(kept))
         metrics["charts/trained_trajectories"] = float(len({s.traj_index for s in sequences}))
         metrics["charts/trained_tokens"] = float(sum(s.num_sampled for s in sequences))
-        if sequences:
-            metrics.update(self._optimize(sequences, scores, step=step, sft_mode=sft_mode))
+        sampled = self.group.all_gather([s.num_sampled for s in sequences])  # every rank's, for global minibatches
+        if any(sampled):
+            metrics.update(self._optimize(sequences, scores, sampled, step=step, sft_mode=sft_mode))
             self.version += 1  # only weights that changed make a new version (staleness counts real updates)
+        summed = [name for name in SUMMED_OVER_RANKS if name in metrics]
+        metrics.update(zip(summed, self.group.sum([metrics[name] for name in summed]), strict=True))
         metrics["charts/lr"] = self._lr(step, sft_mode)
         metrics["charts/policy_version"] = float(self.version)
         return metrics
@@ -184,7 +206,8 @@ class Learner:
         k1 = {}
         if cfg.kl == "k1_reward":
             k1 = {i: kl_k1(scores.old[i], scores.ref[i]) for i in range(len(sequences))}
-            metrics["losses/kl_k1_per_episode"] = float(sum(float(v.sum()) for v in k1.values()) / max(len(by_traj), 1))
+            total, episodes = self.group.sum([sum(float(v.sum()) for v in k1.values()), len(by_traj)])
+            metrics["losses/kl_k1_per_episode"] = total / max(episodes, 1)
         if cfg.algo in GROUP_ALGOS:
             rewards = []
             for t_index, traj in enumerate(batch):
@@ -222,9 +245,23 @@ class Learner:
         return set(scores.advantages)
 
     def _optimize(
-        self, sequences: list[TokenSequence], scores: _Scores, *, step: int, sft_mode: bool
+        self,
+        sequences: list[TokenSequence],
+        scores: _Scores,
+        sampled: list[list[int]],
+        *,
+        step: int,
+        sft_mode: bool,
     ) -> dict[str, float]:
+        """Optimizer steps over the global batch: ``sampled[rank]`` = sampled tokens of each sequence of that rank.
+
+        Sequences are numbered as if the ranks' lists were concatenated in rank order, so every rank cuts the same
+        minibatches and divides by the same global token count; it runs only its own sequences, and the summed
+        gradient is the one-process gradient. Clipping and the step then see identical gradients on every rank.
+        """
         cfg = self.config
+        offset = sum(len(part) for part in sampled[: self.group.rank])
+        tokens_of = [n for part in sampled for n in part]
         stats = _Stats()
         lr = self._lr(step, sft_mode)
         for group in self.optimizer.param_groups:
@@ -236,24 +273,26 @@ class Learner:
         self.model.train()
         try:
             for _ in range(epochs):
-                order = torch.randperm(len(sequences), generator=generator).tolist() if minibatches > 1 else None
-                order = order if order is not None else list(range(len(sequences)))
+                order = torch.randperm(len(tokens_of), generator=generator).tolist() if minibatches > 1 else None
+                order = order if order is not None else list(range(len(tokens_of)))
                 for chunk in (order[k::minibatches] for k in range(minibatches)):
                     if not chunk:
                         continue
-                    subset = [sequences[i] for i in chunk]
-                    tokens = sum(s.num_sampled for s in subset)
+                    tokens = sum(tokens_of[i] for i in chunk)
+                    mine = [i - offset for i in chunk if offset <= i < offset + len(sequences)]
+                    subset = [sequences[i] for i in mine]
                     self.optimizer.zero_grad(set_to_none=True)  # gradients left by anyone else must not leak in
                     for local in self._micro_batches(subset):
-                        ids = [chunk[j] for j in local]
+                        ids = [mine[j] for j in local]
                         computed += self._micro_step(sequences, ids, scores, tokens, entropy_coef, sft_mode, stats)
+                    self.group.all_reduce_gradients(self.params)
                     norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm or float("inf"))
                     stats.add_scalar("grad_norm", float(norm))
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollouts
         finally:
             self.model.eval()
-        out = {f"losses/{k}": v for k, v in stats.means().items()}
+        out = {f"losses/{k}": v for k, v in stats.over_ranks(self.group).means().items()}
         out["charts/entropy_coef"] = entropy_coef
         out["charts/forward_tokens"] = float(computed)
         return out

@@ -15,6 +15,9 @@ from taskrl.training.config import ConfigError, TrainConfig
 RESUME_MAY_CHANGE = frozenset({
     "steps", "resume", "progress", "checkpoint_every", "keep_checkpoints", "log_trajectories", "device",
     "eval_every", "eval_tasks", "log_backends",
+    # where rollouts and updates run, not what they compute (same seeds per episode; float rounding aside)
+    "rollout_url", "rollout_api_key_env", "ray", "ray_address", "ray_workers", "ray_num_cpus_per_worker",
+    "ray_num_gpus_per_worker", "nproc", "dist_backend",
 })  # fmt: skip
 """Fields that do not change what the run computes, so a resumed run may change them."""
 

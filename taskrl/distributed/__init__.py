@@ -1,0 +1,6 @@
+"""Scale-out: Ray rollout workers (``ray_rollout``), Ray sub-agent actors for the swarm (``ray_subagents``) and
+the torch.distributed data-parallel learner (``ddp``).
+
+Nothing here is imported by ``import taskrl``: Ray and torch.distributed load only when a run asks for them
+(``TrainConfig.ray``, ``SwarmEnvConfig.subagent_backend = "ray"``, a multi-process learner).
+"""

@@ -1,0 +1,270 @@
+"""Weight sync: after each update, make the rollout policy sample from the learner's weights, tagged with a version.
+
+``InProcessSync`` (the rollout policy holds the learner's model: only the version moves), ``CopySync`` (the
+rollout policy holds its own copy, so rollouts can run while the learner changes its weights) and
+``ServerLoRASync`` (LoRA adapters pushed to an OpenAI-compatible server with ``/v1/load_lora_adapter``).
+``rollout_setup(config, learner, learner_policy, run_dir)`` builds the rollout policy and its sync from a config.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+import torch
+
+from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.model import is_peft
+
+if TYPE_CHECKING:
+    from taskrl.policies.hf import HFPolicy
+    from taskrl.policies.openai import OpenAIPolicy
+    from taskrl.training.learner import Learner
+
+ADAPTERS = "adapters"
+"""Run-directory folder of the adapters pushed to a rollout server (``v{version}`` each)."""
+
+
+class WeightSyncError(RuntimeError):
+    """A sync did not reach the rollout policy; it keeps sampling the previous version (the message is one line)."""
+
+
+class WeightSync(Protocol):
+    """Makes the rollout policy sample from the learner's weights at ``version`` (later samples carry it).
+
+    A sync is built with whatever it reads from (the learner, its model) and called after every update and
+    after a resume. Raising ``WeightSyncError`` means "not synced, try again next time": the trainer logs it
+    and carries on; the rollout policy must then still be on an older, consistently tagged version.
+    """
+
+    def __call__(self, version: int) -> None: ...
+
+
+class InProcessSync:
+    """The rollout policy holds the learner's model object: nothing to copy, only the version to bump."""
+
+    def __init__(self, policy: Any, model: Any) -> None:
+        if getattr(policy, "model", None) is not model:
+            raise ValueError(
+                "the rollout policy does not hold the learner's model; pass a weight_sync that pushes weights "
+                "to it (e.g. LoRA adapters to a server)"
+            )
+        self.policy = policy
+
+    def __call__(self, version: int) -> None:
+        self.policy.version = version
+
+
+def rollout_copy(policy: HFPolicy) -> HFPolicy:
+    """A second ``HFPolicy`` on a deep copy of ``policy.model`` (same peft adapter structure, same device)."""
+    from taskrl.policies.hf import HFPolicy
+
+    model = copy.deepcopy(policy.model).requires_grad_(False)
+    return HFPolicy(
+        model,
+        policy.tokenizer,
+        name=f"{policy.name}-rollout",
+        device=None,
+        chat_format=policy.chat_format,
+        max_batch_size=policy.max_batch_size,
+        batch_wait_s=policy.batch_wait_s,
+    )
+
+
+def _on_decode_thread(policy: Any, work: Callable[[], None]) -> None:
+    """Run ``work`` between two decode batches of an ``HFPolicy``: its single decode thread runs batches one at
+    a time and reads ``version`` when a batch starts, so no batch ever mixes old and new weights."""
+    executor = getattr(policy, "_executor", None)
+    if executor is None:
+        work()
+    else:
+        executor.submit(work).result()
+
+
+class CopySync:
+    """Copies the learner's trainable tensors (LoRA adapters, or every unfrozen weight) into the rollout copy."""
+
+    def __init__(self, learner: Learner, policy: HFPolicy) -> None:
+        self.learner = learner
+        self.policy = policy
+        targets = dict(policy.model.named_parameters())
+        names = [n for n in learner.trainable_state() if not n.startswith("value_head.")]
+        missing = [n for n in names if n not in targets]
+        if missing:
+            raise ValueError(
+                f"the rollout model has no parameter {missing[0]!r} (and {len(missing) - 1} more); build it "
+                "with taskrl.training.sync.rollout_copy(learner_policy) after the model was prepared (LoRA-wrapped)"
+            )
+        self.targets = {n: targets[n] for n in names}
+
+    def __call__(self, version: int) -> None:
+        state = self.learner.trainable_state()
+
+        def copy_in() -> None:
+            with torch.no_grad():
+                for name, target in self.targets.items():
+                    target.copy_(state[name])
+            self.policy.version = version
+
+        _on_decode_thread(self.policy, copy_in)
+
+
+class ServerLoRASync:
+    """Saves the learner's LoRA adapter under ``adapters_dir/v{version}``, loads it into the rollout server as a
+    new model (``/v1/load_lora_adapter``, vLLM's convention) and points the ``OpenAIPolicy`` at it.
+
+    The adapter path must be readable by the server (same machine or shared storage), as with vLLM. Adapter
+    names carry a per-sync random tag so a resumed run never collides with adapters an earlier run loaded.
+    Only the newest ``keep`` adapter directories stay on disk.
+    """
+
+    def __init__(
+        self,
+        learner: Learner,
+        policy: OpenAIPolicy,
+        *,
+        adapters_dir: str | Path,
+        base_model: str,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        keep: int = 2,
+    ) -> None:
+        if not is_peft(learner.model):
+            raise ValueError("ServerLoRASync pushes LoRA adapters: train with finetune='lora'")
+        if keep < 1:
+            raise ValueError(f"ServerLoRASync.keep must be >= 1, got {keep}")
+        self.learner = learner
+        self.policy = policy
+        self.adapters_dir = Path(adapters_dir).resolve()
+        self.base_model = base_model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.keep = keep
+        self.tag = secrets.token_hex(3)
+        self.url = f"{policy.base_url}/load_lora_adapter"
+
+    def adapter_name(self, version: int) -> str:
+        return f"{self.base_model}-{self.tag}-v{version}"
+
+    def __call__(self, version: int) -> None:
+        if version == self.policy.version:
+            return
+        if version == 0:  # fresh LoRA adapters are the identity (B = 0): the base model is version 0
+            self.policy.model = self.base_model
+            self.policy.set_version(0)
+            return
+        path = self._save(version)
+        name = self.adapter_name(version)
+        self._post({"lora_name": name, "lora_path": str(path), "base_model": self.base_model})
+        # Name first, then version: a request racing the switch is tagged older than its weights, never newer.
+        self.policy.model = name
+        self.policy.set_version(version)
+        self._prune(path)
+
+    def _save(self, version: int) -> Path:
+        """The adapter of ``version``, written atomically (a killed run never leaves half an adapter to load)."""
+        self.adapters_dir.mkdir(parents=True, exist_ok=True)
+        final = self.adapters_dir / f"v{version}"
+        tmp = self.adapters_dir / f".tmp-v{version}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.learner.model.save_pretrained(str(tmp))
+        if final.exists():  # a resumed run re-saves the version it restored
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def _post(self, body: dict[str, Any]) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            response = httpx.post(self.url, json=body, headers=headers, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(
+                f"weight sync to {self.url} failed ({type(exc).__name__}: {_one_line(str(exc))}); is the server up? "
+                "rollouts keep the previous adapter, the next sync retries"
+            ) from exc
+        if response.status_code >= 400:
+            raise WeightSyncError(
+                f"weight sync to {self.url} failed: HTTP {response.status_code}: {_server_message(response)}; "
+                "rollouts keep the previous adapter, the next sync retries"
+            )
+
+    def _prune(self, current: Path) -> None:
+        versions = sorted(
+            (int(p.name[1:]) for p in self.adapters_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
+        )
+        for old in versions[: -self.keep]:
+            if self.adapters_dir / f"v{old}" != current:
+                shutil.rmtree(self.adapters_dir / f"v{old}", ignore_errors=True)
+
+
+def connect_server(config: TrainConfig, *, timeout_s: float = 10.0) -> OpenAIPolicy:
+    """The rollout ``OpenAIPolicy`` of ``rollout_policy='server'``, after checking the server serves the model."""
+    from taskrl.policies.openai import OpenAIPolicy
+
+    api_key = os.environ.get(config.rollout_api_key_env) or None
+    url = config.rollout_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{url}/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ConfigError(
+            f"TrainConfig.rollout_url: cannot reach {url}/models ({type(exc).__name__}); start the server "
+            "(`taskrl serve ...`, vLLM with --enable-lora) or fix the URL"
+        ) from None
+    if response.status_code >= 400:
+        raise ConfigError(f"TrainConfig.rollout_url: {url}/models returned HTTP {response.status_code}")
+    try:
+        served = [str(m["id"]) for m in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"TrainConfig.rollout_url: {url}/models is not an OpenAI model list") from None
+    if config.rollout_model not in served:
+        raise ConfigError(
+            f"TrainConfig.rollout_model: {config.rollout_model!r} is not served at {url} (served: {', '.join(served)})"
+        )
+    return OpenAIPolicy(url, config.rollout_model, api_key=api_key, timeout_s=600.0)
+
+
+def rollout_setup(
+    config: TrainConfig,
+    learner: Learner,
+    learner_policy: HFPolicy,
+    run_dir: str | Path,
+    *,
+    server_policy: OpenAIPolicy | None = None,
+) -> tuple[Any, WeightSync]:
+    """The rollout policy of ``config.rollout_policy`` and the sync that feeds it the learner's weights."""
+    if config.rollout_policy == "inprocess":
+        return learner_policy, InProcessSync(learner_policy, learner.model)
+    if config.rollout_policy == "copy":
+        rollout = rollout_copy(learner_policy)
+        return rollout, CopySync(learner, rollout)
+    policy = server_policy if server_policy is not None else connect_server(config)
+    sync = ServerLoRASync(
+        learner, policy, adapters_dir=Path(run_dir) / ADAPTERS, base_model=config.rollout_model,
+        api_key=policy.api_key,
+    )  # fmt: skip
+    return policy, sync
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The server's error text (OpenAI ``{"error": {"message"}}``, FastAPI ``detail``) on one line."""
+    try:
+        body = response.json()
+    except ValueError:
+        return _one_line(response.text[:300]) or response.reason_phrase
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return _one_line(str(error["message"])[:300])
+    if isinstance(body, dict) and body.get("detail"):
+        return _one_line(str(body["detail"])[:300])
+    return _one_line(str(body)[:300])
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
