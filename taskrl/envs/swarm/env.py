@@ -1,10 +1,11 @@
 """The Agent Swarm orchestrator env (Kimi K2.5 PARL, DESIGN.md §7): the trainable orchestrator's tools and episode.
 
 ``SwarmEnv`` gives the orchestrator ``create_subagent(name, system_prompt)`` and ``assign_task(agent_id, task)``.
-The assignments of one turn run concurrently (asyncio); each plays a frozen sub-agent policy in its own context
-against a wrapped env (``search`` by default) and only its final answer comes back. ``reward`` attaches the
-sub-agent episodes as ``children`` (``parent_id``, ``trainable=False``, run intervals, the critical flag), records
-critical steps, total steps and wall time, and scores r_perf + λ1·r_parallel + λ2·r_finish.
+The assignments of one turn run concurrently (asyncio, or Ray actors with ``subagent_backend="ray"``); each
+plays a frozen sub-agent policy in its own context against a wrapped env (``search`` by default) and only its
+final answer comes back. ``reward`` attaches the sub-agent episodes as ``children`` (``parent_id``,
+``trainable=False``, run intervals, the critical flag), records critical steps, total steps and wall time, and
+scores r_perf + λ1·r_parallel + λ2·r_finish.
 """
 
 from __future__ import annotations
@@ -82,12 +83,20 @@ class SwarmEnvConfig:
     """Most tokens a sub-agent samples per turn."""
     subagent_temperature: float = 0.0
     """Sampling temperature of the sub-agents (frozen helpers: greedy by default)."""
+    subagent_backend: str = "asyncio"
+    """Where sub-agents run: "asyncio" (this process) or "ray" (a pool of actors, each with its own policy and envs)."""
+    ray_address: str = ""
+    """Ray cluster of subagent_backend="ray": "" starts a local Ray (or joins this process's), "auto", "ray://h:p"."""
+    ray_actors: int = 4
+    """Sub-agent actors in the Ray pool; each assignment goes to the least busy one."""
+    ray_cpus_per_actor: float = 0.5
+    """CPUs Ray reserves for each sub-agent actor."""
     reward: SwarmRewardConfig = field(default_factory=SwarmRewardConfig)
     """λ1, λ2, K and the annealing of the PARL reward."""
 
     def __post_init__(self) -> None:
         for name in ("orchestrator_max_steps", "subagent_max_steps", "max_subagents",
-                     "subagent_max_context_tokens", "subagent_max_new_tokens"):  # fmt: skip
+                     "subagent_max_context_tokens", "subagent_max_new_tokens", "ray_actors"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"SwarmEnvConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_critical_steps is not None and self.max_critical_steps < 2:
@@ -100,6 +109,12 @@ class SwarmEnvConfig:
             raise ValueError(
                 f"SwarmEnvConfig.subagent_policy must be 'scripted', 'hf' or 'openai', got {self.subagent_policy!r}"
             )
+        if self.subagent_backend not in ("asyncio", "ray"):
+            raise ValueError(
+                f"SwarmEnvConfig.subagent_backend must be 'asyncio' or 'ray', got {self.subagent_backend!r}"
+            )
+        if self.ray_cpus_per_actor < 0:
+            raise ValueError(f"SwarmEnvConfig.ray_cpus_per_actor must be >= 0, got {self.ray_cpus_per_actor}")
         if isinstance(self.reward, dict):  # from a TOML/JSON config
             self.reward = SwarmRewardConfig(**self.reward)
 
@@ -174,7 +189,6 @@ class SwarmEnv(ToolEnv):
         self.config = config if config is not None else SwarmEnvConfig(**overrides)
         self._tasks = _load_tasks(self.config)
         env_factory = subagent_env_factory or _subagent_env_factory(self.config)
-        policy = subagent_policy or _default_policy(self.config, env_factory)
         sampling = SamplingParams(
             max_new_tokens=self.config.subagent_max_new_tokens, temperature=self.config.subagent_temperature
         )
@@ -184,7 +198,15 @@ class SwarmEnv(ToolEnv):
             sampling=sampling,
             training=False,
         )
-        self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
+        self.runtime: Any
+        if self.config.subagent_backend == "ray":  # the actors build their own policy and envs: nothing loads here
+            from taskrl.distributed.ray_subagents import swarm_runtime
+
+            custom = subagent_env_factory is not None
+            self.runtime = swarm_runtime(self.config, rollout, env_factory, policy=subagent_policy, custom_env=custom)
+        else:
+            policy = subagent_policy or _default_policy(self.config, env_factory)
+            self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
         self.reward_fn = swarm_reward(self.config.reward)
         self._reset_state(0)
 
