@@ -23,6 +23,9 @@ from taskrl.algos.losses import token_entropy, token_logprobs
 from taskrl.training.batching import MicroBatch
 from taskrl.training.config import TrainConfig
 
+ENTROPY_CHUNK_ROWS = 64
+"""Rows per chunk of the logging-only entropy (64 x a 49k vocabulary = 12 MB of float32 temporaries)."""
+
 
 class ModelSetupError(ValueError):
     """The model cannot be prepared as configured (no module matches the LoRA targets, peft missing...)."""
@@ -127,12 +130,16 @@ def forward(
     softcap = getattr(base.config, "final_logit_softcapping", None)
     if softcap:  # Gemma-2 style heads; without it logprobs would not match the sampler's
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
+    if temperature != 1.0:  # x / 1.0 == x exactly: skip a [tokens x vocab] copy
+        logits = logits / temperature
     logprobs = token_logprobs(logits, batch.targets)
     ent = None
-    if entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = token_entropy(logits if entropy_grad else logits.detach())
+    if entropy and entropy_grad:
+        ent = token_entropy(logits)
+    elif entropy:
+        with torch.no_grad():
+            # A logging-only entropy in row chunks: its softmax temporaries never hold [tokens x vocab] twice.
+            ent = torch.cat([token_entropy(rows) for rows in logits.detach().split(ENTROPY_CHUNK_ROWS)])
     values = last_values = None
     if value_head is not None:
         values = value_head(picked.float()).squeeze(-1)
