@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 import inspect
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,6 +30,8 @@ from taskrl.chat import ChatFormat
 from taskrl.policies.base import Completion, PolicyError, SamplingParams
 from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_smollm2, resolve_device
 from taskrl.types import Message
+
+T = TypeVar("T")
 
 # Stop strings are looked for in the decoded tail of a row rather than its whole text, so checking is
 # O(1) per token. A character costs at most 4 byte-level tokens, hence the factor.
@@ -126,7 +130,10 @@ class HFPolicy:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # One thread: torch work from every event loop is serialised, and the loops never block on it.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrl-hf")
+        self._decode_thread: int | None = None
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="taskrl-hf", initializer=self._mark_decode_thread
+        )
         self._batchers: dict[int, _Batcher] = {}  # by id(loop): each event loop gets its own batcher
 
     @classmethod
@@ -157,6 +164,21 @@ class HFPolicy:
     def close(self) -> None:
         """Stop the decode thread; pending work finishes first."""
         self._executor.shutdown(wait=True)
+
+    def run_exclusive(self, work: Callable[[], T]) -> T:
+        """Run ``work`` on the decode thread between two decode batches and return its result (blocking).
+
+        For anything that touches the model while it may be sampling: a weight sync (no batch then mixes old and
+        new weights; batches read ``version`` when they start) and the learner's update of a shared model. It also
+        keeps all torch work of a training process on one OS thread: each thread that calls torch gets its own
+        OpenMP thread team, and two teams on few cores make decoding ~50% slower (benchmarks/RESULTS.md).
+        """
+        if threading.get_ident() == self._decode_thread:  # already on it: waiting for ourselves would deadlock
+            return work()
+        return self._executor.submit(work).result()
+
+    def _mark_decode_thread(self) -> None:
+        self._decode_thread = threading.get_ident()
 
     # -- the Policy protocol ---------------------------------------------------------------------
     async def generate(

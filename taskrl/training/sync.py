@@ -80,11 +80,11 @@ def rollout_copy(policy: HFPolicy) -> HFPolicy:
 def _on_decode_thread(policy: Any, work: Callable[[], None]) -> None:
     """Run ``work`` between two decode batches of an ``HFPolicy``: its single decode thread runs batches one at
     a time and reads ``version`` when a batch starts, so no batch ever mixes old and new weights."""
-    executor = getattr(policy, "_executor", None)
-    if executor is None:
+    run_exclusive = getattr(policy, "run_exclusive", None)
+    if run_exclusive is None:
         work()
     else:
-        executor.submit(work).result()
+        run_exclusive(work)
 
 
 class CopySync:
