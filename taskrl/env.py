@@ -55,6 +55,17 @@ class Env(Protocol):
     def reward(self, trajectory: Trajectory) -> Any: ...
 
 
+def step_hooks(env: Any, name: str) -> list[Callable[..., Any]]:
+    """``env.<name>`` and ``<name>`` of every object the env holds (its reward, its reward's terms): how a trainer
+    reaches optional hooks such as ``set_step(step, epoch)`` and ``finalize_group(group, task)``."""
+    hooks = []
+    for target in [env, *vars(env).values()] if hasattr(env, "__dict__") else [env]:
+        hook = getattr(target, name, None)
+        if callable(hook) and not isinstance(target, type):
+            hooks.append(hook)
+    return hooks
+
+
 async def maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 

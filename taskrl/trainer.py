@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, make, maybe_await
+from taskrl.env import Env, make, maybe_await, step_hooks
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import Policy, SamplingParams
@@ -154,7 +154,7 @@ class Trainer:
 
         def factory() -> Env:
             env = self.env_factory()
-            for target in _step_hooks(env, "set_step"):
+            for target in step_hooks(env, "set_step"):
                 target(step, epoch)
             return env
 
@@ -200,9 +200,9 @@ class Trainer:
             policy = self.expert if expert else self.policy
             factory = self.env_factory_at(step, epoch)
             trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
-        for hook in _step_hooks(self.probe, "set_step"):
+        for hook in step_hooks(self.probe, "set_step"):
             hook(step, epoch)
-        finalizers = _step_hooks(self.probe, "finalize_group") if rollout.group_size > 1 else []
+        finalizers = step_hooks(self.probe, "finalize_group") if rollout.group_size > 1 else []
         if finalizers:
             for group in _groups(trajectories).values():
                 task = self.tasks_by_id.get(group[0].task_id)
@@ -465,16 +465,6 @@ def train(config: TrainConfig, **kwargs: Any) -> list[dict[str, Any]]:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _step_hooks(env: Any, name: str) -> list[Callable[..., Any]]:
-    """``env.<name>`` and ``<name>`` of every object the env holds (its reward, its reward's terms)."""
-    hooks = []
-    for target in [env, *vars(env).values()] if hasattr(env, "__dict__") else [env]:
-        hook = getattr(target, name, None)
-        if callable(hook) and not isinstance(target, type):
-            hooks.append(hook)
-    return hooks
-
-
 def _groups(trajectories: Sequence[Trajectory], by: str = "group_id") -> dict[str, list[Trajectory]]:
     out: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 import torch
+from test_trainer_learning import ChatEnv, even_token_share  # the same trivially learnable task
 
-from taskrl.env import ToolEnv
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
 from taskrl.trainer import Trainer
 from taskrl.training.config import ConfigError, TrainConfig
-from taskrl.types import Task, Trajectory
+from taskrl.types import Trajectory
 
 
 def _config(tmp_path: Path, name: str = "run", **changes: Any) -> TrainConfig:
@@ -102,20 +102,6 @@ def test_async_needs_a_separate_rollout_policy(tmp_path: Path) -> None:
         _config(tmp_path, rollout_policy="vllm")
 
 
-class ChatEnv(ToolEnv):
-    """No tools; a turn without a tool call ends the episode (as in test_trainer_learning.py)."""
-
-    name = "chat"
-    system_prompt = "Talk."
-
-    def tasks(self, split: str = "train") -> list[Task]:
-        return [Task(f"t{i}", f"Say something about {w}.") for i, w in enumerate(("cats", "dogs", "tea", "rain"))]
-
-
-def even_token_share(step: int, trajectories: list[Trajectory]) -> None:
-    for t in trajectories:
-        ids = [tok for s in t.segments for tok, m in zip(s.token_ids, s.loss_mask, strict=True) if m]
-        t.rewards["even_tokens"] = sum(tok % 2 == 0 for tok in ids) / max(len(ids), 1)
 
 
 def test_async_grpo_still_learns(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taskrl.env import Env, make
+from taskrl.env import Env, make, step_hooks
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.types import Task, Trajectory
 
@@ -139,7 +139,7 @@ class RolloutActor:
 
         def env_at_step() -> Env:
             env = self.env_factory()
-            for hook in _step_hooks(env, "set_step"):
+            for hook in step_hooks(env, "set_step"):
                 hook(step, epoch)
             return env
 
@@ -357,17 +357,6 @@ def _default_policy_factory(config: TrainConfig) -> Callable[[], Policy]:
     api_key = os.environ.get(config.rollout_api_key_env) or None
     return functools.partial(OpenAIPolicy, config.rollout_url.rstrip("/"), config.rollout_model, api_key=api_key,
                              timeout_s=600.0)  # fmt: skip
-
-
-def _step_hooks(env: Any, name: str) -> list[Callable[..., Any]]:
-    """``env.<name>`` and ``<name>`` of every object the env holds: the rule of ``Trainer.env_factory_at``, repeated
-    here so that a worker with a served or scripted policy never imports the trainer (torch)."""
-    hooks = []
-    for target in [env, *vars(env).values()] if hasattr(env, "__dict__") else [env]:
-        hook = getattr(target, name, None)
-        if callable(hook) and not isinstance(target, type):
-            hooks.append(hook)
-    return hooks
 
 
 def _ids(jobs: Sequence[_Job]) -> list[str]:
