@@ -158,6 +158,17 @@ def test_server_lora_sync_end_to_end(
         full = reply["prompt_token_ids"] + sampled
         learner_logprobs = trainer.learner_policy.logprobs_of(full)[-len(sampled) :]
         assert served_logprobs == pytest.approx(learner_logprobs, abs=1e-4)
+
+        # Only the newest `keep` adapters stay loaded: the server does not grow by one model per update.
+        sync.keep = 1
+        sync(3)
+        served = httpx.get(server.base_url + "/models", trust_env=False).json()["data"]
+        assert {m["id"] for m in served} == {"tiny", sync.adapter_name(3)} and sync.loaded == [sync.adapter_name(3)]
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        for name in ("tiny", sync.adapter_name(1)):  # a base model is never unloaded; an unloaded adapter is gone
+            reply = httpx.post(server.base_url + "/unload_lora_adapter", json={"lora_name": name}, headers=admin,
+                               trust_env=False)  # fmt: skip
+            assert reply.status_code == 404, reply.text
     finally:
         trainer.close()
 

@@ -77,6 +77,14 @@ class LoadAdapterIn(BaseModel):
     """With ``model``: start a canary, switch at once, or shadow the new version."""
 
 
+class UnloadAdapterIn(BaseModel):
+    """vLLM's ``/v1/unload_lora_adapter`` body."""
+
+    model_config = {"extra": "forbid"}
+
+    lora_name: str = Field(min_length=1, max_length=256)
+
+
 class RouterActionIn(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -107,6 +115,13 @@ async def adapter_policy(base: Policy, name: str, path: str) -> Policy:
         return await asyncio.to_thread(build)
     except (OSError, ValueError) as exc:
         raise APIError(400, f"cannot load LoRA adapter from {path!r}: {exc}") from exc
+
+
+def adapters(state: Any) -> set[str]:
+    """Names of the models this server created by loading an adapter (the only ones it may unload)."""
+    if not hasattr(state, "adapters"):
+        state.adapters = set()
+    return state.adapters
 
 
 def add_deploy_routes(app: fastapi.FastAPI) -> None:
@@ -189,6 +204,7 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
             if body.lora_name in routers:
                 raise APIError(409, f"model {body.lora_name!r} is already served; pick another lora_name")
             routers[body.lora_name] = Router(body.lora_name, policy, state.config.router, on_decision=_log(state))
+            adapters(state).add(body.lora_name)
             return {"model": body.lora_name, "version": policy.version, "load_s": load_s}
         target = routers.get(body.model)
         if target is None:
@@ -204,6 +220,26 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         except RouterError as exc:
             raise APIError(409, str(exc)) from exc
         return {"model": body.model, "version": version, "load_s": load_s, "router": target.state()}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadAdapterIn, http: fastapi.Request) -> dict[str, Any]:
+        """Stop serving an adapter loaded as its own model; requests already running on it finish."""
+        admin(http)
+        if body.lora_name not in adapters(state):
+            raise APIError(404, f"no adapter named {body.lora_name!r} was loaded here (base models stay served)")
+        router = state.routers.pop(body.lora_name)
+        adapters(state).discard(body.lora_name)
+        # The policy is not closed: a request routed to it just before may still be decoding. Dropping the last
+        # reference frees the weights once it is done; a proxied upstream (vLLM) is told to unload its copy.
+        from taskrl.policies.openai import OpenAIPolicy
+
+        policy = router.policy(router.stable)
+        if isinstance(policy, OpenAIPolicy):
+            try:
+                await policy.unload_lora_adapter(body.lora_name)
+            except PolicyError as exc:
+                raise APIError(502, f"upstream could not unload the adapter: {exc}", "server_error") from exc
+        return {"model": body.lora_name, "unloaded": True}
 
     @app.get("/v1/router/{model}")
     async def router_state(model: str, http: fastapi.Request) -> dict[str, Any]:

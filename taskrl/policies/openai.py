@@ -130,6 +130,10 @@ class OpenAIPolicy:
         self.version += 1
         return self.version
 
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Ask the server to drop adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``); this policy is unchanged."""
+        await self._post("/unload_lora_adapter", {"lora_name": name})
+
     # -- HTTP ----------------------------------------------------------------------------------
     def _url(self, path: str) -> str:
         return self.base_url + path

@@ -9,6 +9,7 @@ rollout policy holds its own copy, so rollouts can run while the learner changes
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import secrets
 import shutil
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 ADAPTERS = "adapters"
 """Run-directory folder of the adapters pushed to a rollout server (``v{version}`` each)."""
+
+
+logger = logging.getLogger(__name__)
 
 
 class WeightSyncError(RuntimeError):
@@ -121,7 +125,9 @@ class ServerLoRASync:
 
     The adapter path must be readable by the server (same machine or shared storage), as with vLLM. Adapter
     names carry a per-sync random tag so a resumed run never collides with adapters an earlier run loaded.
-    Only the newest ``keep`` adapter directories stay on disk.
+    Only the newest ``keep`` adapter directories stay on disk and loaded on the server: older ones are unloaded
+    (``/v1/unload_lora_adapter``), so a long run does not grow the server by one model per update. Syncs run when
+    no rollout is in flight, and the previous adapter stays loaded for anything still holding its name.
     """
 
     def __init__(
@@ -148,6 +154,8 @@ class ServerLoRASync:
         self.keep = keep
         self.tag = secrets.token_hex(3)
         self.url = f"{policy.base_url}/load_lora_adapter"
+        self.unload_url = f"{policy.base_url}/unload_lora_adapter"
+        self.loaded: list[str] = []  # adapters this sync loaded and has not unloaded, oldest first
 
     def adapter_name(self, version: int) -> str:
         return f"{self.base_model}-{self.tag}-v{version}"
@@ -165,7 +173,18 @@ class ServerLoRASync:
         # Name first, then version: a request racing the switch is tagged older than its weights, never newer.
         self.policy.model = name
         self.policy.set_version(version)
+        self.loaded.append(name)
         self._prune(path)
+        self._unload_old()
+
+    def _unload_old(self) -> None:
+        """Unload adapters beyond the newest ``keep``; a failure only warns (the switch itself succeeded)."""
+        while len(self.loaded) > self.keep:
+            name = self.loaded.pop(0)
+            try:
+                self._post({"lora_name": name}, url=self.unload_url)
+            except WeightSyncError as exc:
+                logger.warning("could not unload adapter %s (it stays loaded on the server): %s", name, exc)
 
     def _save(self, version: int) -> Path:
         """The adapter of ``version``, written atomically (a killed run never leaves half an adapter to load)."""
@@ -179,18 +198,19 @@ class ServerLoRASync:
         os.replace(tmp, final)
         return final
 
-    def _post(self, body: dict[str, Any]) -> None:
+    def _post(self, body: dict[str, Any], *, url: str | None = None) -> None:
+        url = url or self.url
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            response = httpx.post(self.url, json=body, headers=headers, timeout=self.timeout_s)
+            response = httpx.post(url, json=body, headers=headers, timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             raise WeightSyncError(
-                f"weight sync to {self.url} failed ({type(exc).__name__}: {_one_line(str(exc))}); is the server up? "
+                f"weight sync to {url} failed ({type(exc).__name__}: {_one_line(str(exc))}); is the server up? "
                 "rollouts keep the previous adapter, the next sync retries"
             ) from exc
         if response.status_code >= 400:
             raise WeightSyncError(
-                f"weight sync to {self.url} failed: HTTP {response.status_code}: {_server_message(response)}; "
+                f"weight sync to {url} failed: HTTP {response.status_code}: {_server_message(response)}; "
                 "rollouts keep the previous adapter, the next sync retries"
             )
 
