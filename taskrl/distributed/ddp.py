@@ -1,9 +1,10 @@
 """The data-parallel learner: N processes, one torch.distributed group, one training run.
 
 ``taskrl train CONFIG --nproc N`` calls ``launch``: it starts N local processes (gloo on CPU, nccl on CUDA, one
-GPU per local rank) that each build a ``Trainer``. Every rank plays its contiguous share of each step's tasks
-(whole groups), all ranks see the gathered trajectories, and ``Learner`` all-reduces gradients through the
-``DataParallel`` object it is given. One process (``world == 1``) runs the same code with no communication.
+GPU per local rank) that each build a ``Trainer``; under ``torchrun`` (one node or several) each process it starts
+joins the group through the environment instead (``run_launched``). Every rank plays its contiguous share of each
+step's tasks (whole groups), all ranks see the gathered trajectories, and ``Learner`` all-reduces gradients
+through the ``DataParallel`` object it is given. One process (``world == 1``) runs the same code with no communication.
 """
 
 from __future__ import annotations
@@ -339,3 +340,31 @@ def launch(config: TrainConfig, console: Console | None = None) -> list[RankResu
     if console is not None:
         console.print(f"data-parallel learner: {config.nproc} processes, backend {backend}")
     return spawn(train_rank, config.nproc, (config,), backend=backend)
+
+
+def launched_world() -> int:
+    """WORLD_SIZE when an env:// launcher (torchrun) started this process as one rank of a group, else 1."""
+    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    return 1
+
+
+def run_launched(config: TrainConfig) -> RankResult:
+    """This process's rank of a group that torchrun started (rendezvous from RANK, WORLD_SIZE, MASTER_ADDR...)."""
+    from taskrl.training.config import ConfigError
+
+    world = launched_world()
+    if config.nproc not in (1, world):
+        raise ConfigError(
+            f"TrainConfig.nproc={config.nproc} but torchrun started {world} processes; under torchrun the "
+            "launcher sets the number of ranks: drop --nproc"
+        )
+    config = dataclasses.replace(config, nproc=world)  # validated again: nproc <= tasks_per_step and the rest
+    backend = resolve_backend(config.dist_backend, config.device)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        return train_rank(config)
+    finally:
+        dist.destroy_process_group()

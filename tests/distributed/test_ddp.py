@@ -5,6 +5,8 @@ rank 0 and end with equal weights; a failing rank stops the group; a bad nproc f
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
@@ -241,3 +243,25 @@ def test_a_failing_rank_stops_the_group_and_raises_its_error() -> None:
     snippet = "import os, torch.distributed as d\nif d.get_rank() == 1:\n    os._exit(3)\nd.barrier()"
     with pytest.raises(DistributedError, match="rank 1 of 2 exited with code 3 without a result"):
         spawn(exec, 2, (snippet,))
+
+
+def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
+    """`torchrun --nproc-per-node 2 -m taskrl.cli train ...`: each process joins through the environment (env://)
+    and the run is the same data-parallel run as --nproc 2: one metrics row per step, weights in sync."""
+    config = _train_config(tmp_path)
+    sets = {"run_dir": config.run_dir, "model": config.model, "device": "cpu", "env": "price", "finetune": "lora",
+            "lora_rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward", "kl_coef": 0.5, "tasks_per_step": 2,
+            "group_size": 2, "max_turns": 1, "max_new_tokens": 6, "checkpoint_every": 1, "progress": False}  # fmt: skip
+    args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "taskrl.cli", "train", *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("done: 2 steps run") == 1, run.stdout  # rank 0 speaks for the group
+    rows = read_metrics(Path(config.run_dir))
+    assert [row["step"] for row in rows] == [1, 2] and rows[-1]["charts/episodes"] == 4.0
+    assert (Path(config.run_dir) / "checkpoints" / "latest").read_text() == "step_000002"
+    # an nproc that contradicts the launcher fails at start on every rank, naming the field
+    other = ["--set", f"run_dir={json.dumps(str(tmp_path / 'bad'))}", "--set", "tasks_per_step=4", "--set", "nproc=3"]
+    bad = subprocess.run([*cmd, *other], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "TrainConfig.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout
