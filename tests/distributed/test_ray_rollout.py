@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -207,3 +208,40 @@ def test_cli_flags_and_lazy_import(tmp_path: Path) -> None:
     code = ("import sys, taskrl, taskrl.training.config, taskrl.distributed.ray_rollout, "
             "taskrl.distributed.ray_subagents; assert 'ray' not in sys.modules, 'ray imported eagerly'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ray_actors_sample_from_a_server_and_follow_its_adapters(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollout_policy=server with ray=true: the actors are OpenAIPolicy clients of a real `taskrl serve`; after an
+    update the adapter is pushed once and every actor switches to it, so their samples carry the new version."""
+    from taskrl.deploy.config import ServeConfig
+    from taskrl.deploy.server import ServerThread, create_app
+    from taskrl.policies.hf import HFPolicy
+
+    served = HFPolicy.from_pretrained(model_dir, device="cpu")
+    server = ServerThread(create_app({"tiny": served}, config=ServeConfig(admin_keys=("admin",))))
+    server.start()
+    monkeypatch.setenv("TASKRL_ROLLOUT_API_KEY", "admin")
+    config = config_for(model_dir, tmp_path, finetune="lora", freeze=[], rollout_policy="server",
+                        rollout_url=server.base_url, rollout_model="tiny", steps=2, sft_warmup_steps=1,
+                        tasks_per_step=2, max_new_tokens=6, checkpoint_every=0)  # fmt: skip
+    trainer = Trainer(config)
+    try:
+        trainer.train()
+        sync = trainer.weight_sync.local  # the server push; RaySync then points the actors at its adapter
+        trajectories = read_trajectories(Path(config.run_dir))
+        assert {s.policy_version for t in trajectories[1] for s in t.segments} == {0}  # SFT step: the base model
+        assert {s.policy_version for t in trajectories[2] for s in t.segments} == {1}  # played by the actors
+        version = trainer.learner.version  # 1, or 2 when step 2's groups had a reward spread to learn from
+        assert version >= 1 and trainer.ray_rollout.version == version
+        assert trainer.policy.model == sync.adapter_name(version)
+        served_ids = {m["id"] for m in httpx.get(server.base_url + "/models", trust_env=False).json()["data"]}
+        assert served_ids == {"tiny"} | {sync.adapter_name(v) for v in range(1, version + 1)}
+        # the actors' step-2 requests went to the server, to adapter v1 (the SFT step was played by the expert)
+        metrics = httpx.get(server.url + "/metrics", trust_env=False).text
+        assert f'taskrl_requests_total{{model="{sync.adapter_name(1)}"' in metrics, metrics
+    finally:
+        trainer.close()
+        server.stop()
+        served.close()
