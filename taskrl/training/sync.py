@@ -182,9 +182,9 @@ class ServerLoRASync:
         while len(self.loaded) > self.keep:
             name = self.loaded.pop(0)
             try:
-                self._post({"lora_name": name}, url=self.unload_url)
+                self._post({"lora_name": name}, url=self.unload_url, then=f"adapter {name} stays loaded on the server")
             except WeightSyncError as exc:
-                logger.warning("could not unload adapter %s (it stays loaded on the server): %s", name, exc)
+                logger.warning("%s", exc)  # the switch to the new adapter succeeded: only memory is at stake
 
     def _save(self, version: int) -> Path:
         """The adapter of ``version``, written atomically (a killed run never leaves half an adapter to load)."""
@@ -198,20 +198,25 @@ class ServerLoRASync:
         os.replace(tmp, final)
         return final
 
-    def _post(self, body: dict[str, Any], *, url: str | None = None) -> None:
+    def _post(
+        self,
+        body: dict[str, Any],
+        *,
+        url: str | None = None,
+        then: str = "rollouts keep the previous adapter, the next sync retries",
+    ) -> None:
+        """POST ``body``; any failure is a one-line ``WeightSyncError`` naming the URL and ``then`` (what happens)."""
         url = url or self.url
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             response = httpx.post(url, json=body, headers=headers, timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             raise WeightSyncError(
-                f"weight sync to {url} failed ({type(exc).__name__}: {_one_line(str(exc))}); is the server up? "
-                "rollouts keep the previous adapter, the next sync retries"
+                f"weight sync to {url} failed ({type(exc).__name__}: {_one_line(str(exc))}); is the server up? {then}"
             ) from exc
         if response.status_code >= 400:
             raise WeightSyncError(
-                f"weight sync to {url} failed: HTTP {response.status_code}: {_server_message(response)}; "
-                "rollouts keep the previous adapter, the next sync retries"
+                f"weight sync to {url} failed: HTTP {response.status_code}: {_server_message(response)}; {then}"
             )
 
     def _prune(self, current: Path) -> None:
