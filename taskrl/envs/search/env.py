@@ -26,7 +26,7 @@ from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.reward import PRUNE_TOOL, EpisodeRecord, GroundTruth, RewardConfig, SearchReward
 from taskrl.envs.search.search import HybridSearcher, fit_budget
 from taskrl.envs.search.store import CorpusStore
-from taskrl.tools import tool
+from taskrl.tools import call_budget, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
 SYSTEM_PROMPT = """\
@@ -93,6 +93,8 @@ class SearchEnvConfig:
     """Hard limit as a share of T, in [0.5, 1]: beyond it only prune_chunks runs."""
     grep_limit: int = 5
     """Most chunks one grep_corpus call returns."""
+    grep_budget_s: float = 10.0
+    """Most seconds one grep_corpus scan may take over the whole corpus (a slow pattern is stopped, not left)."""
     test_every: int = 5
     """Every n-th task (by a stable hash of its id) is in the "test" split, the rest in "train"."""
     device: str = "auto"
@@ -114,6 +116,8 @@ class SearchEnvConfig:
             )
         if self.grep_limit < 1 or self.test_every < 2:
             raise ValueError("SearchEnvConfig.grep_limit must be >= 1 and test_every >= 2")
+        if not 0 < self.grep_budget_s <= 600:
+            raise ValueError(f"SearchEnvConfig.grep_budget_s must be in (0, 600] seconds, got {self.grep_budget_s}")
         if isinstance(self.reward, dict):  # from a YAML/JSON config
             self.reward = RewardConfig(**self.reward)
 
@@ -325,7 +329,14 @@ class SearchEnv(ToolEnv):
         Args:
             pattern: a regular expression, e.g. "dump\\w*\\(" or "(?i)json decoder".
         """
-        found = self.store.grep(pattern, exclude=self._excluded(), limit=self.config.grep_limit)
+        budget = call_budget()  # the tool call's deadline and stop flag: a timed-out grep ends its scan
+        found = self.store.grep(
+            pattern,
+            exclude=self._excluded(),
+            limit=self.config.grep_limit,
+            budget_s=min(self.config.grep_budget_s, budget.remaining()) if budget else self.config.grep_budget_s,
+            should_stop=(lambda: budget.stopped) if budget else None,
+        )
         kept, skipped = fit_budget(found, self._room())
         note = f"\n({skipped} more matching chunks did not fit in the budget.)" if skipped else ""
         return self._render(self._claim(kept), f"No new chunk matches {pattern!r}.") + note
@@ -360,9 +371,10 @@ class SearchEnv(ToolEnv):
         with self._lock:
             unknown = [i for i in dict.fromkeys(chunk_ids) if i not in self.seen]
             if unknown:
+                more = f" and {len(unknown) - 20:,} more" if len(unknown) > 20 else ""
+                named = ", ".join(i[:80] for i in unknown[:20]) + more
                 raise UnknownChunksError(
-                    f"unknown chunk ids: {', '.join(unknown)}; prune only ids of chunks shown in this task "
-                    "(nothing was pruned)"
+                    f"unknown chunk ids: {named}; prune only ids of chunks shown in this task (nothing was pruned)"
                 )
             new = [i for i in dict.fromkeys(chunk_ids) if i not in self.pruned]
             self.pruned.update(new)

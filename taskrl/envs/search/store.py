@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +49,10 @@ class CorpusStoreError(ValueError):
 
 class InvalidPatternError(ValueError):
     """``grep`` got a pattern that is not a valid regular expression."""
+
+
+class GrepStoppedError(InvalidPatternError):
+    """``grep`` ran out of its total time budget, or its caller stopped it, before the scan finished."""
 
 
 @dataclass
@@ -368,27 +374,48 @@ class CorpusStore:
         return {i: np.asarray(e, dtype=np.float32) for i, e in zip(got["ids"], got["embeddings"], strict=True)}
 
     def grep(
-        self, pattern: str, *, exclude: set[str] | frozenset[str] = frozenset(), limit: int = 5, timeout_s: float = 2.0
+        self,
+        pattern: str,
+        *,
+        exclude: set[str] | frozenset[str] = frozenset(),
+        limit: int = 5,
+        timeout_s: float = 2.0,
+        budget_s: float | None = 10.0,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[Chunk]:
         """Chunks whose text matches the regex ``pattern`` (first ``limit`` in corpus order, ``exclude`` skipped).
 
-        Uses the ``regex`` module with a per-chunk timeout, so a pathological pattern cannot hang the caller.
+        Uses the ``regex`` module with a per-chunk timeout, and a total budget over the whole scan: between
+        chunks the scan checks its deadline and ``should_stop`` (the tool call's stop flag), so a slow pattern
+        that stays under the per-chunk limit still ends. Either way ``GrepStoppedError`` names how far it got.
         """
         try:
             compiled = regex.compile(pattern)
-        except (regex.error, TypeError, ValueError) as e:
+        except (regex.error, TypeError, ValueError, OverflowError, RecursionError) as e:
             raise InvalidPatternError(f"invalid regular expression {pattern!r}: {e}") from None
+        deadline = time.monotonic() + budget_s if budget_s is not None else math.inf
         found: list[Chunk] = []
+        scanned = 0
         with self._db() as db:
+            total = int(db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
             for row in db.execute("SELECT * FROM chunks ORDER BY doc_id, position"):
                 if row[0] in exclude:
                     continue
+                left = deadline - time.monotonic()
+                if left <= 0 or (should_stop is not None and should_stop()):
+                    raise GrepStoppedError(
+                        f"grep stopped: {pattern!r} scanned {scanned:,} of {total:,} chunks within its "
+                        f"{budget_s:g}s budget; use a simpler pattern"
+                    )
                 try:
-                    hit = compiled.search(row[3], timeout=timeout_s, concurrent=True)
+                    hit = compiled.search(row[3], timeout=min(timeout_s, left), concurrent=True)
                 except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        continue  # reported by the budget check above, with the progress made
                     raise InvalidPatternError(
                         f"regular expression {pattern!r} took over {timeout_s:g}s on one chunk; simplify it"
                     ) from None
+                scanned += 1
                 if hit:
                     found.append(Chunk(*row))
                     if len(found) >= limit:
