@@ -86,6 +86,12 @@ def _chroma_client(path: Path, chroma_url: str | None) -> Any:
     return client
 
 
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
 class CorpusStore:
     """One corpus: add documents, then query it densely, lexically, by id, by document or by regex."""
 
@@ -114,6 +120,11 @@ class CorpusStore:
                 )
             if chroma_url and manifest.get("chroma_url") not in (None, chroma_url):
                 raise CorpusStoreError(f"{self.path} lives on the Chroma server {manifest['chroma_url']}")
+            if manifest.get("building") and not create:
+                raise CorpusStoreError(
+                    f"{self.path} is an unfinished build (it stopped before the end); rerun "
+                    f"`taskrl corpus build SOURCE --out {self.path}` to finish it (finished work is kept)"
+                )
         elif create:
             self.path.mkdir(parents=True, exist_ok=True)
             manifest = {
@@ -123,7 +134,7 @@ class CorpusStore:
                 "chroma_url": chroma_url,
                 "collection": collection or "taskrl-chunks",
             }
-            manifest_path.write_text(json.dumps(manifest, indent=2))
+            _write_json_atomic(manifest_path, manifest)
         else:
             raise CorpusStoreError(
                 f"no corpus at {self.path}; build one with `taskrl corpus build SOURCE --out {self.path}`"
@@ -142,6 +153,14 @@ class CorpusStore:
         self._bm25_lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)
+
+    def set_building(self, building: bool) -> None:
+        """Mark the corpus as an unfinished build (readers refuse it, builders resume it) or as finished."""
+        if building:
+            self.manifest["building"] = True
+        else:
+            self.manifest.pop("building", None)
+        _write_json_atomic(self.path / "manifest.json", self.manifest)
 
     # -- plumbing -----------------------------------------------------------------------------------
     @contextmanager
