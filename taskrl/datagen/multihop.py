@@ -17,13 +17,14 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from taskrl.datagen.bridges import ID_NORMALISATIONS, ID_TOKEN_RE, MASK, TOKEN_EDGE, BridgeIndex
 from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.base import Policy, SamplingParams
@@ -45,94 +46,6 @@ _COMMON_WORDS = (
     "modules never false true none error errors raise raised following example specified optional"
 )
 _COMMON = frozenset(_COMMON_WORDS.split())
-MASK = "[X{}]"
-ID_TOKEN_RE = re.compile(r"[\w.:/+\-@~=]+")
-"""A maximal run of document-id characters: the unit bridges are matched in (exact tokens, never substrings)."""
-_TOKEN_EDGE = ".:/-,"
-"""Sentence punctuation that may cling to an id token ("see pkg:a-b." names ``pkg:a-b``)."""
-ID_NORMALISATIONS = ("exact", "casefold", "separators")
-"""How an id token in text is compared with document ids: as is, case-insensitively, or also with every run of
-``-``, ``_`` and ``.`` treated as one separator (PEP 503-style, ``Foo_Bar`` names ``foo-bar``)."""
-
-
-def id_normaliser(mode: str) -> Callable[[str], str]:
-    """The function that maps an id (or a token of text) to the form bridges are compared in."""
-    if mode == "exact":
-        return str
-    if mode == "casefold":
-        return str.casefold
-    if mode == "separators":
-        return lambda text: re.sub(r"[-_.]+", "-", text.casefold())
-    raise ValueError(f"id normalisation must be one of {', '.join(ID_NORMALISATIONS)}, got {mode!r}")
-
-
-def _token_variants(token: str) -> list[str]:
-    """The token, then without clinging punctuation at the end, then at both ends (first that names an id wins)."""
-    return list(dict.fromkeys(v for v in (token, token.rstrip(_TOKEN_EDGE), token.strip(_TOKEN_EDGE)) if v))
-
-
-class BridgeIndex:
-    """Document ids by normalised form: which ids a text mentions as whole tokens, in time linear in the text.
-
-    Ids that collide after normalisation (``a_b`` and ``a-b`` under ``separators``) are ambiguous and never
-    bridge; ``ambiguous`` lists them so the report can say so.
-    """
-
-    def __init__(self, doc_ids: Iterable[str], normalisation: str = "casefold") -> None:
-        self.normalisation = normalisation
-        self.normalise = id_normaliser(normalisation)
-        by_key: dict[str, str] = {}
-        ambiguous: set[str] = set()
-        for doc_id in doc_ids:
-            key = self.normalise(doc_id)
-            if by_key.setdefault(key, doc_id) != doc_id:
-                ambiguous.add(key)
-        for key in ambiguous:
-            del by_key[key]
-        self.by_key = by_key
-        self.ambiguous = sorted(ambiguous)
-
-    def resolve(self, token: str) -> str | None:
-        """The document a token of text names, or None."""
-        for variant in _token_variants(token):
-            doc_id = self.by_key.get(self.normalise(variant))
-            if doc_id is not None:
-                return doc_id
-        return None
-
-    def spans(self, text: str) -> Iterator[tuple[int, int, str]]:
-        """``(start, end, doc_id)`` of every id token in ``text`` (the span covers the id, not its punctuation)."""
-        for match in ID_TOKEN_RE.finditer(text):
-            token = match.group()
-            for variant in _token_variants(token):
-                doc_id = self.by_key.get(self.normalise(variant))
-                if doc_id is not None:
-                    start = match.start() + token.index(variant)
-                    yield start, start + len(variant), doc_id
-                    break
-
-    def mentioned(self, text: str) -> set[str]:
-        return {doc_id for _, _, doc_id in self.spans(text)}
-
-    def mask(self, text: str, doc_id: str, index: int) -> str:
-        """``text`` with every whole-token mention of ``doc_id`` replaced by ``[X{index}]``."""
-        out, last = [], 0
-        for start, end, found in self.spans(text):
-            if found == doc_id:
-                out += [text[last:start], MASK.format(index)]
-                last = end
-        return "".join(out) + text[last:]
-
-    def mentions(self, sentences: dict[str, list[str]]) -> dict[str, list[tuple[str, str]]]:
-        """For each document, the ``(source document, sentence)`` pairs of other documents that mention it."""
-        found: dict[str, list[tuple[str, str]]] = {}
-        for source, texts in sentences.items():
-            for sentence in dict.fromkeys(texts):
-                for target in sorted(self.mentioned(sentence) - {source}):
-                    found.setdefault(target, []).append((source, sentence))
-        return found
-
-
 def normalize(text: str) -> str:
     """Whitespace collapsed and pydoc's ``|`` class gutter removed: the form quotes are matched in."""
     return " ".join(_GUTTER_RE.sub(" ", text).split())
@@ -340,7 +253,7 @@ class _CorpusIndex:
     def answer_terms(self, doc_id: str, sentence: str, config: GenerationConfig) -> list[str]:
         """Rare words of ``sentence`` that are whole tokens (not part of an id such as ``pkg:word-x``)."""
         terms = []
-        whole = {m.group().strip(_TOKEN_EDGE) for m in ID_TOKEN_RE.finditer(sentence)}
+        whole = {m.group().strip(TOKEN_EDGE) for m in ID_TOKEN_RE.finditer(sentence)}
         for term in dict.fromkeys(_TERM_RE.findall(sentence)):
             low = term.lower()
             if term not in whole or low in _COMMON or self.bridges.resolve(term) or self.df[low] > config.max_answer_df:
@@ -552,19 +465,31 @@ def read_tasks(path: str | Path) -> list[Task]:
     return tasks
 
 
+class TooFewTasksError(ValueError):
+    """Generation kept no task, or fewer than ``--strict`` demands (printed as one line, exit code 2)."""
+
+
 def multihop_command(
     corpus: Annotated[Path, typer.Option(help="corpus directory from `taskrl corpus build`")],
     n: Annotated[int, typer.Option(help="tasks to keep")] = 64,
     out: Annotated[Path | None, typer.Option(help="tasks JSONL (default: CORPUS/tasks.jsonl)")] = None,
     seed: Annotated[int, typer.Option(help="seed of every random choice")] = 0,
     hops: Annotated[str, typer.Option(help="difficulties (hops) to cycle through, e.g. 1,2,3")] = "1,2,3",
+    id_normalisation: Annotated[
+        str, typer.Option(help="how id tokens in text match document ids: exact, casefold or separators (-_. alike)")
+    ] = "casefold",
+    strict: Annotated[bool, typer.Option(help="fail (exit 2, nothing written) unless all --n tasks are kept")] = False,
     generator: Annotated[str, typer.Option(help="extractive (rules, CPU, no model) or llm (a policy)")] = "extractive",
     policy: Annotated[str, typer.Option(help="llm generator: hf or openai")] = "openai",
     model: Annotated[str, typer.Option(help="llm generator: model name or 'smollm2'")] = "smollm2",
     base_url: Annotated[str | None, typer.Option(help="llm generator with openai: server URL incl. /v1")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: API key")] = None,
 ) -> None:
-    """Generate verified multi-hop search tasks (JSONL) from a corpus; failed tasks are dropped and counted."""
+    """Generate verified multi-hop search tasks (JSONL) from a corpus; failed tasks are dropped and counted.
+
+    Keeping no task is an error (nothing is written); keeping fewer than --n prints a warning with the reasons
+    (an error with --strict).
+    """
     import asyncio
 
     from rich.console import Console
@@ -575,7 +500,7 @@ def multihop_command(
         hop_values = tuple(int(h) for h in hops.split(","))
     except ValueError:
         raise ValueError(f"--hops must be comma-separated integers such as 1,2,3, got {hops!r}") from None
-    config = GenerationConfig(n=n, seed=seed, hops=hop_values)
+    config = GenerationConfig(n=n, seed=seed, hops=hop_values, id_normalisation=id_normalisation)
     store = CorpusStore(corpus)
     if generator == "extractive":
         tasks, report = ExtractiveGenerator(store, config).generate()
@@ -584,9 +509,23 @@ def multihop_command(
         tasks, report = asyncio.run(LLMGenerator(store, llm, config).agenerate())
     else:
         raise ValueError(f"--generator must be 'extractive' or 'llm', got {generator!r}")
+    reasons = ", ".join(f"{k}: {v}" for k, v in report.dropped.most_common(5)) or "none"
+    bridges = (
+        f"id normalisation {report.id_normalisation}, {report.bridge_sources} bridge sentences"
+        + (f", {len(report.ambiguous_ids)} ambiguous ids" if report.ambiguous_ids else "")
+    )
+    if not tasks or (strict and len(tasks) < n):
+        raise TooFewTasksError(
+            f"kept {report.kept} of {n} tasks, nothing written ({bridges}; dropped: {reasons}); try other --hops, "
+            "a larger corpus, or --id-normalisation separators if ids are written differently in the text"
+        )
     path = write_tasks(tasks, out or corpus / "tasks.jsonl")
     by_hops = ", ".join(f"{h} hops: {c}" for h, c in sorted(Counter(t.info["difficulty"] for t in tasks).items()))
-    Console().print(
-        f"kept {report.kept}/{report.requested} tasks ({by_hops}); dropped: {dict(report.dropped) or 'none'}; "
-        f"written to {path}"
-    )
+    dropped = dict(report.dropped) or "none"
+    Console().print(f"kept {report.kept}/{report.requested} tasks ({by_hops}); {bridges}; dropped: {dropped}; "
+                    f"written to {path}")  # fmt: skip
+    if len(tasks) < n:
+        Console(stderr=True).print(
+            f"[yellow]warning:[/yellow] only {len(tasks)} of the {n} requested tasks were kept (most dropped: "
+            f"{reasons}); pass --strict to make this an error"
+        )
