@@ -60,7 +60,10 @@ class BridgeIndex:
 
     def resolve(self, token: str) -> str | None:
         """The document a token of text names, or None."""
-        for variant in _token_variants(token):
+        doc_id = self.by_key.get(self.normalise(token))
+        if doc_id is not None or not (token[:1] in TOKEN_EDGE or token[-1:] in TOKEN_EDGE):
+            return doc_id
+        for variant in _token_variants(token)[1:]:
             doc_id = self.by_key.get(self.normalise(variant))
             if doc_id is not None:
                 return doc_id
@@ -68,10 +71,17 @@ class BridgeIndex:
 
     def spans(self, text: str) -> Iterator[tuple[int, int, str]]:
         """``(start, end, doc_id)`` of every id token in ``text`` (the span covers the id, not its punctuation)."""
+        by_key, normalise = self.by_key, self.normalise
         for match in ID_TOKEN_RE.finditer(text):
             token = match.group()
-            for variant in _token_variants(token):
-                doc_id = self.by_key.get(self.normalise(variant))
+            doc_id = by_key.get(normalise(token))
+            if doc_id is not None:  # the common case: no punctuation clings to the token
+                yield match.start(), match.end(), doc_id
+                continue
+            if not (token[0] in TOKEN_EDGE or token[-1] in TOKEN_EDGE):
+                continue
+            for variant in _token_variants(token)[1:]:
+                doc_id = by_key.get(normalise(variant))
                 if doc_id is not None:
                     start = match.start() + token.index(variant)
                     yield start, start + len(variant), doc_id

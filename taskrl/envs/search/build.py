@@ -25,7 +25,7 @@ from taskrl.envs.search.store import CorpusStore, IngestStats
 DEFAULT_SOURCE = "stdlib"
 DEFAULT_CORPUS_NAME = "stdlib-v1"
 DEFAULT_TASKS = 64
-DEFAULT_TASKS_VERSION = 2
+DEFAULT_TASKS_VERSION = 3
 """Bumped when the generator changes, so cached default corpora get fresh tasks (the corpus itself is kept)."""
 TASKS_FILE = "tasks.jsonl"
 _DONE_MARKER = "taskrl_default_done.json"
