@@ -14,10 +14,10 @@ from taskrl.envs.search.env import (
     SearchEnv,
     SearchEnvConfig,
     aggregate_metrics,
-    clue_pattern,
     parse_output_docs,
     prune_view,
 )
+from taskrl.envs.search.expert import clue_pattern
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.models import smollm2_tokenizer
 from taskrl.policies.scripted import ScriptedPolicy
