@@ -24,7 +24,14 @@ from typing import Any
 from taskrl.env import ToolEnv
 from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.expert import expert_rule
-from taskrl.envs.search.reward import PRUNE_TOOL, EpisodeRecord, GroundTruth, RewardConfig, SearchReward
+from taskrl.envs.search.reward import (
+    PRUNE_TOOL,
+    EpisodeRecord,
+    GroundTruth,
+    RewardConfig,
+    SearchReward,
+    check_field_types,
+)
 from taskrl.envs.search.search import HybridSearcher, fit_budget
 from taskrl.envs.search.store import CorpusStore
 from taskrl.tools import call_budget, tool
@@ -123,6 +130,11 @@ class SearchEnvConfig:
     """Weights, penalties, floor and β schedule of the reward."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.reward, dict):  # from a YAML/JSON config (unknown keys: a TypeError naming them)
+            self.reward = RewardConfig(**self.reward)
+        if not isinstance(self.reward, RewardConfig):
+            raise ValueError(f"SearchEnvConfig.reward must be a dict of RewardConfig fields, got {self.reward!r:.80}")
+        check_field_types(self)
         if self.context_budget is not None and self.context_budget < 256:
             raise ValueError(f"SearchEnvConfig.context_budget must be >= 256 or None, got {self.context_budget}")
         if self.per_call_budget < 16:
@@ -138,8 +150,6 @@ class SearchEnvConfig:
             raise ValueError("SearchEnvConfig.grep_limit must be >= 1 and test_every >= 2")
         if not 0 < self.grep_budget_s <= 600:
             raise ValueError(f"SearchEnvConfig.grep_budget_s must be in (0, 600] seconds, got {self.grep_budget_s}")
-        if isinstance(self.reward, dict):  # from a YAML/JSON config
-            self.reward = RewardConfig(**self.reward)
 
     @classmethod
     def seed_preset(cls, **overrides: Any) -> SearchEnvConfig:

@@ -19,6 +19,7 @@ that is not the task's; ``verifier_disagrees``: most listed documents support no
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,21 @@ from taskrl.envs.search.corpus import doc_id_of
 from taskrl.rewards.formulas import f_beta
 
 PRUNE_TOOL = "prune_chunks"
+_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def check_field_types(config: Any) -> None:
+    """A ``ValueError`` naming ``Class.field`` when a value from JSON/YAML has the wrong simple type."""
+    for f in dataclasses.fields(config):
+        kinds = str(f.type).split(" | ")
+        value = getattr(config, f.name)
+        allowed = tuple(t for k in kinds for t in _SIMPLE_TYPES.get(k, ()))
+        if not allowed or (value is None and "None" in kinds):
+            continue
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ValueError(
+                f"{type(config).__name__}.{f.name} must be {f.type}, got {type(value).__name__} {value!r:.80}"
+            )
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,7 @@ class RewardConfig:
     flagged ``verifier_disagrees`` (the reward-hacking monitor reads it); it does not change the reward."""
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name in ("f_beta_weight", "trajectory_recall_weight", "answer_found_bonus", "prune_penalty",
                      "prune_penalty_cap", "turn_penalty_max", "floor", "answer_weight"):  # fmt: skip
             value = getattr(self, name)
