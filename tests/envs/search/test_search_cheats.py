@@ -138,10 +138,11 @@ def test_every_cheat_scores_below_the_expert_and_is_flagged(
     assert all(t.error is None and t.terminated for t in honest)
     assert all(t.metrics["search/output_recall"] == 1.0 for t in honest)  # ids with - : + are resolved
     honest_scores = _mean_rewards(namespaced_corpus, honest, reward)
-    monitors = Monitors(log_alerts=False)
+    tool_names = SearchEnv(corpus=str(namespaced_corpus.path), reward=reward).tools.names
+    monitors = Monitors(tool_names=tool_names, log_alerts=False)
     metrics, alerts = monitors.check(0, honest)
     assert metrics["monitor/reward_hacking"] == 0.0
-    assert not [a for a in alerts if a.monitor == "reward_hacking"], alerts
+    assert alerts == []  # the expert raises no alert of any monitor
     assert all(failed_checks(t, monitors.config) == [] for t in honest)
     for name, rule in cheats.items():
         played = _play(namespaced_corpus, rule, reward)

@@ -78,6 +78,13 @@ async def test_bad_calls_become_error_results(env: SearchEnv) -> None:
     assert "nothing was pruned" in bad_prune.content and env.pruned == set()
 
 
+async def test_a_prune_of_100k_unknown_ids_gets_a_short_error(env: SearchEnv) -> None:
+    ids = [f"no-such-doc-{i}#0" for i in range(100_000)]
+    (result,), *_ = await env.step(calls(("prune_chunks", {"chunk_ids": ids})))
+    assert result.is_error and "no-such-doc-0#0" in result.content and "and 99,980 more" in result.content
+    assert len(result.content) < 3000 and env.pruned == set()
+
+
 async def test_prune_replaces_chunks_in_the_view_but_keeps_them_in_the_record(env: SearchEnv) -> None:
     (found,), *_ = await env.step(calls(("search_corpus", {"query": "whalefat lamp"})))
     ids = chunk_ids(found.content)
