@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,8 +89,10 @@ SLOW_FUZZY = r"(?:the (?:\w+ ){0,6}quillstamp archive warden ledger){e<=3}"
 def test_grep_stops_at_its_total_budget_and_on_request(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.ingest([Document(f"d{i}", f"Plain text number {i} about harbors and ships. " * 20) for i in range(40)])
-    with pytest.raises(GrepStoppedError, match=r"scanned \d+ of \d+ chunks within its 0.3s budget"):
+    with pytest.raises(GrepStoppedError, match=r"scanned \d+ of \d+ chunks within its 0.3s budget") as stopped:
         store.grep(SLOW_FUZZY, budget_s=0.3)
+    scanned, total = map(int, re.search(r"scanned (\d+) of (\d+)", str(stopped.value)).groups())
+    assert scanned < total  # it stopped part-way instead of scanning on
     with pytest.raises(GrepStoppedError, match="scanned 0 of"):
         store.grep("ships", should_stop=lambda: True)
     assert len(store.grep("ships", budget_s=30)) == 5  # a fast pattern is unaffected
