@@ -87,6 +87,11 @@ def test_rollout_eval_and_env_check_on_the_users_own_corpus(tmp_path: Path) -> N
 
 
 def test_bad_env_kwargs_are_one_line_naming_the_field(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from taskrl.cli import app
+    from taskrl.cli_options import EnvOptionsError
+
     cases = {
         ("--env-kwargs", "{not json"): "--env-kwargs is not valid JSON",
         ("--env-kwargs", "[1, 2]"): "--env-kwargs must be a JSON object",
@@ -95,9 +100,11 @@ def test_bad_env_kwargs_are_one_line_naming_the_field(tmp_path: Path) -> None:
         ("--corpus", str(tmp_path / "nowhere")): "no corpus at",
     }
     for i, (args, fix) in enumerate(cases.items()):
-        run = taskrl("rollout", "--env", "search", "--policy", "scripted", *args, "--out", str(tmp_path / f"{i}.jsonl"))
-        assert run.returncode == 2, (args, run.stdout, run.stderr)
-        lines = [line for line in run.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error:") and fix in lines[0], (args, run.stderr)
-    shop = taskrl("env", "check", "shop", "--env-kwargs", '{"colour": "red"}')
-    assert shop.returncode == 2 and "--env-kwargs for env 'shop'" in shop.stderr and "colour" in shop.stderr
+        out = tmp_path / f"{i}.jsonl"
+        run = CliRunner().invoke(app, ["rollout", "--env", "search", "--policy", "scripted", *args, "--out", str(out)])
+        assert isinstance(run.exception, EnvOptionsError) and fix in str(run.exception), (args, run.exception)
+        assert not out.exists()  # it failed before writing anything
+    shop = taskrl("env", "check", "shop", "--env-kwargs", '{"colour": "red"}')  # through main(): one line, exit 2
+    lines = [line for line in shop.stderr.splitlines() if line.strip()]
+    assert shop.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --env-kwargs for env 'shop'")
+    assert "colour" in lines[0]
