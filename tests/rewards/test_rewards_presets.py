@@ -58,8 +58,8 @@ def swarm(n: int, *, parallel: bool, answer: str = "x", critical: float | None =
     """n children with distinct answers, launched in one turn (parallel) or one per turn; the wall-clock run
     intervals are for seed_weighted's ``ParallelCredit``."""
     kids = [
-        Trajectory(info={"turn": 0 if parallel else i, "final_answer": f"part {i}", "started_at": 0.0 if parallel else i,
-                         "ended_at": 1.0 if parallel else i + 1})  # fmt: skip
+        Trajectory(info={"turn": 0 if parallel else i, "final_answer": f"part {i}",
+                         "started_at": 0.0 if parallel else i, "ended_at": 1.0 if parallel else i + 1})  # fmt: skip
         for i in range(n)
     ]
     traj = Trajectory(task_id="q", children=kids, info={"final_answer": answer}, terminated=True)

@@ -60,9 +60,12 @@ def judge_children(task: Task, final_answer: str | None, turns: Sequence[Sequenc
             answer = "" if child.error is not None else normalize_answer(child.final_answer)
             trivial = is_trivial(answer)
             row = target_row(str(child.info.get("task", "")), questions)
-            filled = None if trivial else next((k for k in sorted(right, key=int) if _contains(answer, gold[k])), None)
+            matches = [] if trivial else [k for k in sorted(right, key=int) if _contains(answer, gold[k])]
+            filled = matches[0] if matches else None
             useful = filled is not None and filled not in solved
-            duplicate = row is not None and (row in asked or row in solved_before) or (filled is not None and not useful)
+            duplicate = (
+                row is not None and (row in asked or row in solved_before) or (filled is not None and not useful)
+            )
             decoy = not useful and (row is None or duplicate)
             child.info.update({"row": row, "useful": useful, "subtask": filled if useful else None,
                                "duplicate": duplicate, "decoy": decoy, "trivial": trivial})  # fmt: skip
