@@ -53,7 +53,7 @@ def helper(*, weak: bool = False) -> Any:
             return format_tool_call("noop", {})
         if "Reply exactly:" in text:
             return text.split("Reply exactly:")[1].strip()
-        for k, (question, answer) in enumerate(GOLD.items()):
+        for question, answer in GOLD.items():
             if question in text:
                 good = not weak or any(question.count(n) for n in NAMES[:2])
                 return f"ANSWER: {answer if good else 'unknown'}"
