@@ -91,7 +91,8 @@ def test_timed_out_helpers_count_the_steps_they_ran(wide_tasks_path: str, swarm_
 
 def test_one_sub_agent_runs_one_task_at_a_time(wide_tasks_path: str, swarm_corpus: Any) -> None:
     config = SwarmEnvConfig(tasks=wide_tasks_path, corpus=str(swarm_corpus.path), max_subagents=1)
-    env = SwarmEnv(config, subagent_policy=ScriptedPolicy(search_then_answer), subagent_env_factory=lambda: make("noop"))
+    helper = ScriptedPolicy(search_then_answer)
+    env = SwarmEnv(config, subagent_policy=helper, subagent_env_factory=lambda: make("noop"))
     create = format_tool_call("create_subagent", {"name": "h", "system_prompt": "help"})
     assigns = "\n".join(format_tool_call("assign_task", {"agent_id": "h", "task": f"item {i}"}) for i in range(5))
     traj = play(env, lambda m, t: f"{create}\n{assigns}" if len(m) == 2 else "| 1 | x |")
