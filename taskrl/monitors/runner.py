@@ -101,8 +101,11 @@ class Monitors:
         alerts: list[Alert] = []
         if not self._told and self.not_applicable:
             self._told = True
+            by_reason: dict[str, list[str]] = {}
             for name, reason in self.not_applicable.items():
-                log.info("monitor %s does not apply to this env (%s); it stays silent", name, reason)
+                by_reason.setdefault(reason, []).append(name)
+            for reason, names in by_reason.items():
+                log.info("monitors %s do not apply to this env (%s); they stay silent", ", ".join(names), reason)
         if len(trajectories) < cfg.min_episodes:
             return metrics, alerts
         for name, spec in MONITORS.items():

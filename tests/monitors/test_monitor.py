@@ -314,8 +314,8 @@ async def test_monitors_that_need_tools_say_so_once_on_an_env_without_tools(capl
             metrics, alerts = monitors.check(step, batch)
             assert not alerts, [a.message for a in alerts]
             assert not any(k.removeprefix("monitor/") in monitors.not_applicable for k in metrics)
-    said = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
-    assert len(said) == 4 and all("stays silent" in m for m in said)  # once per monitor, not once per step
+    said = [r.getMessage() for r in caplog.records if "do not apply" in r.getMessage()]
+    assert len(said) == 1 and "no tools" in said[0] and "tool_ngram_entropy" in said[0]  # once, not every step
     assert "monitor/early_termination" in metrics  # the monitors that do apply still run
     # the same batch judged without knowing the env's tools is judged as before (entropy 0 alerts)
     assert "tool_ngram_entropy" in {a.monitor for a in Monitors(log_alerts=False).check(0, batch)[1]}
