@@ -50,7 +50,7 @@ def judge_children(task: Task, final_answer: str | None, turns: Sequence[Sequenc
     gold = {str(i["key"]): normalize_answer(str(i["answer"])) for i in items}
     questions = {str(i["key"]): _words(str(i.get("question", ""))) for i in items}
     table = {k: normalize_answer(v) for k, v in parse_table(final_answer).items()}
-    right = {k for k, v in table.items() if k in gold and v == gold[k]}
+    right = {k for k, v in table.items() if k in gold and gold[k] and v == gold[k]}  # an empty gold fills nothing
     solved: set[str] = set()
     counts = {"useful": 0, "decoys": 0, "trivial": 0, "off_task": 0, "duplicates": 0}
     for turn in turns:
