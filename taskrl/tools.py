@@ -174,6 +174,8 @@ def _run_in_thread(
     """Start ``fn(**kwargs)`` in its own daemon thread with ``budget`` as its ``call_budget()``."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+    # A call that timed out no longer awaits its future: retrieve a late exception so asyncio does not log it.
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
     context = contextvars.copy_context()
 
     def deliver(setter: Callable[[Any], None], value: Any) -> None:
