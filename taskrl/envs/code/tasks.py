@@ -12,6 +12,7 @@ repository is unpacked once under ``cache_dir()`` and shared read-only by every 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gzip
 import hashlib
@@ -49,10 +50,13 @@ def code_cache() -> Path:
     return cache_dir() / "code"
 
 
+@functools.lru_cache(maxsize=1)
 def _empty_base() -> Path:
-    """HumanEval workspaces start empty (the task writes solution.py); any empty directory will do."""
-    path = Path(tempfile.gettempdir()) / f"taskrl-empty-base-{os.getuid()}"
-    path.mkdir(exist_ok=True)
+    """HumanEval workspaces start empty (the task writes solution.py): a directory private to this process
+    (mkdtemp: random name, made atomically, ours), so no other user can plant a conftest.py in every base."""
+    path = Path(tempfile.mkdtemp(prefix="taskrl-empty-base-"))
+    os.chmod(path, 0o755)
+    atexit.register(shutil.rmtree, path, True)
     return path
 
 

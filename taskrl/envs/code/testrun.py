@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskrl.envs.code.sandbox import Bind, CommandResult, Sandbox
+from taskrl.envs.code.sandbox import Bind, CommandResult, Sandbox, host_uid
 
 RESULTS_TARGET = "/taskrl-results"
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
@@ -162,6 +163,9 @@ async def run_pytest(
     them, with paths relative to the workspace (None when it could not be measured).
     """
     results = Path(tempfile.mkdtemp(prefix="taskrl-pytest-"))
+    if os.geteuid() == 0:
+        os.chmod(results, 0o711)
+        os.chown(results, host_uid(), host_uid())
     try:
         bind = Bind(str(results), RESULTS_TARGET, writable=True)
         where = sandbox.visible_path(bind)

@@ -176,7 +176,8 @@ async def test_agent_tests_are_measured_with_coverage(
     assert trivial.coverage == 0.0
 
 
-async def test_run_pytest_reports_outcomes_per_test(sandbox: Sandbox, tmp_path: Path) -> None:
+async def test_run_pytest_reports_outcomes_per_test(sandbox: Sandbox, agent_tmp: Path) -> None:
+    tmp_path = agent_tmp
     (tmp_path / "test_mix.py").write_text(
         "import pytest\n\n@pytest.mark.parametrize('x', [1, 2])\ndef test_p(x):\n    assert x == 1\n\n"
         "@pytest.mark.skip\ndef test_s():\n    pass\n"
