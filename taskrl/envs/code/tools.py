@@ -208,6 +208,7 @@ class CodeTools:
                 pythonpath=info.get("pythonpath", []),
                 plugins=info.get("plugins", []),
                 doctest_modules=info.get("doctest_modules", False),
+                conftest=info.get("conftest", False),
             )
             self.test_runs += 1
         return run.summary()

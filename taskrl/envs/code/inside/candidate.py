@@ -1,0 +1,47 @@
+"""Serves the agent's function to the HumanEval checker, inside the agent's sandbox (trusted harness script).
+
+``python -I candidate.py ENTRY_POINT``: stdin/stdout are pipes to the checker, which runs in another sandbox
+with the hidden tests; this process never sees them. Each request line is a call's arguments, each reply the
+return value as plain data (``wire.encode``) or the exception it raised. The solution's own prints go to
+stderr, so they cannot corrupt the protocol.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wire  # noqa: E402
+
+del sys.path[0]
+
+
+def main() -> None:
+    entry = sys.argv[1]
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # print() in the solution goes to stderr
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    sys.path.append(os.getcwd())  # last: the workspace cannot shadow the standard library
+    try:
+        import solution
+
+        function = getattr(solution, entry)
+    except BaseException as e:  # noqa: BLE001 - whatever the agent's module does, the checker must hear of it
+        replies.write(json.dumps({"error": f"importing solution.{entry}: {type(e).__name__}: {e}"[:500]}).encode())
+        replies.write(b"\n")
+        replies.flush()
+        return
+    for line in requests:
+        args = wire.decode(json.loads(line)["args"])
+        try:
+            reply = {"ok": wire.encode(function(*args))}
+        except BaseException as e:  # noqa: BLE001
+            reply = {"error": f"{type(e).__name__}: {e}"[:500]}
+        replies.write(json.dumps(reply).encode() + b"\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()
