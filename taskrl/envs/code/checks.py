@@ -82,4 +82,5 @@ async def run_function_check(
         run.outcomes = {test_id: PASSED if verdict["passed"] else FAILED}
         if not verdict["passed"]:
             run.messages = {test_id: str(verdict.get("message", ""))[:300]}
+        run.tampering = [str(t)[:300] for t in verdict.get("tampering") or []]
     return run

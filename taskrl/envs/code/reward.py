@@ -22,7 +22,7 @@ from typing import Literal
 from taskrl.envs.code.checks import run_function_check
 from taskrl.envs.code.sandbox import Sandbox
 from taskrl.envs.code.testrun import TestRun, line_coverage, run_pytest
-from taskrl.envs.code.workspace import Workspace
+from taskrl.envs.code.workspace import Workspace, walk_tree
 from taskrl.rewards.formulas import effort_penalty
 from taskrl.types import Task, Trajectory
 
@@ -80,12 +80,8 @@ def is_protected(relpath: str) -> bool:
 
 
 def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
-    out = []
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            out.append((os.path.relpath(full, root), os.lstat(full)))
-    return out
+    """Every non-directory under ``root``, never following a link (``TreeTooDeepError`` on hostile depths)."""
+    return [(rel, st) for rel, st in walk_tree(root) if not stat.S_ISDIR(st.st_mode)]
 
 
 def _digest(path: Path, st: os.stat_result) -> str:
@@ -123,7 +119,11 @@ def tree_state(root: Path) -> dict[str, tuple[int, int, int]]:
 
 def new_test_files(root: Path, before: dict[str, tuple[int, int, int]], hidden: set[str]) -> list[str]:
     """Test files the agent wrote (present now, absent at reset, not a hidden test)."""
-    return sorted(rel for rel, _ in _walk(root) if is_test_file(rel) and rel not in before and rel not in hidden)
+    return sorted(
+        rel
+        for rel, st in _walk(root)
+        if stat.S_ISREG(st.st_mode) and is_test_file(rel) and rel not in before and rel not in hidden
+    )  # regular files only: a FIFO named test_x.py would hang the coverage run
 
 
 @dataclass

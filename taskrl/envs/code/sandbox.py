@@ -546,8 +546,8 @@ class Sandbox:
                 pumps.cancel()
             await proc.wait()
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # type: ignore[operator]
-        if killed is None and code > 128 and code - 128 == signal.SIGKILL and Cgroups.oom_killed(cgroups):
-            killed = f"memory limit: the sandbox used more than {cfg.memory_bytes >> 20} MiB (cgroup), killed"
+        if killed is None and Cgroups.oom_killed(cgroups):  # the kernel killed one of its processes
+            killed = f"memory limit: the sandbox's processes reached {cfg.memory_bytes >> 20} MiB together (cgroup)"
         if killed is None and code > 128 and code - 128 in _SIGNAL_REASONS:
             killed = _SIGNAL_REASONS[signal.Signals(code - 128)]
         return CommandResult(

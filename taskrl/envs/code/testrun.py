@@ -190,6 +190,7 @@ async def run_pytest(
     conftest: bool = False,
     timeout_s: float | None = None,
     coverage_of: Sequence[str] = (),
+    disk_quota_bytes: int | None = None,
 ) -> tuple[TestRun, dict[str, Any] | None]:
     """Run pytest on ``targets`` (paths relative to the workspace) in the sandbox.
 
@@ -215,17 +216,24 @@ async def run_pytest(
     if coverage_of:
         env["TASKRL_COVERAGE_INCLUDE"] = ",".join(f"{workdir}/{path}" for path in coverage_of)
     reading = asyncio.ensure_future(read_pipe(read_end))
-    try:
-        command = await sandbox.run(argv, workspace, binds=[bind], timeout_s=timeout_s, env=env, pass_fds=(write_end,))
-    finally:
-        with contextlib.suppress(OSError):  # run() closes it once started; not when it failed to start
-            os.close(write_end)
+    command = await sandbox.run(  # closes write_end, started or not
+        argv,
+        workspace,
+        binds=[bind],
+        timeout_s=timeout_s,
+        env=env,
+        pass_fds=(write_end,),
+        disk_quota_bytes=disk_quota_bytes,
+    )
     data = await reading
     run = TestRun(command=command)
     report: dict[str, Any] | None = None
     if data and command.killed is None:
         with contextlib.suppress(ValueError):
             report = json.loads(data)
+    if data and command.killed is None and not isinstance(report, dict):
+        # the runner writes exactly one JSON document: anything else was written by the code under test
+        run.tampering = ["the report pipe carried something other than the runner's one report (forged?)"]
     if isinstance(report, dict) and isinstance(report.get("outcomes"), dict):
         run.outcomes = {str(k): str(v) for k, v in report["outcomes"].items()}
         run.messages = {str(k): str(v) for k, v in dict(report.get("messages") or {}).items()}

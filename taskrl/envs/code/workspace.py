@@ -57,10 +57,15 @@ class WorkspaceConfig:
     else hardlink as root, else copy)."""
     pool_size: int = 2
     """Clean workspaces kept ready per base tree (the warm pool); 0 creates each one on demand."""
+    disk_quota_bytes: int = 1 << 30
+    """What the agent may add to a workspace: a size-limited tmpfs under the overlay's upper layer (writes
+    past it fail with ENOSPC), else enforced per command by the sandbox's watchdog."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "overlay", "hardlink", "copy"):
             raise ValueError(f"WorkspaceConfig.mode must be auto, overlay, hardlink or copy, got {self.mode!r}")
+        if self.disk_quota_bytes <= 0:
+            raise ValueError(f"WorkspaceConfig.disk_quota_bytes must be > 0, got {self.disk_quota_bytes}")
         if self.pool_size < 0:
             raise ValueError(f"WorkspaceConfig.pool_size must be >= 0, got {self.pool_size}")
         if self.root is not None and any(c in self.root for c in ",:\\"):
@@ -81,6 +86,13 @@ def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, options) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount overlay on {target}: {os.strerror(err)}")
+
+
+def _mount_tmpfs(target: Path, size: int) -> None:
+    options = f"size={size},mode=0755".encode()
+    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", 0, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
 
 
 def _unmount(target: Path) -> None:
@@ -302,8 +314,10 @@ _counter = itertools.count()
 class Workspace:
     """One agent's working tree. ``path`` is what tools read and write and what the sandbox mounts."""
 
-    def __init__(self, base: BaseTree, root: Path, mode: CloneMode) -> None:
+    def __init__(self, base: BaseTree, root: Path, mode: CloneMode, disk_quota_bytes: int = 1 << 30) -> None:
         self.base, self.mode = base, mode
+        self.disk_quota_bytes = disk_quota_bytes
+        self._usage = 0
         self.owner = agent_uid()
         """Host uid owning the workspace's files (the sandbox's, as root); None: this process's own."""
         root = root.resolve()
@@ -316,6 +330,9 @@ class Workspace:
         try:
             if mode == "overlay":
                 self.path.mkdir()
+                self._layers = self.dir / "layers"
+                self._layers.mkdir()
+                _mount_tmpfs(self._layers, disk_quota_bytes)
                 self._mount(self._new_upper())
             elif mode == "copy":
                 copy_tree(base.path, self.path, owner=self.owner)
@@ -340,12 +357,12 @@ class Workspace:
     # can never see or share them
     def _new_upper(self) -> Path:
         self._layer += 1
-        upper = self.dir / f"upper{self._layer}"
+        upper = self._layers / f"upper{self._layer}"
         upper.mkdir()
         return upper
 
     def _mount(self, upper: Path) -> None:
-        work = self.dir / f"work{self._layer}"
+        work = self._layers / f"work{self._layer}"
         work.mkdir()
         lower = self.base.lower(self.dir.parent)
         if self.owner is not None:  # the merged root directory is the upper's: the agent's, like the rest
@@ -404,6 +421,35 @@ class Workspace:
             raise
         return target
 
+    def disk_usage(self) -> int:
+        """Bytes the agent added (overlay: its tmpfs layer; else the whole tree, walked: see ``disk_budget``)."""
+        if self.mode == "overlay":
+            st = os.statvfs(self._layers)
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
+        total = 0
+        with contextlib.suppress(OSError, WorkspaceError):
+            for _, st in walk_tree(self.path):
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:  # shared hard links cost nothing
+                    total += st.st_blocks * 512
+        self._usage = total
+        return total
+
+    def disk_budget(self) -> int | None:
+        """What the next command may still write: None when a mount enforces the quota itself (overlay)."""
+        if self.mode == "overlay":
+            return None
+        return self.disk_quota_bytes - self._usage
+
+    def quota_note(self) -> str | None:
+        """A line for the agent when the workspace is (nearly) full, refreshed after every command."""
+        used = self.disk_usage()
+        if used < 0.9 * self.disk_quota_bytes:
+            return None
+        return (
+            f"[workspace disk quota: {used >> 20} MiB of {self.disk_quota_bytes >> 20} MiB used; "
+            "delete files to write more]"
+        )
+
     def _make_parents(self, directory: Path) -> None:
         missing = []
         while not directory.exists() and directory != self.path:
@@ -438,9 +484,9 @@ class Workspace:
         source = self._snapshots[name]
         if self.mode == "overlay":
             _unmount(self.path)
-            self._discard(self._upper)
-            self._discard(self.dir / f"work{self._layer}")
-            upper = self.dir / f"upper{self._layer + 1}"
+            remove_tree(self._upper)  # deleted, not set aside: it would count against the quota
+            remove_tree(self._layers / f"work{self._layer}")
+            upper = self._layers / f"upper{self._layer + 1}"
             copy_tree(source, upper)
             self._layer += 1
             self._mount(upper)
@@ -459,6 +505,8 @@ class Workspace:
         if self.mode == "overlay":
             with contextlib.suppress(OSError):
                 _unmount(self.path)
+            with contextlib.suppress(OSError):
+                _unmount(self.dir / "layers")
         with contextlib.suppress(FileNotFoundError):
             remove_tree(self.dir)
 
@@ -534,7 +582,7 @@ class WorkspacePool:
 
     def create(self) -> Workspace:
         """A new workspace, bypassing the pool."""
-        return Workspace(self.base, self.root, self.mode)
+        return Workspace(self.base, self.root, self.mode, self.config.disk_quota_bytes)
 
     def acquire(self) -> Workspace:
         """A clean workspace: a warm one when ready, else one made now. The caller destroys it when done."""
@@ -576,14 +624,14 @@ class WorkspacePool:
                 self._ready.popleft().destroy()
 
 
-_POOLS: dict[tuple[Path, Path, str, int], WorkspacePool] = {}
+_POOLS: dict[tuple[Path, Path, str, int, int], WorkspacePool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
 def pool_for(base: str | os.PathLike[str], config: WorkspaceConfig | None = None) -> WorkspacePool:
     """The process-wide pool of one base tree (envs are made per episode; their workspaces come from here)."""
     config = config or WorkspaceConfig()
-    key = (Path(base).resolve(), config.root_dir().resolve(), config.mode, config.pool_size)
+    key = (Path(base).resolve(), config.root_dir().resolve(), config.mode, config.pool_size, config.disk_quota_bytes)
     with _POOLS_LOCK:
         if key not in _POOLS:
             _POOLS[key] = WorkspacePool(BaseTree(base), config)

@@ -121,7 +121,7 @@ ESCAPES = [
     ("run_command", {"command": "echo pwned > {canary}"}, "Directory nonexistent"),
     ("run_command", {"command": "python -c \"import socket; socket.create_connection(('1.1.1.1', 53))\""}, "unreach"),
     ("run_command", {"command": "bash -c ':(){ :|:& };: ; sleep 30'"}, "wall timeout"),
-    ("run_command", {"command": "python -c 'while True: pass'"}, "CPU time limit exceeded|wall timeout"),  # which first depends on load
+    ("run_command", {"command": "python -c 'while True: pass'"}, "CPU time limit exceeded|wall timeout"),
     ("run_command", {"command": "yes | head -c 1000000000"}, "output limit"),
     ("run_command", {"command": "ln -s {outside} out"}, "exit code 0"),
     ("read_file", {"path": "out/canary.txt"}, "points outside the workspace"),

@@ -36,11 +36,28 @@ def main() -> None:
     for line in requests:
         args = wire.decode(json.loads(line)["args"])
         try:
-            reply = {"ok": wire.encode(function(*args))}
+            result = function(*args)
         except BaseException as e:  # noqa: BLE001
             reply = {"error": f"{type(e).__name__}: {e}"[:500]}
+        else:
+            try:
+                reply = {"ok": wire.encode(result)}
+            except wire.WireError as e:
+                reply = {"error": f"WireError: {e}"[:500], "rigged_eq": rigged_equality(result)}
         replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
+
+
+def rigged_equality(value: object) -> bool:
+    """Whether a returned object defines its own comparison (the always-equal hack), not a plain mistake."""
+    try:
+        return any(
+            str(klass.__module__).split(".")[0] not in sys.stdlib_module_names
+            and any(n in vars(klass) for n in ("__eq__", "__ne__"))
+            for klass in type(value).__mro__
+        )
+    except Exception:  # noqa: BLE001
+        return True
 
 
 if __name__ == "__main__":

@@ -37,13 +37,17 @@ def main() -> None:
         if not line:
             raise CandidateError("the solution's process ended")
         reply = json.loads(line)
+        if reply.get("rigged_eq"):
+            rigged.append(str(reply["error"])[:200])
         if "error" in reply:
             raise CandidateError(reply["error"])
         return wire.decode(reply["ok"])
 
+    rigged: list[str] = []
     scope: dict = {"__name__": "__check__"}
     try:
         exec(compile(program["prompt"], "prompt.py", "exec"), scope)  # helpers the test uses (e.g. poly)
+        scope[program["entry_point"]] = candidate  # tests that call the function by name (HumanEval/33)
         exec(compile(program["test"], "test.py", "exec"), scope)
         scope["check"](candidate)
         result = {"passed": True, "message": ""}
@@ -53,6 +57,8 @@ def main() -> None:
         result = {"passed": False, "message": f"the solution failed: {e}"[:300]}
     except BaseException as e:  # noqa: BLE001
         result = {"passed": False, "message": f"{type(e).__name__}: {e}"[:300]}
+    if rigged:  # an object that defines its own equality, returned where a plain value was expected
+        result["tampering"] = [f"returned an object with its own __eq__: {rigged[0]}"]
     verdict.write(json.dumps(result))
     verdict.close()
 
