@@ -149,8 +149,8 @@ def pytest_argv(
     argv += ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "console_output_style=classic"]
     if not conftest:
         argv.append("--noconftest")
-    if pythonpath:
-        argv += ["-o", "pythonpath=" + " ".join(pythonpath)]
+    if pythonpath:  # absolute: pytest resolves relative ones against the config file's directory
+        argv += ["-o", "pythonpath=" + " ".join(os.path.normpath(os.path.join(workdir, p)) for p in pythonpath)]
     for plugin in plugins:
         argv += ["-p", plugin]
     if doctest_modules:
