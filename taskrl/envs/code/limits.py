@@ -23,6 +23,7 @@ from pathlib import Path
 
 CONTROLLERS = ("memory", "pids", "cpu")
 _CPU_PERIOD_US = 100_000
+_TOKEN = os.urandom(3).hex()  # two sandboxes of one process (or a reused pid) never pick the same name
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -91,7 +92,7 @@ class Cgroups:
         """One fresh cgroup per hierarchy with the limits written; the caller joins and removes them."""
         if not self.hierarchies:
             return []
-        name = f"taskrl-{os.getpid()}-{next(self._counter)}"
+        name = f"taskrl-{os.getpid()}-{next(self._counter)}-{_TOKEN}"
         made: list[Path] = []
         try:
             for h in self.hierarchies:

@@ -39,6 +39,7 @@ SANDBOX_HOST_UID = 64_000
 so a command can write no host kernel setting, no root-owned file, and no shared copy-on-write base file."""
 _PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/acpi", "/proc/scsi", "/proc/kcore")
 _WATCHDOG_PERIOD_S = 0.1
+_SH_IS_DASH = os.path.basename(os.path.realpath("/bin/sh")) == "dash"  # ulimit -f in 512-byte blocks, -p nproc
 log = logging.getLogger(__name__)
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -425,8 +426,18 @@ class Sandbox:
         if not cgroups:
             return rlimits
         # the shell moves itself into the cgroups and only then execs, so no process starts outside them
-        join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-        return ["/bin/sh", "-c", join, "sh", *(str(c / "cgroup.procs") for c in cgroups), "--", *rlimits]
+        join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+        files = [str(c / "cgroup.procs") for c in cgroups]
+        if not _SH_IS_DASH:
+            return ["/bin/sh", "-c", join + 'exec "$@"', "sh", *files, "--", *rlimits]
+        # dash's ulimit sets the rlimits in the same shell: one exec less than sh + prlimit on every command
+        ulimits = (
+            f"ulimit -S -t {cfg.cpu_seconds} && ulimit -H -t {cfg.cpu_seconds + 1} && "
+            f"ulimit -v {cfg.memory_bytes // 1024} && ulimit -f {cfg.max_file_bytes // 512} && ulimit -c 0"
+            + (f" && ulimit -p {nproc}" if nproc is not None else "")
+        )
+        script = join + ulimits + ' || exit 125; exec "$@"'
+        return ["/bin/sh", "-c", script, "sh", *files, "--", *self._setpriv]
 
     async def run(
         self,
