@@ -228,6 +228,7 @@ class ContinuousEngine:
         self.stats["prefill_tokens"] += sum(queries)
         self.stats["prefill_padded_tokens"] += window * len(rows)
         done: list[int] = []
+        scrub = set(failed)
         for i, (row, q) in enumerate(zip(rows, queries, strict=True)):
             row.batch_size = max(row.batch_size, len(rows))
             if i in failed:
@@ -240,14 +241,16 @@ class ContinuousEngine:
             self._fail(rows[i], exc)
         if done:
             for i in done:  # the prompt's KV, for requests that share it (a GRPO group) or extend it
-                self.prefix.insert(rows[i].prompt, kv.row_kv(i))
+                if torch.isfinite(logits[i]).all():
+                    self.prefix.insert(rows[i].prompt, kv.row_kv(i))
             for i, token, logprob in self._sample_rows(rows, done, logits):
                 row = rows[i]
-                if token is None or self._accept(row, token, logprob):
-                    continue
-                row.pending = token
-                self.decoding.add_row(row, kv.row_kv(i))
-        kv.remove_rows(leaving)
+                if token is None:
+                    scrub.add(i)
+                elif not self._accept(row, token, logprob):
+                    row.pending = token
+                    self.decoding.add_row(row, kv.row_kv(i))
+        kv.remove_rows(leaving, scrub)
 
     def _decode_step(self) -> None:
         kv = self.decoding
@@ -261,15 +264,18 @@ class ContinuousEngine:
             row.batch_size = max(row.batch_size, len(rows))
         for i, exc in failed.items():
             self._fail(rows[i], exc)
-        leaving = set(failed)
+        leaving, scrub = set(failed), set(failed)
         alive = [i for i in range(len(rows)) if i not in failed]
         for i, token, logprob in self._sample_rows(rows, alive, logits):
             row = rows[i]
-            if token is None or self._accept(row, token, logprob, kv_row=i):
+            if token is None:
+                leaving.add(i)
+                scrub.add(i)
+            elif self._accept(row, token, logprob, kv_row=i):
                 leaving.add(i)
             else:
                 row.pending = token
-        kv.remove_rows(leaving)
+        kv.remove_rows(leaving, scrub)
 
     # -- pieces ------------------------------------------------------------------------------------
     def _forward(self, kv: RowKV, ids: torch.Tensor, queries: list[int]) -> tuple[torch.Tensor, dict[int, Exception]]:
@@ -290,7 +296,7 @@ class ContinuousEngine:
             try:
                 logits.append(self._run(alone, ids[i : i + 1, window - q :], [q])[0])
                 alone.advance([q])
-                kv.set_row(i, alone.row_kv(0))
+                kv.write_row(i, alone.row_kv(0))  # the caller advances every row
             except Exception as exc:
                 logits.append(None)
                 failed[i] = exc

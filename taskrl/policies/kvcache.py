@@ -84,8 +84,15 @@ class RowKV(Cache):
             self.buffer[:, :, row, :, :n].copy_(kv)
         return row
 
-    def remove_rows(self, rows: set[int]) -> None:
-        """Drop ``rows``; each is refilled by the current last row (a copy of that one row only)."""
+    def remove_rows(self, rows: set[int], scrub: set[int] | frozenset[int] = frozenset()) -> None:
+        """Drop ``rows``; each is refilled by the current last row (a copy of that one row only).
+
+        ``scrub``: rows whose whole slot is zeroed first (a failed row may hold NaN/inf, and a masked column
+        still multiplies its value by 0, so a later row in that slot would turn NaN).
+        """
+        if self.buffer is not None:
+            for row in scrub:
+                self.buffer[:, :, row].zero_()
         for row in sorted(rows, reverse=True):
             last = len(self.lengths) - 1
             if row != last:
@@ -101,13 +108,13 @@ class RowKV(Cache):
     def clear(self) -> None:
         self.remove_rows(set(range(len(self.lengths))))
 
-    def set_row(self, row: int, kv: torch.Tensor) -> None:
-        """Overwrite row ``row`` with ``kv`` (``[layers, 2, kv_heads, n, head_dim]``); its length becomes n."""
+    def write_row(self, row: int, kv: torch.Tensor) -> None:
+        """Copy ``kv`` (``[layers, 2, kv_heads, n, head_dim]``) into row ``row``'s first n columns, as a forward
+        would write them: the row's length moves only with ``advance``."""
         n = kv.shape[3]
         self._ensure(kv, rows=len(self.lengths), length=n)
         assert self.buffer is not None
         self.buffer[:, :, row, :, :n].copy_(kv)
-        self.lengths[row] = n
 
     def row_kv(self, row: int) -> torch.Tensor:
         """Row ``row``'s KV as a view ``[layers, 2, kv_heads, length, head_dim]`` (clone it to keep it)."""
@@ -161,7 +168,7 @@ class RowKV(Cache):
         # Geometric growth, so a row that decodes token by token costs amortised O(1) copies per token.
         new_rows = cap_rows if rows <= cap_rows else max(rows, cap_rows + 4)
         new_len = cap_len if length <= cap_len else max(length, _GROW_TOKENS, cap_len * 3 // 2)
-        # Zeros, never ``empty``: a masked column still multiplies its value by 0, and 0 * NaN would leak.
+        # Zeros, never ``empty``: a masked column still multiplies its value by 0, and 0 * NaN is NaN.
         grown = torch.zeros(
             (self.num_layers, 2, new_rows, kv_heads, new_len, head_dim), dtype=like.dtype, device=like.device
         )
