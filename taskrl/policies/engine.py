@@ -171,7 +171,7 @@ class ContinuousEngine:
 
     def _admit(self) -> None:
         """Start prefilling queued requests while rows and the step's padded prefill budget allow."""
-        limit = self.prefill_chunk_tokens
+        limit = self._prefill_budget()
         while self.queue and len(self.prefilling) + len(self.decoding) < self.max_batch_size:
             chosen = None
             for index, request in enumerate(self.queue[: self.max_batch_size]):
@@ -212,8 +212,13 @@ class ContinuousEngine:
         self.prefilling.add_row(row, kv)
         self.stats["cached_tokens"] += cached
 
+    def _prefill_budget(self) -> int:
+        """Padded prompt tokens per step: ``prefill_chunk_tokens`` while rows decode (each step's prefill delays
+        every running row), four times that when none does (nobody waits, bigger chunks run faster)."""
+        return self.prefill_chunk_tokens * (1 if len(self.decoding) else 4)
+
     def _chunk(self, row: _Row) -> int:
-        return min(len(row.prompt) - row.fed, self.prefill_chunk_tokens)
+        return min(len(row.prompt) - row.fed, self._prefill_budget())
 
     def _prefill_step(self) -> None:
         kv = self.prefilling

@@ -64,14 +64,15 @@ class HFPolicy:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.002,
         engine: str = "continuous",
-        prefill_chunk_tokens: int = 256,
+        prefill_chunk_tokens: int = 128,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
 
         ``engine``: "continuous" (default) or "static" (see the module docstring). ``batch_wait_s`` is the
         static engine's gathering window. ``prefill_chunk_tokens`` bounds the (padded) prompt tokens the
-        continuous engine prefills per step, so running rows keep decoding while a long prompt is read;
+        continuous engine prefills per step while rows decode (4x that when none does), so running rows keep
+        decoding while a long prompt is read;
         ``prefix_cache_bytes`` bounds its KV cache (0 disables reuse).
         """
         if max_batch_size < 1:
