@@ -26,6 +26,10 @@ from taskrl.policies.sampling import Request, sample
 if TYPE_CHECKING:
     from taskrl.policies.hf import HFPolicy
 
+_STATS = (
+    "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
+    "completed", "failed", "cancelled", "restarts",
+)  # fmt: skip
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
 
 
@@ -64,13 +68,16 @@ class ContinuousEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.share_min_tokens = share_min_tokens
         self.prefix = PrefixCache(prefix_cache_bytes)
-        layers = int(policy.model.config.num_hidden_layers)
-        eager = getattr(policy.model.config, "_attn_implementation", "sdpa") == "eager"
+        config = policy.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = int(text_config.num_hidden_layers)
+        eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
         mask_dtype = next(policy.model.parameters()).dtype if eager else None
         self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype)
         self.decoding = RowKV(layers, float_mask_dtype=mask_dtype)
         self.queue: list[Request] = []
-        self.stats: Counter[str] = Counter()
+        # Every key exists from the start: other threads read the counters while this one updates them.
+        self.stats: Counter[str] = Counter(dict.fromkeys(_STATS, 0))
         self._inbox: list[Request] = []
         self._lock = threading.RLock()  # _fail_all may run under it
         self._scheduled = False
@@ -99,8 +106,8 @@ class ContinuousEngine:
             "prefix_entries": len(self.prefix),
             "prefix_bytes": self.prefix.bytes,
             "queued": len(self.queue) + len(self._inbox),
-            "prefilling": len(self.prefilling),
-            "running": len(self.decoding),
+            "prefilling": self.prefilling.rows,
+            "running": self.decoding.rows,
             "kv_bytes": self.prefilling.nbytes + self.decoding.nbytes,
         }
 
@@ -121,7 +128,7 @@ class ContinuousEngine:
         except Exception as exc:  # an engine bug: fail what is in flight rather than hang its callers
             self._fail_all(PolicyError(f"HFPolicy decode step failed: {type(exc).__name__}: {exc}"))
         with self._lock:
-            if self._inbox or self.queue or len(self.prefilling) or len(self.decoding):
+            if self._inbox or self.queue or self.prefilling.rows or self.decoding.rows:
                 self._schedule()
             else:
                 self._scheduled = False
@@ -135,9 +142,9 @@ class ContinuousEngine:
         self._check_weights()
         self._drop_cancelled()
         self._admit()
-        if len(self.prefilling):
+        if self.prefilling.rows:
             self._prefill_step()
-        if len(self.decoding):
+        if self.decoding.rows:
             self._decode_step()
         self.stats["steps"] += 1
 
@@ -172,11 +179,11 @@ class ContinuousEngine:
     def _admit(self) -> None:
         """Start prefilling queued requests while rows and the step's padded prefill budget allow."""
         limit = self._prefill_budget()
-        while self.queue and len(self.prefilling) + len(self.decoding) < self.max_batch_size:
+        while self.queue and self.prefilling.rows + self.decoding.rows < self.max_batch_size:
             chosen = None
             for index, request in enumerate(self.queue[: self.max_batch_size]):
                 prompt = request.prompt_tensor
-                if not len(self.prefilling):
+                if not self.prefilling.rows:
                     chosen = index, prompt, 0
                     break
                 cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
@@ -186,10 +193,10 @@ class ContinuousEngine:
             if chosen is None:
                 return
             index, prompt, cached = chosen
-            if len(self.prefilling):
+            if self.prefilling.rows:
                 window = max(self._chunk(row) for row in self.prefilling.owners)
                 chunk = min(len(prompt) - cached, limit)
-                if (len(self.prefilling) + 1) * max(window, chunk) > limit:
+                if (self.prefilling.rows + 1) * max(window, chunk) > limit:
                     return
             self._start(self.queue.pop(index), prompt)
 
@@ -215,7 +222,7 @@ class ContinuousEngine:
     def _prefill_budget(self) -> int:
         """Padded prompt tokens per step: ``prefill_chunk_tokens`` while rows decode (each step's prefill delays
         every running row), four times that when none does (nobody waits, bigger chunks run faster)."""
-        return self.prefill_chunk_tokens * (1 if len(self.decoding) else 4)
+        return self.prefill_chunk_tokens * (1 if self.decoding.rows else 4)
 
     def _chunk(self, row: _Row) -> int:
         return min(len(row.prompt) - row.fed, self._prefill_budget())
@@ -288,7 +295,7 @@ class ContinuousEngine:
         try:
             return self._run(kv, ids, queries), {}
         except Exception as exc:
-            if len(kv) == 1:
+            if kv.rows == 1:
                 return torch.empty(0), {0: exc}
         # Someone in the batch broke it: run each row alone to find who. The batch's writes are all past each
         # row's length, so re-running a row recomputes exactly its own new columns.

@@ -64,7 +64,9 @@ class RowKV(Cache):
         self._view_len = 0
         self._need_len = 0
 
-    def __len__(self) -> int:  # rows, not layers (transformers only uses ``layers`` directly)
+    @property
+    def rows(self) -> int:
+        """Rows held (``len()`` stays transformers' layer count)."""
         return len(self.lengths)
 
     @property

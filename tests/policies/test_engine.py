@@ -229,7 +229,7 @@ async def test_cancelled_row_leaves_at_next_step(policy: HFPolicy, reference: HF
     assert (
         stats["cancelled"] == 1 and stats["decode_tokens"] - tokens_then <= 3 * 2
     )  # the step in flight, then it is gone
-    assert len(policy._engine.decoding) == 1  # its row (and KV slot) is gone
+    assert policy._engine.decoding.rows == 1  # its row (and KV slot) is gone
     with pytest.raises(asyncio.CancelledError):
         await drop
     assert_exact(policy, a, await keep, await reference.generate(token_ids=a, sampling=sampling(80, 1)))
