@@ -58,7 +58,7 @@ def assert_exact(policy: HFPolicy, prompt: list[int], got: Any, expected: Any, t
     assert max(abs(a - b) for a, b in zip(full, got.logprobs, strict=True)) < TOL
 
 
-async def wait_until(condition: Any, timeout: float = 30.0) -> None:
+async def wait_until(condition: Any, timeout: float = 120.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition never held"
