@@ -344,3 +344,14 @@ def test_close_finishes_submitted_work_and_refuses_new(tiny) -> None:
             await policy.generate(token_ids=[1, 2], sampling=sampling(2, 1))
 
     asyncio.run(main())
+
+
+async def test_weight_sync_invalidates(policy: HFPolicy, tiny) -> None:
+    """The trainer's in-process sync only sets the version: that alone must empty the prefix cache."""
+    from taskrl.training.sync import InProcessSync
+
+    prompt = ids(tiny[1], "Synced weights, new version.")
+    first = await policy.generate(token_ids=prompt, sampling=sampling(6, 1))
+    InProcessSync(policy, policy.model)(7)
+    after = await policy.generate(token_ids=prompt + first.token_ids, sampling=sampling(6, 2))
+    assert after.info["cached_tokens"] == 0 and after.policy_version == 7
