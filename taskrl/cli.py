@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -26,7 +27,7 @@ from taskrl.datagen.codebugs import MiningError, codebugs_command
 from taskrl.datagen.multihop import multihop_command
 from taskrl.datagen.widesearch import deepsearch_command, widesearch_command
 from taskrl.deploy.cli import cycle_command, serve_command, train_from_store_command
-from taskrl.env import EnvCheckError, UnknownEnvError, acheck_env, make, registry
+from taskrl.env import Env, EnvCheckError, UnknownEnvError, acheck_env, make, registry
 from taskrl.envs.code.sandbox import SandboxUnavailableError
 from taskrl.envs.search.cli import corpus_app
 from taskrl.eval import eval_command
@@ -75,9 +76,13 @@ def env_list() -> None:
 
 
 @env_app.command("check")
-def env_check(name: Annotated[str, typer.Argument(help="registered env name")]) -> None:
-    """Run check_env on one environment."""
-    env = make(name)
+def env_check(
+    name: Annotated[str, typer.Argument(help="registered env name")],
+    env_kwargs: opts.EnvKwargs = None,
+    corpus: opts.Corpus = None,
+) -> None:
+    """Run check_env on one environment (built with --env-kwargs / --corpus when given)."""
+    env, _ = opts.env_factory(name, opts.parse_env_kwargs(env_kwargs, corpus))
     asyncio.run(acheck_env(env))
     console.print(f"[green]ok[/green] env '{name}' passes check_env; tools: {', '.join(env.tools.names)}")
 
@@ -105,7 +110,14 @@ def _summary_table(rows: dict[str, list[Trajectory]], title: str) -> Table:
     return table
 
 
-async def _play(env_name: str, policy: Policy, tasks: list[Task], config: RolloutConfig, out: Path) -> list[Trajectory]:
+async def _play(
+    env_name: str,
+    policy: Policy,
+    tasks: list[Task],
+    config: RolloutConfig,
+    out: Path,
+    factory: Callable[[], Env] | None = None,
+) -> list[Trajectory]:
     """Run episodes with a progress bar, appending each trajectory to ``out`` as soon as it ends."""
     total = len(tasks) * config.group_size
     columns = (
@@ -122,7 +134,7 @@ async def _play(env_name: str, policy: Policy, tasks: list[Task], config: Rollou
             rewards.append(traj.reward)
             bar.update(job, advance=1, reward=sum(rewards) / len(rewards))
 
-        return await run_episodes(lambda: make(env_name), policy, tasks, config, on_trajectory=done)
+        return await run_episodes(factory or (lambda: make(env_name)), policy, tasks, config, on_trajectory=done)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -167,9 +179,12 @@ def rollout(
     concurrency: opts.Concurrency = 8,
     seed: opts.Seed = 0,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
+    env_kwargs: opts.EnvKwargs = None,
+    corpus: opts.Corpus = None,
 ) -> None:
     """Play episodes of an env with a policy and write the trajectories as JSONL."""
-    env_obj = make(env)
+    kwargs = opts.parse_env_kwargs(env_kwargs, corpus)
+    env_obj, factory = opts.env_factory(env, kwargs)
     config = RolloutConfig(
         max_turns=max_turns,
         max_context_tokens=max_context_tokens,
@@ -184,12 +199,13 @@ def rollout(
     _prepare_out(out, overwrite)
     pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj)
     start = time.perf_counter()
-    trajectories = asyncio.run(_play(env, pol, tasks, config, out))
+    trajectories = asyncio.run(_play(env, pol, tasks, config, out, factory))
     meta = _write_meta(
         out,
         config,
         trajectories,
-        {"env": env, "policy": policy, "model": model, "wall_time_s": time.perf_counter() - start},
+        {"env": env, "env_kwargs": kwargs, "policy": policy, "model": model,
+         "wall_time_s": time.perf_counter() - start},  # fmt: skip
     )
     console.print(_summary_table({policy: trajectories}, f"env {env}"))
     console.print(f"trajectories: {out}   run info: {meta}")

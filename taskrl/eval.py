@@ -325,11 +325,12 @@ def eval_command(
     temperature: opts.Temperature = 1.0,
     concurrency: opts.Concurrency = 8,
     seed: opts.Seed = 0,
+    env_kwargs: opts.EnvKwargs = None,
+    corpus: opts.Corpus = None,
 ) -> None:
     """Evaluate policies on an env: K samples per task, pass@k and mean with 95% CIs, per-task table."""
     from rich.console import Console
 
-    from taskrl.env import make
     from taskrl.policies import make_policy
 
     config = EvalConfig(
@@ -337,7 +338,7 @@ def eval_command(
         max_context_tokens=max_context_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
         concurrency=concurrency, seed=seed,
     )  # fmt: skip
-    env_obj = make(env)
+    env_obj, factory = opts.env_factory(env, opts.parse_env_kwargs(env_kwargs, corpus))
     tasks = list(env_obj.tasks(split))
     tasks = tasks[:n] if n > 0 else tasks
     if not tasks:
@@ -352,7 +353,7 @@ def eval_command(
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough that the table is not wrapped
         console.width = max(console.width, 120)
-    result = asyncio.run(evaluate(lambda: make(env), policies, tasks, config, run_log=RunLog(out), name=name))
+    result = asyncio.run(evaluate(factory, policies, tasks, config, run_log=RunLog(out), name=name))
     console.print(results_table(result))
     for p_name, p in result["policies"].items():
         for alert in p["alerts"]:

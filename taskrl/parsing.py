@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskrl.tools import ToolSet
-from taskrl.types import ToolCall, ToolResult
+from taskrl.types import ToolCall, ToolResult, bound_arguments
 
 # A call's body ends at its closing tag; an unterminated one ends where the next call opens or the text ends.
 _CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|(?=<tool_call>)|$)", re.S)
@@ -87,6 +87,10 @@ def _classify(
 ) -> ParsedTurn:
     turn = ParsedTurn(content=content)
     for call, error in calls:
+        bounded, problem = bound_arguments(call.arguments)
+        if problem is not None:  # kept as a truncated string: nothing downstream can choke on it
+            call = ToolCall(call.id, call.name, bounded)
+            error = error or f"Invalid tool call: the arguments of '{call.name}' are {problem}. Send smaller arguments."
         turn.all_calls.append(call)
         if error is None and tools is not None:
             error = tools.check_call(call)

@@ -2,18 +2,25 @@
 
 ``@tool`` reads a function's signature, type hints and docstring (Google-style ``Args:``) into a schema;
 arguments are validated before the call, each call has a timeout, and output is truncated to a cap with
-a visible marker. A ``ToolSet`` groups tools, runs one turn's calls concurrently, caps calls per turn
-(``max_parallel``) and adds up per-call cost. Every failure becomes an error ``ToolResult``, never an
-exception out of the agent loop.
+a visible marker (error messages too). A ``ToolSet`` groups tools, runs one turn's calls concurrently, caps calls
+per turn (``max_parallel``) and adds up per-call cost. Every failure becomes an error ``ToolResult``, never an
+exception out of the agent loop. A timeout ends the work, not only the wait: each call runs with a ``CallBudget``
+(``call_budget()`` inside the tool) that long-running tools check between pieces of work; on timeout it is
+stopped and the call's thread (a daemon, so it can never keep the process alive) is given a moment to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import json
+import math
 import re
+import threading
+import time
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -25,6 +32,10 @@ from taskrl.types import ToolCall, ToolResult
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_OUTPUT_CHARS = 8000
 TRUNCATION_MARKER = "\n[... output truncated: {n} more characters ...]"
+_MAX_ITEM_PROBLEMS = 10
+"""Wrong items of one array reported by name; the rest are counted (a 100k-item list must not make a 5 MB error)."""
+STOP_GRACE_S = 0.1
+"""How long a timed-out call's thread is awaited after its budget is stopped (cooperative tools end in time)."""
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -102,8 +113,14 @@ def _check_value(value: Any, schema: dict[str, Any], path: str) -> list[str]:
         return [f"{path} must be {kind}, got {type(value).__name__} {json.dumps(value)[:40]}"]
     if kind == "array" and schema.get("items"):
         problems: list[str] = []
+        bad = 0
         for i, item in enumerate(value):
-            problems += _check_value(item, schema["items"], f"{path}[{i}]")
+            found = _check_value(item, schema["items"], f"{path}[{i}]")
+            bad += bool(found)
+            if bad <= _MAX_ITEM_PROBLEMS:
+                problems += found
+        if bad > _MAX_ITEM_PROBLEMS:
+            problems.append(f"... and {bad - _MAX_ITEM_PROBLEMS} more items of {path} are wrong")
         return problems
     return []
 
@@ -113,6 +130,70 @@ def truncate_output(text: str, max_chars: int | None) -> str:
     if max_chars is None or len(text) <= max_chars:
         return text
     return text[:max_chars] + TRUNCATION_MARKER.format(n=len(text) - max_chars)
+
+
+class ToolStopped(RuntimeError):
+    """Raised by ``CallBudget.check`` inside a tool whose call was stopped or ran past its deadline."""
+
+
+class CallBudget:
+    """The time one tool call may take and a stop flag; tools doing long work check it between pieces."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.deadline = time.monotonic() + timeout_s if timeout_s is not None else math.inf
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        """True once the call was stopped or its deadline passed."""
+        return self._stop.is_set() or time.monotonic() >= self.deadline
+
+    def remaining(self) -> float:
+        """Seconds left (0 once stopped; inf without a deadline)."""
+        return 0.0 if self._stop.is_set() else max(self.deadline - time.monotonic(), 0.0)
+
+    def check(self) -> None:
+        if self.stopped:
+            raise ToolStopped("the call was stopped (its time budget is spent)")
+
+
+_BUDGET: contextvars.ContextVar[CallBudget | None] = contextvars.ContextVar("taskrl_call_budget", default=None)
+
+
+def call_budget() -> CallBudget | None:
+    """The budget of the tool call running in this thread or task; None outside a tool call."""
+    return _BUDGET.get()
+
+
+def _run_in_thread(
+    fn: Callable[..., Any], kwargs: dict[str, Any], budget: CallBudget, name: str
+) -> tuple[asyncio.Future[Any], threading.Thread]:
+    """Start ``fn(**kwargs)`` in its own daemon thread with ``budget`` as its ``call_budget()``."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    # A call that timed out no longer awaits its future: retrieve a late exception so asyncio does not log it.
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
+    context = contextvars.copy_context()
+
+    def deliver(setter: Callable[[Any], None], value: Any) -> None:
+        if not future.done():
+            setter(value)
+
+    def work() -> None:
+        _BUDGET.set(budget)
+        try:
+            value, setter = fn(**kwargs), future.set_result
+        except BaseException as e:  # noqa: BLE001 - delivered to the awaiting call
+            value, setter = e, future.set_exception
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for this result any more
+            loop.call_soon_threadsafe(deliver, setter, value)
+
+    thread = threading.Thread(target=context.run, args=(work,), name=f"taskrl-tool-{name}", daemon=True)
+    thread.start()
+    return future, thread
 
 
 @dataclass
@@ -159,28 +240,41 @@ class Tool:
                 problems += _check_value(v, props[a], f"argument '{a}'")
         return problems
 
+    def _error(self, call: ToolCall, message: str) -> ToolResult:
+        """An error result, capped like any output (a message listing 100k bad ids must not fill the context)."""
+        cap = self.max_output_chars or DEFAULT_MAX_OUTPUT_CHARS
+        return ToolResult(call.id, self.name, truncate_output(message, cap), True)
+
     async def __call__(self, call: ToolCall) -> ToolResult:
-        """Validate, run with the timeout, stringify and truncate. Never raises."""
+        """Validate, run with the timeout (stopping the work when it expires), stringify and truncate. Never raises."""
         problems = self.validate(call.arguments)
         if problems:
-            return ToolResult(call.id, self.name, f"Invalid call to '{self.name}': " + "; ".join(problems), True)
+            return self._error(call, f"Invalid call to '{self.name}': " + "; ".join(problems))
+        budget = CallBudget(self.timeout_s)
         deadline = asyncio.timeout(self.timeout_s)
+        thread: threading.Thread | None = None
+        token = _BUDGET.set(budget)
         try:
             async with deadline:
                 if inspect.iscoroutinefunction(self.fn):  # also sees through functools.partial
                     out = await self.fn(**call.arguments)
                 elif self.in_thread:
-                    out = await asyncio.to_thread(self.fn, **call.arguments)
+                    future, thread = _run_in_thread(self.fn, call.arguments, budget, self.name)
+                    out = await asyncio.shield(future)
                 else:
                     out = self.fn(**call.arguments)
         except TimeoutError as e:
             if not deadline.expired():  # the tool itself raised TimeoutError: report it like any failure
-                return ToolResult(call.id, self.name, f"Tool '{self.name}' failed: TimeoutError: {e}", True)
-            return ToolResult(
-                call.id, self.name, f"Tool '{self.name}' timed out after {self.timeout_s:g}s", True
-            )
+                return self._error(call, f"Tool '{self.name}' failed: TimeoutError: {e}")
+            note = await _stop(budget, thread)
+            return self._error(call, f"Tool '{self.name}' timed out after {self.timeout_s:g}s{note}")
+        except ToolStopped:
+            return self._error(call, f"Tool '{self.name}' timed out after {self.timeout_s:g}s")
         except Exception as e:  # noqa: BLE001 - a tool's failure is an observation for the model
-            return ToolResult(call.id, self.name, f"Tool '{self.name}' failed: {type(e).__name__}: {e}", True)
+            return self._error(call, f"Tool '{self.name}' failed: {type(e).__name__}: {e}")
+        finally:
+            budget.stop()  # also when the episode is cancelled: the work must not outlive its call
+            _BUDGET.reset(token)
         text = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
         return ToolResult(call.id, self.name, truncate_output(text, self.max_output_chars))
 
@@ -290,10 +384,12 @@ class ToolSet:
         """Why this call cannot run (unknown tool, bad arguments), as a message for the model; else None."""
         t = self._by_name.get(call.name)
         if t is None:
-            return f"Unknown tool '{call.name}'. Available tools: {', '.join(self.names) or 'none'}."
+            name = call.name if len(call.name) <= 100 else call.name[:100] + "..."
+            return f"Unknown tool '{name}'. Available tools: {', '.join(self.names) or 'none'}."
         problems = t.validate(call.arguments)
         if problems:
-            return f"Invalid call to '{call.name}': " + "; ".join(problems) + "."
+            message = f"Invalid call to '{call.name}': " + "; ".join(problems) + "."
+            return truncate_output(message, DEFAULT_MAX_OUTPUT_CHARS)
         return None
 
     def cost(self, calls: list[ToolCall]) -> float:
@@ -316,5 +412,16 @@ class ToolSet:
         return list(await asyncio.gather(*jobs))
 
 
+async def _stop(budget: CallBudget, thread: threading.Thread | None) -> str:
+    """Stop a timed-out call and give its thread ``STOP_GRACE_S`` to end; a note when it did not."""
+    budget.stop()
+    if thread is None:
+        return ""
+    end = time.monotonic() + STOP_GRACE_S
+    while thread.is_alive() and time.monotonic() < end:
+        await asyncio.sleep(0.005)
+    return " (its work is still ending in the background)" if thread.is_alive() else ""
+
+
 async def _error(call: ToolCall, message: str) -> ToolResult:
-    return ToolResult(call.id, call.name, message, is_error=True)
+    return ToolResult(call.id, call.name, truncate_output(message, DEFAULT_MAX_OUTPUT_CHARS), is_error=True)

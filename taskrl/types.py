@@ -3,17 +3,26 @@
 Everything here is a plain dataclass that round-trips exactly through JSON (``to_json``/``from_json``),
 so trajectories written by a rollout can be re-read by a trainer, a report or another process.
 ``SCHEMA_VERSION`` is bumped on any incompatible change; readers refuse newer versions.
+Serialisation cannot be crashed by model output: values nested deeper than ``MAX_VALUE_DEPTH`` (a tool call's
+arguments, ``info``) are stored as a truncated JSON string (``bound_value``), and objects JSON cannot hold as text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SCHEMA_VERSION = 1
+MAX_VALUE_DEPTH = 64
+"""Deepest container nesting kept as structure inside one field; deeper values become a truncated string."""
+MAX_ARGUMENT_CHARS = 65_536
+"""Largest tool-call arguments (as JSON) a call may carry; larger ones are stored truncated and the call is invalid."""
+TRUNCATED_KEY = "__truncated__"
+"""Key of the stand-in dict for a value that was too deep or too large: ``{TRUNCATED_KEY: "<first chars>"}``."""
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -24,6 +33,121 @@ class SchemaVersionError(ValueError):
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def compact_json(value: Any, max_chars: int) -> str:
+    """JSON-like text of ``value`` cut at about ``max_chars``, built with an explicit stack (any depth, any size)."""
+    out: list[str] = []
+    size = 0
+    stack: list[Any] = [value]
+    while stack and size < max_chars:
+        item = stack.pop()
+        if isinstance(item, _Lit):
+            piece = item.text
+        elif isinstance(item, dict):
+            piece = "{"
+            parts: list[Any] = []
+            for i, (k, v) in enumerate(item.items()):
+                parts += [_Lit(", " if i else ""), _Lit(json.dumps(str(k)) + ": "), v]
+            stack += [_Lit("}"), *reversed(parts)]
+        elif isinstance(item, list | tuple):
+            piece = "["
+            parts = []
+            for i, v in enumerate(item):
+                parts += [_Lit(", " if i else ""), v]
+            stack += [_Lit("]"), *reversed(parts)]
+        elif item is None or isinstance(item, bool | int | float | str):
+            try:
+                piece = json.dumps(item, ensure_ascii=False)
+            except ValueError:  # an int too long for str(): its size is what matters
+                piece = f"<int of {item.bit_length()} bits>"
+        else:
+            piece = json.dumps(str(item), ensure_ascii=False)
+        out.append(piece)
+        size += len(piece)
+    text = "".join(out)
+    return text[:max_chars] + ("..." if stack or len(text) > max_chars else "")
+
+
+@dataclass(frozen=True)
+class _Lit:
+    """Literal text in ``compact_json``'s stack (brackets and separators)."""
+
+    text: str
+
+
+def value_depth(value: Any, limit: int) -> int:
+    """Container nesting depth of ``value``, counted without recursion and no further than ``limit + 1``."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return deepest
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def bound_value(
+    value: Any, *, max_depth: int = MAX_VALUE_DEPTH, max_chars: int | None = None
+) -> tuple[Any, str | None]:
+    """``(value, None)`` when it is within the limits, else ``({TRUNCATED_KEY: text}, why)``.
+
+    ``text`` is the value's JSON cut to ``max_chars`` (or 2,000 characters when only the depth is exceeded).
+    """
+    problem = None
+    if value_depth(value, max_depth) > max_depth:
+        problem = f"nested deeper than {max_depth} levels"
+    elif max_chars is not None:
+        text = compact_json(value, max_chars + 1)
+        if len(text) > max_chars:
+            problem = f"larger than {max_chars:,} characters of JSON"
+    if problem is None:
+        return value, None
+    return {TRUNCATED_KEY: compact_json(value, max_chars or 2000)}, problem
+
+
+def bound_arguments(arguments: Any) -> tuple[Any, str | None]:
+    """Tool-call arguments as a call may carry them, and why they were cut (the call is then invalid)."""
+    return bound_value(arguments, max_depth=MAX_VALUE_DEPTH // 2, max_chars=MAX_ARGUMENT_CHARS)
+
+
+def to_plain(obj: Any, depth: int = 0) -> Any:
+    """JSON-ready copy of a dataclass tree (like ``dataclasses.asdict``) that no value can crash.
+
+    Containers deeper than ``MAX_VALUE_DEPTH`` inside one field become ``{TRUNCATED_KEY: text}``; objects JSON
+    cannot hold become their ``str``. Dataclass fields restart the depth count, so nested trajectories are kept.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict | list | tuple):
+        if depth >= MAX_VALUE_DEPTH:
+            return {TRUNCATED_KEY: compact_json(obj, 2000)}
+        if isinstance(obj, dict):
+            return {
+                k if isinstance(k, str) else str(k): v if _plain_scalar(v) else to_plain(v, depth + 1)
+                for k, v in obj.items()
+            }
+        return [v if _plain_scalar(v) else to_plain(v, depth + 1) for v in obj]
+    if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > _MAX_INT_BITS:
+        return f"<int of {obj.bit_length()} bits>"  # json.dumps cannot write it (int/str conversion limit)
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
+
+
+_SAFE_SCALARS = frozenset({str, float, bool, type(None)})
+_MAX_INT_BITS = 4096 * 3  # well under the 4,300-digit limit of int -> str
+_BIG_INT = 1 << _MAX_INT_BITS
+
+
+def _plain_scalar(value: Any) -> bool:
+    """A value ``to_plain`` returns as is (token ids and logprobs take this fast path)."""
+    kind = type(value)
+    return kind in _SAFE_SCALARS or (kind is int and -_BIG_INT < value < _BIG_INT)
 
 
 @dataclass
@@ -185,7 +309,8 @@ class Trajectory:
         return sum(s.num_sampled for s in self.segments)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """A JSON-ready dict; values too deep to keep are truncated strings (``to_plain``), never a crash."""
+        return to_plain(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=True)

@@ -51,3 +51,60 @@ def test_user_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
         assert run.returncode == 2, (args, run.stdout, run.stderr)
         lines = [line for line in run.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:") and fix in lines[0], (args, run.stderr)
+
+
+def test_rollout_eval_and_env_check_on_the_users_own_corpus(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from taskrl.cli import app
+
+    sys.path.insert(0, str(Path(__file__).parent / "envs" / "search"))
+    from search_planted import write_namespaced
+
+    corpus = tmp_path / "corpus"
+    runner = CliRunner()
+    built = runner.invoke(app, ["corpus", "build", str(write_namespaced(tmp_path / "src")), "--out", str(corpus),
+                                "--embedder", "hashing-384", "--chunk-tokens", "64"])  # fmt: skip
+    assert built.exit_code == 0, built.output
+    made = runner.invoke(app, ["datagen", "multihop", "--corpus", str(corpus), "--n", "6"])
+    assert made.exit_code == 0, made.output
+    check = runner.invoke(app, ["env", "check", "search", "--corpus", str(corpus)])
+    assert check.exit_code == 0 and "passes check_env" in check.output, check.output
+    out = tmp_path / "runs.jsonl"
+    played = runner.invoke(app, ["rollout", "--env", "search", "--policy", "scripted", "--n", "2", "--split", "train",
+                                 "--corpus", str(corpus), "--out", str(out)])  # fmt: skip
+    assert played.exit_code == 0, played.output
+    trajs = read_jsonl(str(out))
+    assert len(trajs) == 2 and all(t.metrics["search/output_recall"] == 1.0 for t in trajs)
+    assert all(d.count(":") or "++" in d for t in trajs for d in t.info["output_doc_ids"])  # the user's ids
+    assert json.loads(out.with_suffix(".meta.json").read_text())["env_kwargs"] == {"corpus": str(corpus)}
+    kwargs = json.dumps({"corpus": str(corpus), "reward": {"answer_weight": 0.5}})
+    evaluated = runner.invoke(app, ["eval", "--env", "search", "--env-kwargs", kwargs, "--n", "2", "--k", "1",
+                                    "--out", str(tmp_path / "eval")])  # fmt: skip
+    assert evaluated.exit_code == 0, evaluated.output
+    result = json.loads((tmp_path / "eval" / "eval" / "eval.json").read_text())
+    assert result["policies"]["scripted"]["mean_reward"]["value"] == 2.5  # the answer term was on
+
+
+def test_bad_env_kwargs_are_one_line_naming_the_field(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from taskrl.cli import app
+    from taskrl.cli_options import EnvOptionsError
+
+    cases = {
+        ("--env-kwargs", "{not json"): "--env-kwargs is not valid JSON",
+        ("--env-kwargs", "[1, 2]"): "--env-kwargs must be a JSON object",
+        ("--env-kwargs", '{"per_call_budget": "big"}'): "SearchEnvConfig.per_call_budget must be int",
+        ("--env-kwargs", '{"reward": {"answer_wieght": 1}}'): "unexpected keyword argument 'answer_wieght'",
+        ("--corpus", str(tmp_path / "nowhere")): "no corpus at",
+    }
+    for i, (args, fix) in enumerate(cases.items()):
+        out = tmp_path / f"{i}.jsonl"
+        run = CliRunner().invoke(app, ["rollout", "--env", "search", "--policy", "scripted", *args, "--out", str(out)])
+        assert isinstance(run.exception, EnvOptionsError) and fix in str(run.exception), (args, run.exception)
+        assert not out.exists()  # it failed before writing anything
+    shop = taskrl("env", "check", "shop", "--env-kwargs", '{"colour": "red"}')  # through main(): one line, exit 2
+    lines = [line for line in shop.stderr.splitlines() if line.strip()]
+    assert shop.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --env-kwargs for env 'shop'")
+    assert "colour" in lines[0]

@@ -298,3 +298,52 @@ async def test_env_is_told_the_exact_context_size(fmt: ChatFormat) -> None:
     prompts = [len(p) + len(c.token_ids) for p, c in policy.turns]
     assert [used for used, _ in env.seen] == prompts
     assert env.seen[-1][0] == traj.num_tokens
+
+
+DEEP_CALL = '<tool_call>{"name": "lookup_price", "arguments": {"item": ' + "[" * 500 + "]" * 500 + "}}</tool_call>"
+
+
+async def test_arguments_nested_500_deep_are_an_invalid_call_and_every_trajectory_is_written(
+    fmt: ChatFormat, tmp_path: Any
+) -> None:
+    from taskrl.cli import _play
+    from taskrl.runlog import RunLog
+    from taskrl.types import TRUNCATED_KEY, read_jsonl, write_jsonl
+
+    turns = [DEEP_CALL, call("lookup_price", item="apple"), "The total is 48."]
+    tasks = make("shop").tasks()[:3]
+    config = RolloutConfig(sampling=SamplingParams(max_new_tokens=2048), max_context_tokens=8192, concurrency=1)
+    trajs = await run_episodes(
+        lambda: make("shop"), ScriptedPolicy.from_turns(turns * 3, chat_format=fmt), tasks, config
+    )
+    assert len(trajs) == 3 and all(t.error is None for t in trajs)
+    for traj in trajs:
+        assert traj.metrics["invalid_tool_calls"] >= 1
+        first = next(i for i, m in enumerate(traj.messages) if m.role == "assistant")
+        deep = traj.messages[first].tool_calls[0]
+        assert set(deep.arguments) == {TRUNCATED_KEY} and deep.arguments[TRUNCATED_KEY].startswith('{"item": [[[')
+        assert "nested deeper than" in traj.messages[first + 1].content
+        assert traj.reward <= make("shop").failure_reward  # an invalid call never beats a failure
+    write_jsonl(str(tmp_path / "lib.jsonl"), trajs)  # the library writer
+    log = RunLog(tmp_path / "run")  # the trainer's trajectory writer
+    assert len(read_jsonl(str(log.write_trajectories(0, trajs)))) == 3
+    assert [t.id for t in read_jsonl(str(tmp_path / "lib.jsonl"))] == [t.id for t in trajs]
+    out = tmp_path / "cli.jsonl"  # and `taskrl rollout`'s writer, with the same deep calls
+    played = await _play("shop", ScriptedPolicy.from_turns(turns * 3, chat_format=fmt), tasks, config, out)
+    assert len(played) == len(read_jsonl(str(out))) == 3
+
+
+def test_trajectory_with_any_value_serialises() -> None:
+    from taskrl.types import TRUNCATED_KEY, ToolCall
+
+    deep: list = []
+    cursor = deep
+    for _ in range(100_000):  # far past the recursion limit
+        cursor.append([])
+        cursor = cursor[0]
+    traj = Trajectory(messages=[Message("assistant", "", [ToolCall("c", "f", {"x": deep})])])
+    traj.info.update({"deep": deep, "path": __import__("pathlib").Path("/tmp"), "huge": 10**5000, 3: "int key"})
+    back = Trajectory.from_json(traj.to_json())
+    assert TRUNCATED_KEY in str(back.messages[0].tool_calls[0].arguments)
+    assert TRUNCATED_KEY in str(back.info["deep"])
+    assert back.info["path"] == "/tmp" and back.info["huge"].startswith("<int of") and back.info["3"] == "int key"

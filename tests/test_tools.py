@@ -7,7 +7,16 @@ from typing import Literal, Optional
 
 import pytest
 
-from taskrl.tools import TRUNCATION_MARKER, Tool, ToolDefinitionError, ToolSet, tool, truncate_output
+from taskrl.tools import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    TRUNCATION_MARKER,
+    Tool,
+    ToolDefinitionError,
+    ToolSet,
+    call_budget,
+    tool,
+    truncate_output,
+)
 from taskrl.types import ToolCall
 
 
@@ -364,7 +373,8 @@ async def test_hanging_sync_tool_times_out() -> None:
     finally:
         release.set()
     assert result.is_error
-    assert result.content == "Tool 'hang' timed out after 0.15s"
+    assert result.content.startswith("Tool 'hang' timed out after 0.15s")
+    assert "still ending in the background" in result.content  # it ignores its budget: the model is told
     assert 0.14 <= elapsed < 0.6
 
 
@@ -565,3 +575,62 @@ async def test_unknown_tool_message_lists_available_tools() -> None:
 
 async def test_execute_empty_turn() -> None:
     assert await ToolSet([_named("a")]).execute([]) == []
+
+
+def _tool_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"taskrl-tool-{name}"]
+
+
+async def test_timeout_stops_a_cooperative_tool_and_its_thread_ends() -> None:
+    scanned = []
+
+    @tool(timeout_s=0.2)
+    def scan() -> str:
+        """Scan forever, checking the call budget between pieces of work."""
+        budget = call_budget()
+        assert budget is not None
+        while True:
+            budget.check()  # raises ToolStopped once the call is stopped
+            scanned.append(1)
+            time.sleep(0.005)
+
+    result = await scan(call("scan"))
+    assert result.is_error and result.content.startswith("Tool 'scan' timed out after 0.2s")
+    for thread in _tool_threads("scan"):
+        thread.join(10)  # generous: the machine may be loaded; the point is that it ends at all
+    assert _tool_threads("scan") == []
+    count = len(scanned)
+    time.sleep(0.05)
+    assert len(scanned) == count > 0  # no work after the call ended
+    assert call_budget() is None  # the budget does not leak out of the call
+
+
+async def test_tool_threads_are_daemons_and_end_after_normal_calls() -> None:
+    seen = {}
+
+    @tool
+    def where() -> str:
+        """Report the thread the call runs in."""
+        seen["thread"] = threading.current_thread()
+        return "ok"
+
+    assert (await where(call("where"))).content == "ok"
+    seen["thread"].join(10)
+    assert seen["thread"].daemon and not seen["thread"].is_alive()
+
+
+async def test_error_messages_are_capped_like_results() -> None:
+    @tool
+    def prune(chunk_ids: list[str]) -> str:
+        """Fail with a message naming every id."""
+        raise KeyError("unknown chunk ids: " + ", ".join(chunk_ids))
+
+    ids = [f"doc{i}#{i}" for i in range(100_000)]
+    result = await prune(call("prune", {"chunk_ids": ids}))
+    assert result.is_error and "more characters" in result.content
+    assert len(result.content) <= DEFAULT_MAX_OUTPUT_CHARS + 80
+    bad_types = await prune(call("prune", {"chunk_ids": list(range(100_000))}))
+    assert bad_types.is_error and bad_types.content.startswith("Invalid call to 'prune'")
+    assert len(bad_types.content) <= DEFAULT_MAX_OUTPUT_CHARS + 80
+    (via_set,) = await ToolSet([prune]).execute([call("prune", {"chunk_ids": list(range(100_000))})])
+    assert via_set.is_error and len(via_set.content) <= DEFAULT_MAX_OUTPUT_CHARS + 80

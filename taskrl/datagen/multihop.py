@@ -3,9 +3,11 @@
 Gather documents -> extract a clue (a quoted sentence with one term masked), question and answer -> verify
 (the quote is string-matched in the stored chunks; the answer is in the quote, not in the question) -> add
 distractors (chunks that look relevant, verified not to contain the answer) -> chain 2-3 hops (a clue's
-masked term is the id of the next hop's document) -> re-verify the whole task. A task that fails any check is
-dropped and counted by reason, never kept. Generators: ``ExtractiveGenerator`` (deterministic rules, CPU,
-no model) and ``LLMGenerator`` (any Policy proposes question/answer/quote; the same verification applies).
+masked term is the id of the next hop's document, found as a whole id token through an inverted index of
+normalised ids: ``BridgeIndex``; ``a-b`` never matches inside ``a-b-c``) -> re-verify the whole task. A task
+that fails any check is dropped and counted by reason, never kept. Generators: ``ExtractiveGenerator``
+(deterministic rules, CPU, no model) and ``LLMGenerator`` (any Policy proposes question/answer/quote; the same
+verification applies).
 Output: ``Task`` JSONL; ``info["facts"][i]["chunk_ids"]`` is the ground truth for recall, ``difficulty`` = hops.
 """
 
@@ -22,6 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
+from taskrl.datagen.bridges import ID_NORMALISATIONS, ID_TOKEN_RE, MASK, TOKEN_EDGE, BridgeIndex
 from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.base import Policy, SamplingParams
@@ -43,9 +46,6 @@ _COMMON_WORDS = (
     "modules never false true none error errors raise raised following example specified optional"
 )
 _COMMON = frozenset(_COMMON_WORDS.split())
-MASK = "[X{}]"
-
-
 def normalize(text: str) -> str:
     """Whitespace collapsed and pydoc's ``|`` class gutter removed: the form quotes are matched in."""
     return " ".join(_GUTTER_RE.sub(" ", text).split())
@@ -80,8 +80,15 @@ class GenerationConfig:
     """Longest quoted sentence, in words."""
     max_attempts: int = 50
     """Attempts per requested task before giving up (the report says how many were dropped and why)."""
+    id_normalisation: str = "casefold"
+    """How id tokens in text are matched to document ids: exact, casefold or separators (see ID_NORMALISATIONS)."""
 
     def __post_init__(self) -> None:
+        if self.id_normalisation not in ID_NORMALISATIONS:
+            raise ValueError(
+                f"GenerationConfig.id_normalisation must be one of {', '.join(ID_NORMALISATIONS)}, "
+                f"got {self.id_normalisation!r}"
+            )
         if self.n < 1:
             raise ValueError(f"GenerationConfig.n must be >= 1, got {self.n}")
         if not self.hops or any(h not in (1, 2, 3) for h in self.hops):
@@ -115,9 +122,19 @@ class GenerationReport:
     requested: int
     kept: int = 0
     dropped: Counter = field(default_factory=Counter)
+    id_normalisation: str = "casefold"
+    """How bridge ids were matched (GenerationConfig.id_normalisation)."""
+    bridge_sources: int = 0
+    """(document, sentence) pairs that mention another document: the raw material of multi-hop chains."""
+    ambiguous_ids: list[str] = field(default_factory=list)
+    """Normalised ids shared by several documents (they never bridge); a stricter normalisation keeps them."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"requested": self.requested, "kept": self.kept, "dropped": dict(sorted(self.dropped.items()))}
+        return {
+            "requested": self.requested, "kept": self.kept, "dropped": dict(sorted(self.dropped.items())),
+            "id_normalisation": self.id_normalisation, "bridge_sources": self.bridge_sources,
+            "ambiguous_ids": self.ambiguous_ids[:20],
+        }  # fmt: skip
 
 
 # -- verification ---------------------------------------------------------------------------------------
@@ -127,9 +144,15 @@ def supporting_chunks(quote: str, chunks: Iterable[Chunk]) -> list[str]:
     return [c.id for c in chunks if needle and needle in normalize(c.text)]
 
 
-def verify_fact(fact: Fact, store: CorpusStore) -> str | None:
-    """Why this hop is not supported by the corpus, or None. Fills ``fact.chunk_ids`` from the store."""
-    if not contains_term(fact.quote, fact.term):
+def verify_fact(fact: Fact, store: CorpusStore, bridges: BridgeIndex | None = None) -> str | None:
+    """Why this hop is not supported by the corpus, or None. Fills ``fact.chunk_ids`` from the store.
+
+    With ``bridges``, the fact is a bridge hop: its term is a document id, which must occur as a whole id token.
+    """
+    if bridges is not None:
+        if fact.term not in bridges.mentioned(fact.quote):
+            return "term_not_in_quote"
+    elif not contains_term(fact.quote, fact.term):
         return "term_not_in_quote"
     in_doc = supporting_chunks(fact.quote, store.document_chunks(fact.doc_id))
     if not in_doc:
@@ -140,15 +163,21 @@ def verify_fact(fact: Fact, store: CorpusStore) -> str | None:
     return None
 
 
-def render_prompt(facts: Sequence[Fact]) -> str:
-    """The question the model sees: one clue per hop; each masked term names the next hop's document."""
+def render_prompt(facts: Sequence[Fact], bridges: BridgeIndex | None = None) -> str:
+    """The question the model sees: one clue per hop; each masked term names the next hop's document.
+
+    Bridge ids are masked as whole id tokens (``bridges``; casefold matching when None), answers as words.
+    """
+    bridges = bridges or BridgeIndex([f.term for f in facts[:-1]])
     lines = ["Find the documents that answer this question, then answer it."]
     for i, fact in enumerate(facts, 1):
         where = f" (this passage is in the document whose id is {MASK.format(i - 1)})" if i > 1 else ""
+        quote = normalize(fact.quote)
+        masked = bridges.mask(quote, fact.term, i) if i < len(facts) else mask_term(quote, fact.term, i)
         if fact.question is not None:
             lines.append(f"Clue {i}{where}: {fact.question}")
         else:
-            lines.append(f'Clue {i}{where}: "{mask_term(normalize(fact.quote), fact.term, i)}"')
+            lines.append(f'Clue {i}{where}: "{masked}"')
     last = facts[-1]
     lines.append("Question: " + (last.question or f"what is {MASK.format(len(facts))}?"))
     return "\n".join(lines)
@@ -177,7 +206,12 @@ def verify_task(task: Task, store: CorpusStore) -> list[str]:
             problems.append(f"fact_{i}_quote_not_in_chunk")
         elif fact["doc_id"] not in {doc_id_of(c) for c in fact["chunk_ids"]}:
             problems.append(f"fact_{i}_quote_not_in_document")
-        if i + 1 < len(facts) and fact["term"] != facts[i + 1]["doc_id"]:
+        if i + 1 < len(facts) and (
+            fact["term"] != facts[i + 1]["doc_id"]
+            or fact["term"] not in BridgeIndex([fact["term"]], info.get("id_normalisation", "casefold")).mentioned(
+                fact["quote"]
+            )
+        ):
             problems.append(f"fact_{i}_bridge_mismatch")
     if not answer or contains_term(task.prompt, answer):
         problems.append("answer_in_question")
@@ -207,29 +241,22 @@ class _CorpusIndex:
 
     def __init__(self, store: CorpusStore, config: GenerationConfig) -> None:
         self.doc_ids = store.document_ids()
-        self.lower_ids = {d.lower() for d in self.doc_ids}
+        self.bridges = BridgeIndex(self.doc_ids, config.id_normalisation)
         self.sentences: dict[str, list[str]] = {d: [] for d in self.doc_ids}
         doc_terms: dict[str, set[str]] = {d: set() for d in self.doc_ids}
         for chunk in store.iter_chunks():
             self.sentences[chunk.doc_id].extend(_sentences(chunk, config))
             doc_terms[chunk.doc_id].update(t.lower() for t in _TERM_RE.findall(chunk.text))
         self.df = Counter(t for terms in doc_terms.values() for t in terms)
-        self.mentions: dict[str, list[tuple[str, str]]] = {d: [] for d in self.doc_ids}
-        by_lower = {d.lower(): d for d in self.doc_ids}
-        # One alternation for all ids (longest first) instead of one search per (sentence, document).
-        names = "|".join(re.escape(d) for d in sorted(self.doc_ids, key=len, reverse=True))
-        mention_re = re.compile(rf"(?<![\w])(?:{names})(?![\w])", re.I) if names else None
-        for source, sentences in self.sentences.items():
-            for sentence in dict.fromkeys(sentences):
-                found = {by_lower[m.lower()] for m in mention_re.findall(sentence)} if mention_re else set()
-                for target in sorted(found - {source}):
-                    self.mentions[target].append((source, sentence))
+        self.mentions = self.bridges.mentions(self.sentences)
 
     def answer_terms(self, doc_id: str, sentence: str, config: GenerationConfig) -> list[str]:
+        """Rare words of ``sentence`` that are whole tokens (not part of an id such as ``pkg:word-x``)."""
         terms = []
+        whole = {m.group().strip(TOKEN_EDGE) for m in ID_TOKEN_RE.finditer(sentence)}
         for term in dict.fromkeys(_TERM_RE.findall(sentence)):
             low = term.lower()
-            if low in _COMMON or low in self.lower_ids or self.df[low] > config.max_answer_df:
+            if term not in whole or low in _COMMON or self.bridges.resolve(term) or self.df[low] > config.max_answer_df:
                 continue
             if len(re.findall(rf"(?<![\w]){re.escape(term)}(?![\w])", sentence, re.I)) == 1:
                 terms.append(term)
@@ -270,7 +297,7 @@ class ExtractiveGenerator:
         while len(facts) < hops:
             target = facts[0].doc_id
             used = {f.doc_id for f in facts}
-            options = [(d, s) for d, s in self.index.mentions[target] if d not in used]
+            options = [(d, s) for d, s in self.index.mentions.get(target, ()) if d not in used]
             if not options:
                 return None
             source, sentence = self.rng.choice(options)
@@ -294,16 +321,17 @@ class ExtractiveGenerator:
 
     def assemble(self, facts: list[Fact], report: GenerationReport, task_id: str) -> Task | None:
         """Verify every hop, attach distractors, re-verify the whole task; None (counted) on any failure."""
-        for fact in facts:
-            problem = verify_fact(fact, self.store)
+        for i, fact in enumerate(facts):
+            problem = verify_fact(fact, self.store, self.index.bridges if i + 1 < len(facts) else None)
             if problem is not None:
                 report.dropped[problem] += 1
                 return None
         answer = facts[-1].term
-        prompt = render_prompt(facts)
+        prompt = render_prompt(facts, self.index.bridges)
         info = {
             "answer": answer,
             "difficulty": len(facts),
+            "id_normalisation": self.config.id_normalisation,
             "facts": [asdict(f) for f in facts],
             "answer_chunk_ids": list(facts[-1].chunk_ids),
             "distractor_chunk_ids": self.distractors(facts, answer, report),
@@ -336,9 +364,16 @@ class ExtractiveGenerator:
             self._kept_quotes.add(final.quote)
         return task
 
+    def new_report(self) -> GenerationReport:
+        bridge_sources = sum(len(v) for v in self.index.mentions.values())
+        return GenerationReport(
+            self.config.n, id_normalisation=self.config.id_normalisation, bridge_sources=bridge_sources,
+            ambiguous_ids=self.index.bridges.ambiguous,
+        )  # fmt: skip
+
     def generate(self) -> tuple[list[Task], GenerationReport]:
         """Up to ``config.n`` verified tasks, cycling through ``config.hops``; the report counts the rest."""
-        report, tasks = GenerationReport(self.config.n), []
+        report, tasks = self.new_report(), []
         for index in range(self.config.n * self.config.max_attempts):
             if len(tasks) >= self.config.n:
                 break
@@ -392,7 +427,7 @@ class LLMGenerator(ExtractiveGenerator):
 
     async def agenerate(self) -> tuple[list[Task], GenerationReport]:
         """Like ``generate``, with the policy proposing every last hop."""
-        report, tasks = GenerationReport(self.config.n), []
+        report, tasks = self.new_report(), []
         for index in range(self.config.n * self.config.max_attempts):
             if len(tasks) >= self.config.n:
                 break
@@ -430,19 +465,31 @@ def read_tasks(path: str | Path) -> list[Task]:
     return tasks
 
 
+class TooFewTasksError(ValueError):
+    """Generation kept no task, or fewer than ``--strict`` demands (printed as one line, exit code 2)."""
+
+
 def multihop_command(
     corpus: Annotated[Path, typer.Option(help="corpus directory from `taskrl corpus build`")],
     n: Annotated[int, typer.Option(help="tasks to keep")] = 64,
     out: Annotated[Path | None, typer.Option(help="tasks JSONL (default: CORPUS/tasks.jsonl)")] = None,
     seed: Annotated[int, typer.Option(help="seed of every random choice")] = 0,
     hops: Annotated[str, typer.Option(help="difficulties (hops) to cycle through, e.g. 1,2,3")] = "1,2,3",
+    id_normalisation: Annotated[
+        str, typer.Option(help="how id tokens in text match document ids: exact, casefold or separators (-_. alike)")
+    ] = "casefold",
+    strict: Annotated[bool, typer.Option(help="fail (exit 2, nothing written) unless all --n tasks are kept")] = False,
     generator: Annotated[str, typer.Option(help="extractive (rules, CPU, no model) or llm (a policy)")] = "extractive",
     policy: Annotated[str, typer.Option(help="llm generator: hf or openai")] = "openai",
     model: Annotated[str, typer.Option(help="llm generator: model name or 'smollm2'")] = "smollm2",
     base_url: Annotated[str | None, typer.Option(help="llm generator with openai: server URL incl. /v1")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: API key")] = None,
 ) -> None:
-    """Generate verified multi-hop search tasks (JSONL) from a corpus; failed tasks are dropped and counted."""
+    """Generate verified multi-hop search tasks (JSONL) from a corpus; failed tasks are dropped and counted.
+
+    Keeping no task is an error (nothing is written); keeping fewer than --n prints a warning with the reasons
+    (an error with --strict).
+    """
     import asyncio
 
     from rich.console import Console
@@ -453,7 +500,7 @@ def multihop_command(
         hop_values = tuple(int(h) for h in hops.split(","))
     except ValueError:
         raise ValueError(f"--hops must be comma-separated integers such as 1,2,3, got {hops!r}") from None
-    config = GenerationConfig(n=n, seed=seed, hops=hop_values)
+    config = GenerationConfig(n=n, seed=seed, hops=hop_values, id_normalisation=id_normalisation)
     store = CorpusStore(corpus)
     if generator == "extractive":
         tasks, report = ExtractiveGenerator(store, config).generate()
@@ -462,9 +509,23 @@ def multihop_command(
         tasks, report = asyncio.run(LLMGenerator(store, llm, config).agenerate())
     else:
         raise ValueError(f"--generator must be 'extractive' or 'llm', got {generator!r}")
+    reasons = ", ".join(f"{k}: {v}" for k, v in report.dropped.most_common(5)) or "none"
+    bridges = (
+        f"id normalisation {report.id_normalisation}, {report.bridge_sources} bridge sentences"
+        + (f", {len(report.ambiguous_ids)} ambiguous ids" if report.ambiguous_ids else "")
+    )
+    if not tasks or (strict and len(tasks) < n):
+        raise TooFewTasksError(
+            f"kept {report.kept} of {n} tasks, nothing written ({bridges}; dropped: {reasons}); try other --hops, "
+            "a larger corpus, or --id-normalisation separators if ids are written differently in the text"
+        )
     path = write_tasks(tasks, out or corpus / "tasks.jsonl")
     by_hops = ", ".join(f"{h} hops: {c}" for h, c in sorted(Counter(t.info["difficulty"] for t in tasks).items()))
-    Console().print(
-        f"kept {report.kept}/{report.requested} tasks ({by_hops}); dropped: {dict(report.dropped) or 'none'}; "
-        f"written to {path}"
-    )
+    dropped = dict(report.dropped) or "none"
+    Console().print(f"kept {report.kept}/{report.requested} tasks ({by_hops}); {bridges}; dropped: {dropped}; "
+                    f"written to {path}")  # fmt: skip
+    if len(tasks) < n:
+        Console(stderr=True).print(
+            f"[yellow]warning:[/yellow] only {len(tasks)} of the {n} requested tasks were kept (most dropped: "
+            f"{reasons}); pass --strict to make this an error"
+        )

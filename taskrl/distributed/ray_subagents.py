@@ -3,7 +3,9 @@
     runtime = RaySubagentRuntime(SubagentSpec(env_factory=lambda: make("search"), rollout=rollout), actors=4)
     child = await runtime.run(agent, "Find ...", task_id="t/a/0", seed=1, max_steps=20)
 
-``RaySubagentRuntime`` has ``SubagentRuntime``'s interface and returns the same child trajectories. Each actor
+``RaySubagentRuntime`` has ``SubagentRuntime``'s interface and returns the same child trajectories (a sub-agent cut
+off by its timeout keeps the turns it started; one whose actor stopped answering counts its whole step limit, so
+critical steps never under-count). Each actor
 builds its own frozen policy and wrapped envs from a picklable ``SubagentSpec`` and runs the in-process runtime;
 the run interval is measured on the orchestrator's clock. Pools are shared per process (the swarm env is built per
 episode); ``SwarmEnvConfig.subagent_backend = "ray"`` selects this runtime. Ray is imported on first use only.
@@ -217,6 +219,7 @@ class RaySubagentRuntime:
             except TimeoutError:
                 ray.cancel(ref)  # async actor tasks are cancelled, not force-killed (that would take the actor)
                 child = _failed(task_id, seed, f"TimeoutError: sub-agent actor {index} stopped answering")
+                child.metrics["turns"] = float(max_steps)  # its steps are unknown: count the most it may have run
                 break
             except ray.exceptions.RayTaskError as e:
                 child = _failed(task_id, seed, f"{type(e.cause).__name__}: {e.cause}")

@@ -1,7 +1,7 @@
 """Pure reward formulas (closed forms from the recipes, or our documented stand-ins), golden-tested.
 
 Context-1: ``f_beta``, ``f_beta_sets``, ``prune_penalty``, ``turn_penalty``, ``context1_clamp``; Composer:
-``effort_penalty``; PARL: ``r_parallel``, ``r_finish``. Inputs are validated: a bad value raises
+``effort_penalty``; PARL: ``r_parallel``, ``r_finish``, ``r_efficiency``. Inputs are validated: a bad value raises
 ``ValueError`` naming the argument, so a bad config fails at start instead of producing NaN rewards.
 """
 
@@ -72,8 +72,9 @@ def effort_penalty(x: float, k: float, q: float) -> float:
 def r_parallel(max_concurrent: int, k: int) -> float:
     """PARL's parallelism reward (our closed form; Kimi published none): min(1, max_concurrent / K).
 
-    ``max_concurrent`` is the most sub-agents that ran at the same time in the episode; ``k`` the
-    concurrency that earns full credit. Range [0, 1].
+    ``max_concurrent`` is the most sub-tasks that ran at the same time in the episode (the PARL preset counts
+    distinct useful sub-tasks on a step clock, ``taskrl.rewards.parl``); ``k`` the concurrency that earns full
+    credit. Range [0, 1].
     """
     if k < 1:
         raise ValueError(f"k (sub-agents for full parallel credit) must be >= 1, got {k!r}")
@@ -83,8 +84,9 @@ def r_parallel(max_concurrent: int, k: int) -> float:
 
 
 def r_finish(finished_nonempty: int, created: int) -> float:
-    """PARL's finish reward (our closed form): sub-tasks finished with a non-empty result / sub-agents created.
+    """PARL's finish reward (our closed form): sub-tasks finished / sub-agents created (or assignments).
 
+    The PARL preset counts only distinct useful sub-tasks over max(assignments, sub-agents created).
     0 when no sub-agent was created, so spawning nothing earns nothing. Range [0, 1].
     """
     if created < 0 or finished_nonempty < 0:
@@ -92,6 +94,21 @@ def r_finish(finished_nonempty: int, created: int) -> float:
     if finished_nonempty > created:
         raise ValueError(f"finished_nonempty ({finished_nonempty}) cannot exceed created ({created})")
     return finished_nonempty / created if created else 0.0
+
+
+def r_efficiency(perf: float, critical_steps: int, budget: int, useful_share: float) -> float:
+    """PARL's efficiency term (ours, not annealed): perf · (1 − min(1, critical_steps / budget)) · useful_share.
+
+    Kimi trains under a critical-steps budget; this keeps that pressure in the reward once λ1, λ2 reach 0: the
+    same answer in fewer critical steps, with fewer wasted assignments, scores higher. Range [0, 1].
+    """
+    _check_unit("perf", perf)
+    _check_unit("useful_share", useful_share)
+    if budget < 1:
+        raise ValueError(f"budget (critical steps) must be >= 1, got {budget!r}")
+    if critical_steps < 0:
+        raise ValueError(f"critical_steps must be >= 0, got {critical_steps!r}")
+    return perf * (1.0 - min(1.0, critical_steps / budget)) * useful_share
 
 
 def prune_penalty(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from taskrl.algos.schedules import Schedule
-from taskrl.rewards.cheating import BusyWork, FinishCredit, Grounding, ParallelCredit, TrivialTests
+from taskrl.rewards.cheating import BusyWork, Grounding, ParallelCredit, TrivialTests
 from taskrl.rewards.compose import (
     ComposedReward,
     Gate,
@@ -23,6 +23,7 @@ from taskrl.rewards.compose import (
     make_weight,
 )
 from taskrl.rewards.formulas import f_beta, f_beta_sets, prune_penalty, turn_penalty
+from taskrl.rewards.parl import CriticalEfficiency, UsefulFinish, UsefulParallelism
 from taskrl.rewards.terms import (
     AnswerMatch,
     EffortPenalty,
@@ -201,25 +202,34 @@ def parl(
     k: int = 4,
     lambda_parallel: float = 0.3,
     lambda_finish: float = 0.2,
+    lambda_efficiency: float = 0.1,
+    critical_steps_budget: int = 100,
     anneal_steps: int = 1000,
     anneal: Literal["linear", "cosine"] = "linear",
     clock: RewardClock | None = None,
 ) -> ComposedReward:
-    """Kimi K2.5 PARL (Moonshot AI's Kimi K2.5 technical report, Agent Swarm): r = r_perf + λ1·r_parallel + λ2·r_finish,
-    λ1 and λ2 annealed to 0 over ``anneal_steps`` trainer steps. Kimi published no closed forms; ours (DESIGN
-    §7): r_parallel = min(1, max overlapping sub-agents / K), measured from the sub-agents' recorded run
-    intervals so serial "parallelism" earns nothing; r_finish = sub-agents finished non-empty / created.
-    λ1 + λ2 < 1, so spawning empty sub-agents never beats an honest solve. ``perf`` defaults to exact match.
+    """Kimi K2.5 PARL (Moonshot AI's Kimi K2.5 technical report, Agent Swarm): r = r_perf + λ1·r_parallel +
+    λ2·r_finish, λ1 and λ2 annealed to 0 over ``anneal_steps`` trainer steps, plus our unannealed λ3·r_efficiency.
+
+    Kimi published no closed forms; ours pay for useful parallelism only (``taskrl.rewards.parl``, docs/DECISIONS.md
+    "Issue 18 (swarm)"): r_parallel = min(1, distinct useful sub-tasks running at one step / min(K, task size));
+    r_finish = distinct useful sub-tasks / max(assignments, sub-agents created); r_efficiency = r_perf · (1 −
+    critical steps / budget) · useful share (critical steps enter the reward, as Kimi trains under a critical-step
+    budget). Truncated episodes earn no auxiliary credit. ``perf`` defaults to exact match.
     """
     if not (lambda_parallel >= 0 and lambda_finish >= 0 and lambda_parallel + lambda_finish < 1):
         raise ValueError(
             f"parl: lambda_parallel ({lambda_parallel}) and lambda_finish ({lambda_finish}) must be >= 0 "
             "and sum to less than 1, or spawning empty sub-agents could beat an honest solve"
         )
+    if not 0 <= lambda_efficiency < 1:
+        raise ValueError(f"parl: lambda_efficiency must be in [0, 1), got {lambda_efficiency}")
+    perf = perf or AnswerMatch()
     terms = [
-        WeightedTerm("perf", perf or AnswerMatch(), 1.0),
-        WeightedTerm("parallel", ParallelCredit(k), _anneal(lambda_parallel, anneal_steps, anneal)),
-        WeightedTerm("finish", FinishCredit(), _anneal(lambda_finish, anneal_steps, anneal)),
+        WeightedTerm("perf", perf, 1.0),
+        WeightedTerm("parallel", UsefulParallelism(k), _anneal(lambda_parallel, anneal_steps, anneal)),
+        WeightedTerm("finish", UsefulFinish(), _anneal(lambda_finish, anneal_steps, anneal)),
+        WeightedTerm("efficiency", CriticalEfficiency(perf, critical_steps_budget), lambda_efficiency),
     ]
     return ComposedReward(terms, clock=clock)
 

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from taskrl.cli import app
+from taskrl.datagen.bridges import BridgeIndex
 from taskrl.datagen.multihop import (
     ExtractiveGenerator,
     Fact,
@@ -160,3 +162,74 @@ def test_datagen_cli(store: CorpusStore, tmp_path: Path) -> None:
     assert "kept 4/4 tasks" in result.output and len(read_tasks(out)) == 4
     result = CliRunner().invoke(app, ["datagen", "multihop", "--corpus", str(store.path), "--hops", "x"])
     assert result.exit_code != 0
+
+
+# -- namespaced, hyphenated ids (package metadata style) -------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).parents[1] / "envs" / "search"))
+from search_planted import write_namespaced  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def namespaced(tmp_path_factory: pytest.TempPathFactory) -> CorpusStore:
+    from taskrl.envs.search.build import build_corpus
+
+    root = tmp_path_factory.mktemp("ns")
+    store, _ = build_corpus(write_namespaced(root / "src"), root / "corpus", embedder=HASHING, chunk_tokens=64)
+    return store
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_namespaced_hyphenated_ids_keep_at_least_90_percent_of_the_tasks(namespaced: CorpusStore, hops: int) -> None:
+    assert any(d.endswith("++-12") for d in namespaced.document_ids())  # ids kept as written, '+' included
+    tasks, report = ExtractiveGenerator(namespaced, GenerationConfig(n=20, hops=(hops,), seed=hops)).generate()
+    assert report.kept >= 18, report.to_dict()
+    assert all(verify_task(t, namespaced) == [] and t.info["difficulty"] == hops for t in tasks)
+    for task in tasks:
+        for earlier, later in zip(task.info["facts"], task.info["facts"][1:], strict=False):
+            assert earlier["term"] == later["doc_id"]
+            assert re.search(r"[:+\-]", later["doc_id"])  # bridged through a namespaced / hyphenated id
+    assert report.to_dict()["id_normalisation"] == "casefold" and report.bridge_sources > 0
+
+
+def test_bridges_are_whole_id_tokens(namespaced: CorpusStore) -> None:
+    index = BridgeIndex(namespaced.document_ids())
+    assert index.mentioned("Its successor lib:a-b-c keeps the interface.") == {"lib:a-b-c"}
+    assert index.mentioned("See lib:a-b. Also LIB:A-B-C, and (lib:a-b)") == {"lib:a-b", "lib:a-b-c"}
+    assert index.mentioned("lib:a-bc and xlib:a-b and lib:a-b-c-d") == set()
+    assert index.mask("See lib:a-b, not lib:a-b-c.", "lib:a-b", 1) == "See [X1], not lib:a-b-c."
+    mentions = ExtractiveGenerator(namespaced, GenerationConfig(n=4)).index.mentions
+    # lib:a-b names lib:a-b-c twice; a prefix match would also count those sentences as mentions of lib:a-b.
+    assert "lib:a-b" in {source for source, _ in mentions["lib:a-b-c"]}
+    assert all(BridgeIndex(["lib:a-b"]).mentioned(sentence) for _, sentence in mentions["lib:a-b"])
+
+
+def test_id_normalisation_is_configurable_and_reported() -> None:
+    ids = ["Foo_Bar", "foo-bar", "pkg:Name.Part"]
+    assert BridgeIndex(ids, "exact").mentioned("uses Foo_Bar and foo-bar") == {"Foo_Bar", "foo-bar"}
+    assert BridgeIndex(ids, "exact").mentioned("uses pkg:name.part") == set()
+    assert BridgeIndex(ids, "casefold").mentioned("uses PKG:name.part") == {"pkg:Name.Part"}
+    loose = BridgeIndex(ids, "separators")
+    assert loose.ambiguous == ["foo-bar"]  # Foo_Bar and foo-bar collide: neither bridges
+    assert loose.mentioned("uses foo.bar and pkg:name-part") == {"pkg:Name.Part"}
+    with pytest.raises(ValueError, match="GenerationConfig.id_normalisation"):
+        GenerationConfig(id_normalisation="fuzzy")
+
+
+def test_datagen_cli_fails_when_nothing_is_kept_and_warns_when_fewer(namespaced: CorpusStore, tmp_path: Path) -> None:
+    from taskrl.datagen.multihop import TooFewTasksError
+
+    lonely = CorpusStore(tmp_path / "one", create=True, embedder=HASHING, chunk_tokens=24)
+    lonely.ingest([Document("pkg:only-one", DOCS["orchard"])])  # no other document: no bridge to chain
+    out = tmp_path / "tasks.jsonl"
+    nothing = CliRunner().invoke(app, ["datagen", "multihop", "--corpus", str(lonely.path), "--hops", "2", "--n", "3",
+                                       "--out", str(out)])  # fmt: skip
+    assert isinstance(nothing.exception, TooFewTasksError) and "kept 0 of 3 tasks, nothing written" in str(
+        nothing.exception
+    )
+    assert "no_bridge" in str(nothing.exception) and not out.exists()  # never an empty file with exit 0
+    args = ["datagen", "multihop", "--corpus", str(namespaced.path), "--out", str(out)]
+    strict = CliRunner().invoke(app, [*args, "--n", "500", "--hops", "3", "--strict"])
+    assert isinstance(strict.exception, TooFewTasksError) and not out.exists()
+    few = CliRunner().invoke(app, [*args, "--n", "500", "--hops", "1", "--id-normalisation", "exact"])
+    assert few.exit_code == 0 and "warning: only" in " ".join(few.output.split()), few.output
+    assert 0 < len(read_tasks(out)) < 500

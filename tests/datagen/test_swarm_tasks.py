@@ -64,6 +64,24 @@ def test_deep_tasks_chain_hops_and_score_all_or_nothing(store: CorpusStore) -> N
     assert [t.prompt for t in same] == [t.prompt for t in tasks]  # seeded
 
 
+def test_fewer_tasks_than_asked_exit_non_zero_and_none_writes_nothing(store: CorpusStore, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "deep.jsonl"
+    base = ["datagen", "deepsearch", "--corpus", str(store.path), "--rows", "2", "--hops", "2", "--out", str(out)]
+    short = runner.invoke(app, [*base, "--n", "20"])  # the planted corpus holds far fewer 2-hop branches
+    assert short.exit_code == 1 and "fewer tasks than asked" in short.output, short.output
+    kept = read_tasks(out)
+    assert 0 < len(kept) < 20 and f"kept {len(kept)}/20" in short.output
+    allowed = runner.invoke(app, [*base, "--n", "20", "--allow-fewer"])
+    assert allowed.exit_code == 0 and "warning" in allowed.output
+    empty = tmp_path / "none.jsonl"
+    impossible = ["datagen", "widesearch", "--corpus", str(store.path), "--rows", "500", "--n", "1"]
+    impossible += ["--out", str(empty)]
+    result = runner.invoke(app, [*impossible, "--allow-fewer"])
+    assert result.exit_code == 1 and "kept 0/1 " in result.output and "nothing written" in result.output
+    assert not empty.exists()
+
+
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="SwarmTaskConfig.kind"):
         SwarmTaskConfig(kind="tall")

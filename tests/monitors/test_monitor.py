@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskrl.env import make
+from taskrl.env import ToolEnv, make
 from taskrl.monitor import (
     MONITORS,
     FirstToolHint,
@@ -25,7 +25,7 @@ from taskrl.monitor import (
 )
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
-from taskrl.types import Message, ToolCall, Trajectory
+from taskrl.types import Message, Task, ToolCall, Trajectory
 
 
 def traj(
@@ -137,26 +137,54 @@ def child(start: float, end: float, answer: str | None = "found") -> Trajectory:
 
 
 def test_swarm_serial_collapse_and_spurious_parallelism() -> None:
+    # without the env's judgement, a sub-task is genuine when it adds a distinct non-trivial answer
     serial = traj(["assign_task"] * 3)
-    serial.children = [child(0, 1), child(1, 2), child(2, 3)]  # touching ends are not overlap
+    serial.children = [child(0, 1, "a"), child(1, 2, "b"), child(2, 3, "c")]  # one per turn
     parallel = traj(["assign_task"] * 3, per_turn=3)
-    parallel.children = [child(0, 2), child(0.5, 2.5), child(1, 3)]
+    parallel.children = [child(0, 2, "a"), child(0.5, 2.5, "b"), child(1, 3, "c")]
     assert max_concurrency(serial) == 1 and max_concurrency(parallel) == 3
     metrics, alerts = check([serial, serial])
     assert metrics["monitor/serial_collapse"] == 1.0 and "serial_collapse" in alerts
     metrics, alerts = check([parallel, parallel])
     assert metrics["monitor/serial_collapse"] == 0.0 and metrics["monitor/spurious_parallelism"] == 0.0
     assert not alerts & {"serial_collapse", "spurious_parallelism"}
+    # concurrency is counted in steps, not seconds: helpers that answered instantly (zero-length wall-clock
+    # spans) launched in one turn still ran together
+    instant = traj(["assign_task"] * 3, per_turn=3)
+    instant.children = [child(5, 5, "a"), child(5, 5, "b"), child(5, 5, "c")]
+    assert max_concurrency(instant) == 3 and check([instant, instant])[0]["monitor/serial_collapse"] == 0.0
     spurious = traj(["assign_task"] * 4, per_turn=4)
     spurious.children = [child(0, 1), child(0, 1, answer=""), child(0, 1, answer=None), child(0, 1, answer=None)]
     metrics, alerts = check([spurious, parallel])
     assert metrics["monitor/spurious_parallelism"] == 0.5 and "spurious_parallelism" in alerts
-    idle = traj(["create_subagent"] * 4 + ["assign_task"] * 2, per_turn=2, subagents_created=4)
-    idle.children = [child(0, 1), child(0, 1)]  # 4 created, 2 ran and finished: 50% is not below 50%
-    assert check([idle, idle], spurious_max_finished=0.6)[0]["monitor/spurious_parallelism"] == 1.0
+    # one part assigned four times alongside the real work: 3 repeats of 6 launched together > 20% wasted
+    repeated = traj(["assign_task"] * 6, per_turn=6)
+    repeated.children = [child(0, 1, a) for a in ("a", "b", "c", "a", "a", "ANSWER: a")]
+    assert check([repeated, repeated])[0]["monitor/spurious_parallelism"] == 1.0
+    # the env's own verdict wins: an honest attempt that failed is not a decoy, padding is
+    attempt = traj(["assign_task"] * 2, per_turn=2)
+    attempt.children = [child(0, 1, "a"), child(0, 1, "unknown")]
+    attempt.children[1].info.update(useful=False, decoy=False)
+    assert check([attempt, attempt])[0]["monitor/spurious_parallelism"] == 0.0
+    attempt.children[1].info["decoy"] = True
+    assert check([attempt, attempt])[0]["monitor/spurious_parallelism"] == 1.0
     # without recorded children, assignments in one turn are what ran concurrently
     assert max_concurrency(traj(["assign_task"] * 4, per_turn=2)) == 2
     assert "monitor/serial_collapse" not in check([traj(["search"]), traj([])])[0], "not a swarm batch"
+    # a task of one item cannot be parallelised: not judged for collapse
+    single = traj(["assign_task"], task_size=1)
+    single.children = [child(0, 1, "a")]
+    assert "monitor/serial_collapse" not in check([single, single])[0]
+
+
+def test_failed_checks_from_any_env_and_calls_per_item() -> None:
+    flagged = [traj(["a"], reward=1.0, failed_checks=["decoy_subtasks"]), traj(["a"], reward=1.0, failed_checks=[])]
+    metrics, alerts = check(flagged)
+    assert metrics["monitor/reward_hacking"] == 0.5 and "reward_hacking" in alerts
+    assert check([traj(["a"], reward=1.0, failed_checks=[])] * 2)[0]["monitor/reward_hacking"] == 0.0
+    # 18 calls for a solved 9-row table is 2 calls per item, not 18 per success
+    wide = traj(["create_subagent"] * 9 + ["assign_task"] * 9, reward=1.0, task_size=9)
+    assert check([wide, wide])[0]["monitor/calls_per_success"] == 2.0
 
 
 def test_invalid_calls_early_termination_clarifying_and_no_edit() -> None:
@@ -257,6 +285,40 @@ async def test_hinted_env_plays_a_real_episode_and_real_batches_are_judged() -> 
                                 RolloutConfig(max_turns=20))  # fmt: skip
     metrics, alerts = Monitors(tool_names=noop.tools.names).check(2, looped)
     assert metrics["monitor/loop_rate"] == pytest.approx(2 / 3) and "loop_rate" in {a.monitor for a in alerts}
+
+
+class Recall(ToolEnv):
+    """An env without tools: the answer is in the prompt (Composer-style chat tasks have no tool calls)."""
+
+    name = "recall"
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        return [Task(f"r{i}", f"Repeat the number {i}.", answer=str(i)) for i in range(3)]
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        assert self.task is not None
+        return {"correct": float(trajectory.final_answer == self.task.answer)}
+
+
+async def test_monitors_that_need_tools_say_so_once_on_an_env_without_tools(caplog: pytest.LogCaptureFixture) -> None:
+    env = Recall()
+    assert not env.tools.names
+    rule = lambda messages, tools: messages[-1].content.split()[-1].rstrip(".")  # noqa: E731
+    batch = await run_episodes(Recall, ScriptedPolicy(rule), list(env.tasks()), RolloutConfig(max_turns=2))
+    assert [t.reward for t in batch] == [1.0, 1.0, 1.0]
+    monitors = Monitors(tool_names=env.tools.names)
+    assert set(monitors.not_applicable) == {"tool_ngram_entropy", "tool_concentration", "calls_per_success",
+                                            "loop_rate"}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="taskrl.monitor"):
+        for step in range(3):
+            metrics, alerts = monitors.check(step, batch)
+            assert not alerts, [a.message for a in alerts]
+            assert not any(k.removeprefix("monitor/") in monitors.not_applicable for k in metrics)
+    said = [r.getMessage() for r in caplog.records if "do not apply" in r.getMessage()]
+    assert len(said) == 1 and "no tools" in said[0] and "tool_ngram_entropy" in said[0]  # once, not every step
+    assert "monitor/early_termination" in metrics  # the monitors that do apply still run
+    # the same batch judged without knowing the env's tools is judged as before (entropy 0 alerts)
+    assert "tool_ngram_entropy" in {a.monitor for a in Monitors(log_alerts=False).check(0, batch)[1]}
 
 
 RATES = set(MONITORS) - {"tool_ngram_entropy", "calls_per_success"}

@@ -54,31 +54,43 @@ def test_context1_fact_level_recall_and_clamp(build) -> None:
     assert math.isclose(total(out), 0.01)  # floored at epsilon: it completed, and r_pre = 0.075 > epsilon
 
 
-def swarm(n: int, *, parallel: bool, answer: str = "x") -> Trajectory:
+def swarm(n: int, *, parallel: bool, answer: str = "x", critical: float | None = None) -> Trajectory:
+    """n children with distinct answers, launched in one turn (parallel) or one per turn; the wall-clock run
+    intervals are for seed_weighted's ``ParallelCredit``."""
     kids = [
-        Trajectory(
-            info={"started_at": 0.0 if parallel else i, "ended_at": 1.0 if parallel else i + 1, "final_answer": "part"}
-        )  # fmt: skip
+        Trajectory(info={"turn": 0 if parallel else i, "final_answer": f"part {i}",
+                         "started_at": 0.0 if parallel else i, "ended_at": 1.0 if parallel else i + 1})  # fmt: skip
         for i in range(n)
     ]
-    return Trajectory(task_id="q", children=kids, info={"final_answer": answer}, terminated=True)
+    traj = Trajectory(task_id="q", children=kids, info={"final_answer": answer}, terminated=True)
+    if critical is not None:
+        traj.metrics["critical_steps"] = critical
+    return traj
 
 
 def test_parl_golden_annealing_and_empty_spawns_never_beat_an_honest_solve() -> None:
     clock = RewardClock()
     reward = parl(k=4, lambda_parallel=0.3, lambda_finish=0.2, anneal_steps=1000, clock=clock)
     task = Task("q", "q", answer="x")
-    assert reward(swarm(3, parallel=True), task) == pytest.approx({"perf": 1.0, "parallel": 0.225, "finish": 0.2})
+    # no critical steps recorded: the efficiency term does not apply (None)
+    expected = {"perf": 1.0, "parallel": 0.225, "finish": 0.2, "efficiency": None}
+    assert reward(swarm(3, parallel=True), task) == pytest.approx(expected)
     assert reward(swarm(3, parallel=False), task)["parallel"] == 0.0  # serial: no parallel credit
+    # 4 critical steps of a budget of 100: efficiency 0.1 x 0.96 (not annealed)
+    expected = {"perf": 1.0, "parallel": 0.225, "finish": 0.2, "efficiency": 0.096}
+    assert reward(swarm(3, parallel=True, critical=4), task) == pytest.approx(expected)
     clock.set(500)
-    assert reward(swarm(3, parallel=True), task) == pytest.approx({"perf": 1.0, "parallel": 0.1125, "finish": 0.1})
+    expected = {"perf": 1.0, "parallel": 0.1125, "finish": 0.1, "efficiency": None}
+    assert reward(swarm(3, parallel=True), task) == pytest.approx(expected)
     clock.set(1000)
     assert total(reward(swarm(3, parallel=True), task)) == 1.0
+    assert total(reward(swarm(3, parallel=True, critical=4), task)) == pytest.approx(1.096)
+    assert total(reward(swarm(3, parallel=False, critical=10), task)) == pytest.approx(1.09)  # serial: slower
     clock.set(0)
     spawner = swarm(8, parallel=True, answer="wrong")
     assert total(reward(spawner, task)) < total(reward(Trajectory(info={"final_answer": "x"}), task))
     cosine = parl(anneal="cosine", anneal_steps=100, clock=RewardClock(50))
-    assert cosine.weights() == pytest.approx({"perf": 1.0, "parallel": 0.15, "finish": 0.1})
+    assert cosine.weights() == pytest.approx({"perf": 1.0, "parallel": 0.15, "finish": 0.1, "efficiency": 0.1})
     with pytest.raises(ValueError, match="sum to less than 1"):
         parl(lambda_parallel=0.6, lambda_finish=0.4)
 

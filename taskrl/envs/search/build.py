@@ -11,14 +11,21 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from taskrl.envs.search.corpus import iter_documents
+from taskrl.envs.search.corpus import (
+    BUILTIN_SOURCES,
+    SUPPORTED_FORMATS,
+    CorpusSourceError,
+    Document,
+    SourceReport,
+    iter_documents,
+)
 from taskrl.envs.search.embed import MINILM
 from taskrl.envs.search.store import CorpusStore, IngestStats
 
 DEFAULT_SOURCE = "stdlib"
 DEFAULT_CORPUS_NAME = "stdlib-v1"
 DEFAULT_TASKS = 64
-DEFAULT_TASKS_VERSION = 2
+DEFAULT_TASKS_VERSION = 3
 """Bumped when the generator changes, so cached default corpora get fresh tasks (the corpus itself is kept)."""
 TASKS_FILE = "tasks.jsonl"
 _DONE_MARKER = "taskrl_default_done.json"
@@ -34,14 +41,46 @@ def build_corpus(
     chunk_tokens: int = 512,
     device: str = "auto",
     on_progress: Callable[[int, int], None] | None = None,
+    report: SourceReport | None = None,
 ) -> tuple[CorpusStore, IngestStats]:
-    """Ingest ``source`` into the corpus at ``out`` (created if needed); idempotent and resumable."""
+    """Ingest ``source`` into the corpus at ``out`` (created if needed); idempotent and resumable.
+
+    The source is read and checked in full first (every file parses, ids are citeable and unique, at least one
+    document), so a bad source fails before anything is written: no directory appears for a failed new build.
+    A build that stops later (a crash, Ctrl-C) leaves the corpus marked unfinished, refused by readers and
+    resumed by the next build. ``report`` (a ``SourceReport``) receives what was read and skipped.
+    """
+    report = report if report is not None else SourceReport()
+    documents = _checked_documents(source, report)
+    new = not (Path(out) / "manifest.json").exists()
     store = CorpusStore(
         out, create=True, chroma_url=chroma_url, collection=collection, embedder=embedder,
         chunk_tokens=chunk_tokens, device=device,
     )  # fmt: skip
-    stats = store.ingest(iter_documents(source), on_progress=on_progress)
+    if new:
+        store.set_building(True)
+    stats = store.ingest(documents if documents is not None else iter_documents(source), on_progress=on_progress)
+    if store.manifest.get("building"):
+        store.set_building(False)
     return store, stats
+
+
+def _checked_documents(source: str | Path, report: SourceReport) -> list[Document] | None:
+    """Read the whole source once to check it; the documents of a built-in source (costly to render), else None."""
+    seen: set[str] = set()
+    kept: list[Document] = []
+    builtin = isinstance(source, str) and source in BUILTIN_SOURCES
+    for document in iter_documents(source, report):
+        if document.id in seen:
+            raise CorpusSourceError(f"document id {document.id!r} occurs twice in {source}; ids must be unique")
+        seen.add(document.id)
+        if builtin:
+            kept.append(document)
+    if not seen:
+        formats = ", ".join(SUPPORTED_FORMATS)
+        skipped = f"; skipped unsupported files: {', '.join(report.skipped[:10])}" if report.skipped else ""
+        raise CorpusSourceError(f"no documents in {source} (supported formats: {formats}){skipped}")
+    return kept if builtin else None
 
 
 def default_corpus_dir() -> Path:

@@ -16,16 +16,27 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from taskrl.envs.search.corpus import BUILTIN_SOURCES
+from taskrl.envs.search.corpus import BUILTIN_SOURCES, SUPPORTED_FORMATS, SourceReport
 from taskrl.envs.search.embed import EMBEDDERS, MINILM
 
 corpus_app = typer.Typer(help="Build and inspect search corpora (chromadb + bm25s).", no_args_is_help=True)
 console = Console()
 
 
-@corpus_app.command("build")
+_FORMATS_HELP = "; ".join(f"{suffixes}: {what}" for suffixes, what in SUPPORTED_FORMATS.items())
+
+
+@corpus_app.command("build", help=(
+    "Ingest documents into a corpus: chunk, embed, store in chromadb, index with BM25.\n\n"
+    f"Supported files (a directory is read recursively): {_FORMATS_HELP}. Other files are skipped and "
+    "listed; a source with no document fails before anything is written. Ids are kept exactly as given."
+))  # fmt: skip
 def build(
-    source: Annotated[str, typer.Argument(help=f"file, directory, or built-in: {', '.join(BUILTIN_SOURCES)}")],
+    source: Annotated[
+        str,
+        typer.Argument(help=f"file, directory, or built-in: {', '.join(BUILTIN_SOURCES)}; formats: "
+                       f"{' '.join(s for k in SUPPORTED_FORMATS for s in k.split())}"),
+    ],
     out: Annotated[Path, typer.Option(help="corpus directory (created, or updated in place)")],
     chroma_url: Annotated[str | None, typer.Option(help="Chroma server, e.g. http://127.0.0.1:8000")] = None,
     collection: Annotated[str | None, typer.Option(help="Chroma collection name (default taskrl-chunks)")] = None,
@@ -33,7 +44,6 @@ def build(
     chunk_tokens: Annotated[int, typer.Option(help="chunk size in WordPiece tokens")] = 512,
     device: Annotated[str, typer.Option(help="embedder device: auto, cpu, cuda ...")] = "auto",
 ) -> None:
-    """Ingest documents into a corpus: chunk, embed, store in chromadb, index with BM25."""
     from taskrl.envs.search.build import build_corpus
 
     columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), TextColumn("{task.fields[docs]} documents"),
@@ -47,10 +57,12 @@ def build(
             counts["chunks"] += chunks
             bar.update(job, **counts)
 
+        report = SourceReport()
         store, stats = build_corpus(
             source, out, chroma_url=chroma_url, collection=collection, embedder=embedder,
-            chunk_tokens=chunk_tokens, device=device, on_progress=progress,
+            chunk_tokens=chunk_tokens, device=device, on_progress=progress, report=report,
         )  # fmt: skip
+    console.print(report.summary(), markup=False, highlight=False)
     console.print(
         f"{stats.documents_added} documents added, {stats.documents_replaced} replaced, "
         f"{stats.documents_skipped} unchanged; {stats.chunks_added} chunks added; "

@@ -1,7 +1,10 @@
-"""Documents in, chunks out: source readers (text, markdown, JSONL, the built-in stdlib docs) and the chunker.
+"""Documents in, chunks out: source readers (text, markdown, HTML, JSON, JSONL(.gz), the stdlib docs) and the chunker.
 
 ``iter_documents(source)`` reads a file, a directory or a built-in source (``stdlib``: a few dozen standard
-library modules rendered with pydoc; ``stdlib-full``: every public stdlib module). ``chunk_document`` cuts a
+library modules rendered with pydoc; ``stdlib-full``: every public stdlib module); ``SUPPORTED_FORMATS`` lists
+the file types, and a ``SourceReport`` records what was read, skipped (unsupported files) and which ids derived
+from file names were made citeable. Ids given in the data are never rewritten: an id the model cannot cite
+(spaces, commas, quotes, '#') is an error naming the file and line. ``chunk_document`` cuts a
 document into ~``max_tokens`` WordPiece tokens, preferring paragraph, then line, then sentence breaks; every
 chunk is an exact substring of its document, so quotes can be string-matched in chunks.
 """
@@ -9,20 +12,33 @@ chunk is an exact substring of its document, so quotes can be string-matched in 
 from __future__ import annotations
 
 import bisect
+import gzip
 import hashlib
+import html.parser
 import json
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from taskrl.envs.search.embed import wordpiece_tokenizer
 
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
-DOC_ID_RE = re.compile(r"^[A-Za-z0-9_.:/\-]+$")
+HTML_SUFFIXES = (".html", ".htm")
+JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json")
+SUPPORTED_FORMATS = {
+    ".txt .md .markdown .rst": "one document per file; id = path relative to the source without the suffix",
+    ".html .htm": "one document per file, text outside <script>/<style>; title from <title>",
+    ".jsonl .jsonl.gz": 'one document per line: {"text": ..., "id": ..., "title": ...}',
+    ".json": 'a list of such objects, {"documents": [...]}, or one object',
+}
+"""Every file type a corpus source may hold (``taskrl corpus build --help`` lists them)."""
+DOC_ID_CHARS = r"\w.:/+\-@~="
+DOC_ID_RE = re.compile(rf"^[{DOC_ID_CHARS}]+$")
+"""A citeable document id: letters, digits and ``_ . : / + - @ ~ =`` (no spaces, commas, quotes or '#')."""
 
 # A few dozen small and medium modules that cross-reference each other (bridges for multi-hop tasks);
 # about 180 chunks of 512 tokens, which embed in well under a minute on two CPU cores.
@@ -94,11 +110,50 @@ def doc_id_of(chunk_or_doc_id: str) -> str:
 
 
 def clean_doc_id(raw: str) -> str:
-    """A document id the model can cite: no spaces, quotes, commas or '#' (replaced by '_')."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.:/\-]+", "_", raw.strip()).strip("_")
+    """A citeable id made from a file name: runs of other characters (spaces, '#', ...) become '_'."""
+    cleaned = re.sub(rf"[^{DOC_ID_CHARS}]+", "_", raw.strip()).strip("_")
     if not cleaned:
         raise CorpusSourceError(f"document id {raw!r} has no usable characters")
     return cleaned
+
+
+def check_doc_id(raw: str, where: str) -> str:
+    """An id given in the data, unchanged; a ``CorpusSourceError`` naming ``where`` if the model cannot cite it."""
+    if not DOC_ID_RE.match(raw):
+        bad = sorted({c for c in raw if not re.match(rf"[{DOC_ID_CHARS}]", c)})
+        raise CorpusSourceError(
+            f"{where}: document id {raw!r} contains {', '.join(map(repr, bad))}; ids may hold letters, digits "
+            "and _ . : / + - @ ~ = only (ids are never rewritten, so your ground truth keeps matching): fix the id"
+        )
+    return raw
+
+
+@dataclass
+class SourceReport:
+    """What reading a source did: documents per format, unsupported files skipped, file-name ids rewritten."""
+
+    documents: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    rewritten_ids: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.documents.values())
+
+    def count(self, kind: str) -> None:
+        self.documents[kind] = self.documents.get(kind, 0) + 1
+
+    def summary(self) -> str:
+        parts = [f"read {self.total} documents ({', '.join(f'{k}: {v}' for k, v in self.documents.items()) or 'none'})"]
+        if self.skipped:
+            more = f" and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
+            shown = ", ".join(self.skipped[:5]) + more
+            parts.append(f"skipped {len(self.skipped)} unsupported files ({shown})")
+        if self.rewritten_ids:
+            pairs = list(self.rewritten_ids.items())[:5]
+            parts.append(f"{len(self.rewritten_ids)} ids from file names made citeable ("
+                         + ", ".join(f"{a!r} -> {b!r}" for a, b in pairs) + ")")  # fmt: skip
+        return "; ".join(parts)
 
 
 # -- readers ----------------------------------------------------------------------------------------
@@ -125,33 +180,124 @@ def render_stdlib_docs(modules: tuple[str, ...] | list[str], timeout_s: float = 
     return docs
 
 
+def _row_document(row: Any, where: str, default_id: str, source: str) -> Document:
+    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        raise CorpusSourceError(f'{where}: each document needs a "text" string (and optional id, title)')
+    raw_id = row.get("id")
+    doc_id = check_doc_id(str(raw_id), where) if raw_id not in (None, "") else default_id
+    return Document(doc_id, row["text"], str(row.get("title") or ""), source)
+
+
 def _read_jsonl(path: Path) -> Iterator[Document]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row: Any = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusSourceError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise CorpusSourceError(f'{path}:{line_no}: each line needs a "text" string (and optional id, title)')
-            raw_id = str(row.get("id") or f"{path.stem}:{line_no}")
-            yield Document(clean_doc_id(raw_id), row["text"], str(row.get("title") or ""), str(path))
+    gzipped = path.name.endswith(".gz")
+    stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if gzipped else path.open(encoding="utf-8")) as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row: Any = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise CorpusSourceError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+                yield _row_document(row, f"{path}:{line_no}", clean_doc_id(f"{stem}:{line_no}"), str(path))
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated .gz, a binary file named .jsonl
+        raise CorpusSourceError(f"{path}: cannot be read as {'gzipped ' if gzipped else ''}JSONL ({e})") from None
 
 
-def _read_text(path: Path, root: Path) -> Document:
+def _read_json(path: Path) -> Iterator[Document]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorpusSourceError(f"{path}: not valid JSON ({e})") from None
+    rows = data.get("documents") if isinstance(data, dict) and "text" not in data else data
+    rows = [rows] if isinstance(rows, dict) else rows
+    if not isinstance(rows, list):
+        raise CorpusSourceError(f'{path}: expected a list of documents, {{"documents": [...]}} or one document')
+    for i, row in enumerate(rows):
+        yield _row_document(row, f"{path}[{i}]", clean_doc_id(f"{path.stem}:{i + 1}"), str(path))
+
+
+class _HTMLText(html.parser.HTMLParser):
+    """Visible text of an HTML page (stdlib parser), with block elements as line breaks, and its <title>."""
+
+    _BLOCKS = frozenset({"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "section",
+                         "article", "table", "ul", "ol", "dt", "dd", "blockquote", "header", "footer"})  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.title = ""
+        self._skip = 0
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in ("script", "style", "noscript", "template"):
+            self._skip += 1
+        elif tag == "title":
+            self._in_title = True
+        elif tag in self._BLOCKS:
+            self.parts.append("\n\n" if tag in ("p", "div", "pre", "section", "article") else "\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style", "noscript", "template"):
+            self._skip = max(self._skip - 1, 0)
+        elif tag == "title":
+            self._in_title = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+        elif not self._skip:
+            self.parts.append(data)
+
+    def text(self) -> str:
+        lines = (" ".join(line.split()) for line in "".join(self.parts).splitlines())
+        return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def _read_html(path: Path, root: Path, report: SourceReport) -> Document:
+    parser = _HTMLText()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    parser.close()
+    doc_id = _path_id(path, root, report)
+    return Document(doc_id, parser.text(), " ".join(parser.title.split()) or path.stem, str(path))
+
+
+def _path_id(path: Path, root: Path, report: SourceReport) -> str:
+    raw = path.relative_to(root).as_posix() if path != root else path.name
+    raw = raw.rsplit(".", 1)[0] if "." in Path(raw).name else raw
+    doc_id = clean_doc_id(raw)
+    if doc_id != raw:
+        report.rewritten_ids[raw] = doc_id
+    return doc_id
+
+
+def _read_text(path: Path, root: Path, report: SourceReport) -> Document:
     text = path.read_text(encoding="utf-8", errors="replace")
     heading = re.search(r"^#+\s+(.+)$", text, re.M) if path.suffix in (".md", ".markdown") else None
-    raw_id = path.relative_to(root).with_suffix("").as_posix() if path != root else path.stem
-    return Document(clean_doc_id(raw_id), text, heading.group(1).strip() if heading else path.stem, str(path))
+    doc_id = _path_id(path, root, report)
+    return Document(doc_id, text, heading.group(1).strip() if heading else path.stem, str(path))
 
 
-def iter_documents(source: str | Path) -> Iterator[Document]:
-    """Documents from a built-in name, a .txt/.md/.rst/.jsonl file, or a directory of them (recursive, sorted)."""
+def file_format(path: Path) -> str | None:
+    """The supported format of a file (``.jsonl.gz``, ``.md``, ...), or None."""
+    name = path.name.lower()
+    for suffix in (*JSON_SUFFIXES, *HTML_SUFFIXES, *TEXT_SUFFIXES):
+        if name.endswith(suffix):
+            return suffix
+    return None
+
+
+def iter_documents(source: str | Path, report: SourceReport | None = None) -> Iterator[Document]:
+    """Documents from a built-in name, a supported file (``SUPPORTED_FORMATS``), or a directory of them
+    (recursive, sorted). Unsupported files are skipped and listed in ``report``."""
+    report = report if report is not None else SourceReport()
     if isinstance(source, str) and source in BUILTIN_SOURCES:
         modules = BUILTIN_SOURCES[source]
-        yield from render_stdlib_docs(list(modules) if modules else stdlib_module_names())
+        for document in render_stdlib_docs(list(modules) if modules else stdlib_module_names()):
+            report.count("pydoc")
+            yield document
         return
     path = Path(source)
     if not path.exists():
@@ -162,10 +308,21 @@ def iter_documents(source: str | Path) -> Iterator[Document]:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     root = path if path.is_dir() else path.parent
     for file in files:
-        if file.suffix == ".jsonl":
-            yield from _read_jsonl(file)
-        elif file.suffix in TEXT_SUFFIXES:
-            yield _read_text(file, root)
+        kind = file_format(file)
+        if kind is None:
+            report.skipped.append(str(file.relative_to(root)) if file != root else file.name)
+            continue
+        if kind in (".jsonl", ".jsonl.gz"):
+            documents: Iterator[Document] = _read_jsonl(file)
+        elif kind == ".json":
+            documents = _read_json(file)
+        elif kind in HTML_SUFFIXES:
+            documents = iter([_read_html(file, root, report)])
+        else:
+            documents = iter([_read_text(file, root, report)])
+        for document in documents:
+            report.count(kind)
+            yield document
 
 
 # -- chunking ---------------------------------------------------------------------------------------

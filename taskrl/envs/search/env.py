@@ -5,7 +5,8 @@
 shown once per episode. After every turn the last tool result ends with ``[Token usage: used/T]``; past T/2 a
 training rollout gets a "prune or answer" note; past the hard limit every tool but ``prune_chunks`` is refused.
 Pruned chunks become ``<chunk id=... pruned="true"/>`` in the model's view (a new Segment) but stay in
-``Trajectory.messages`` and count for the reward. Final answer: ``ANSWER: ...`` and ``DOCUMENTS: id, id``.
+``Trajectory.messages`` and count for the reward. Final answer: ``ANSWER: ...`` and ``DOCUMENTS: id, id``; the
+system prompt says what is scored (the ANSWER line only with ``reward.answer_weight > 0``).
 """
 
 from __future__ import annotations
@@ -20,18 +21,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskrl.chat import format_tool_call
 from taskrl.env import ToolEnv
 from taskrl.envs.search.corpus import Chunk, doc_id_of
-from taskrl.envs.search.reward import PRUNE_TOOL, EpisodeRecord, GroundTruth, RewardConfig, SearchReward
+from taskrl.envs.search.expert import expert_rule
+from taskrl.envs.search.reward import (
+    PRUNE_TOOL,
+    EpisodeRecord,
+    GroundTruth,
+    RewardConfig,
+    SearchReward,
+    check_field_types,
+)
 from taskrl.envs.search.search import HybridSearcher, fit_budget
 from taskrl.envs.search.store import CorpusStore
-from taskrl.tools import tool
+from taskrl.tools import call_budget, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
 SYSTEM_PROMPT = """\
-You are a search agent. Find every document needed to answer the user's question in a document corpus, then \
-answer. You do not know the corpus: search it.
+You are a search agent. Find every document needed to answer the user's question in a document corpus. You do \
+not know the corpus: search it.
 
 Tools:
 - search_corpus(query): hybrid keyword + semantic search; returns the best new chunks.
@@ -46,8 +54,27 @@ Your context has a token budget; after every turn you see [Token usage: used/tot
 help before the budget fills: near the limit every tool except prune_chunks is refused.
 
 When you are done, reply without a tool call, in exactly this format:
-ANSWER: <the short answer>
-DOCUMENTS: <every document id that supports the answer, comma-separated>"""
+ANSWER: <the short answer, or unknown>
+DOCUMENTS: <every document id that supports the answer, comma-separated>
+
+How you are scored: {scoring}"""
+SCORING_DOCUMENTS = (
+    "the DOCUMENTS list (recall of the supporting documents counts most, listing documents that do not support "
+    "the answer lowers precision; only the first {max_docs} listed can count) and how many supporting passages "
+    "your searches found. The ANSWER line is not scored: write what the documents say, or unknown."
+)
+SCORING_WITH_ANSWER = (
+    "the DOCUMENTS list (recall of the supporting documents counts most, listing documents that do not support "
+    "the answer lowers precision; only the first {max_docs} listed can count), how many supporting passages your "
+    "searches found, and the ANSWER line, which must be exactly the answer (one answer, not a list of guesses)."
+)
+
+
+def system_prompt(reward: RewardConfig) -> str:
+    """The system prompt, saying exactly what the reward scores (the ANSWER line only when its term is on)."""
+    scoring = SCORING_WITH_ANSWER if reward.answer_weight > 0 else SCORING_DOCUMENTS
+    return SYSTEM_PROMPT.format(scoring=scoring.format(max_docs=reward.max_output_docs))
+
 
 SOFT_NOTE = (
     "You have used {used:,} of your {total:,}-token budget. Prune the chunks that do not help "
@@ -58,8 +85,8 @@ HARD_LIMIT_ERROR = (
     "Only prune_chunks works now: prune chunks you do not need, or give your final answer."
 )
 _DOCUMENTS_RE = re.compile(r"DOCUMENTS?\s*:\s*(.*)", re.I | re.S)
+_ANSWER_RE = re.compile(r"^\s*ANSWER\s*:\s*(.*?)\s*$", re.I | re.M)
 _CHUNK_BLOCK_RE = re.compile(r'<chunk id="([^"]+)" doc="([^"]*)"[^>/]*>\n.*?\n</chunk>', re.S)
-_CLUE_RE = re.compile(r'^Clue \d+[^:]*: "(.*)"$', re.M)
 
 
 class UnknownChunksError(ValueError):
@@ -93,6 +120,8 @@ class SearchEnvConfig:
     """Hard limit as a share of T, in [0.5, 1]: beyond it only prune_chunks runs."""
     grep_limit: int = 5
     """Most chunks one grep_corpus call returns."""
+    grep_budget_s: float = 10.0
+    """Most seconds one grep_corpus scan may take over the whole corpus (a slow pattern is stopped, not left)."""
     test_every: int = 5
     """Every n-th task (by a stable hash of its id) is in the "test" split, the rest in "train"."""
     device: str = "auto"
@@ -101,6 +130,11 @@ class SearchEnvConfig:
     """Weights, penalties, floor and β schedule of the reward."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.reward, dict):  # from a YAML/JSON config (unknown keys: a TypeError naming them)
+            self.reward = RewardConfig(**self.reward)
+        if not isinstance(self.reward, RewardConfig):
+            raise ValueError(f"SearchEnvConfig.reward must be a dict of RewardConfig fields, got {self.reward!r:.80}")
+        check_field_types(self)
         if self.context_budget is not None and self.context_budget < 256:
             raise ValueError(f"SearchEnvConfig.context_budget must be >= 256 or None, got {self.context_budget}")
         if self.per_call_budget < 16:
@@ -114,8 +148,8 @@ class SearchEnvConfig:
             )
         if self.grep_limit < 1 or self.test_every < 2:
             raise ValueError("SearchEnvConfig.grep_limit must be >= 1 and test_every >= 2")
-        if isinstance(self.reward, dict):  # from a YAML/JSON config
-            self.reward = RewardConfig(**self.reward)
+        if not 0 < self.grep_budget_s <= 600:
+            raise ValueError(f"SearchEnvConfig.grep_budget_s must be in (0, 600] seconds, got {self.grep_budget_s}")
 
     @classmethod
     def seed_preset(cls, **overrides: Any) -> SearchEnvConfig:
@@ -178,6 +212,12 @@ def prune_view(messages: list[Message], pruned: frozenset[str]) -> list[Message]
     ]
 
 
+def parse_answer(final_answer: str | None) -> str | None:
+    """The text after the first ``ANSWER:`` line, or None when there is none."""
+    match = _ANSWER_RE.search(final_answer or "")
+    return match.group(1) if match else None
+
+
 def parse_output_docs(final_answer: str | None) -> tuple[str, ...]:
     """Document ids listed after ``DOCUMENTS:`` (chunk ids count as their document), in order, deduplicated."""
     match = _DOCUMENTS_RE.search(final_answer or "")
@@ -191,12 +231,13 @@ class SearchEnv(ToolEnv):
     """Context-1 agentic search over a chromadb + bm25s corpus; one instance plays one episode at a time."""
 
     name = "search"
-    system_prompt = SYSTEM_PROMPT
+    system_prompt = system_prompt(RewardConfig())
     failure_reward = 0.0
 
     def __init__(self, config: SearchEnvConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         self.config = config if config is not None else SearchEnvConfig(**overrides)
+        self.system_prompt = system_prompt(self.config.reward)
         self._shared = _shared(self.config)
         self.store = self._shared.store
         self.searcher = self._shared.searcher
@@ -325,7 +366,14 @@ class SearchEnv(ToolEnv):
         Args:
             pattern: a regular expression, e.g. "dump\\w*\\(" or "(?i)json decoder".
         """
-        found = self.store.grep(pattern, exclude=self._excluded(), limit=self.config.grep_limit)
+        budget = call_budget()  # the tool call's deadline and stop flag: a timed-out grep ends its scan
+        found = self.store.grep(
+            pattern,
+            exclude=self._excluded(),
+            limit=self.config.grep_limit,
+            budget_s=min(self.config.grep_budget_s, budget.remaining()) if budget else self.config.grep_budget_s,
+            should_stop=(lambda: budget.stopped) if budget else None,
+        )
         kept, skipped = fit_budget(found, self._room())
         note = f"\n({skipped} more matching chunks did not fit in the budget.)" if skipped else ""
         return self._render(self._claim(kept), f"No new chunk matches {pattern!r}.") + note
@@ -360,9 +408,10 @@ class SearchEnv(ToolEnv):
         with self._lock:
             unknown = [i for i in dict.fromkeys(chunk_ids) if i not in self.seen]
             if unknown:
+                more = f" and {len(unknown) - 20:,} more" if len(unknown) > 20 else ""
+                named = ", ".join(i[:80] for i in unknown[:20]) + more
                 raise UnknownChunksError(
-                    f"unknown chunk ids: {', '.join(unknown)}; prune only ids of chunks shown in this task "
-                    "(nothing was pruned)"
+                    f"unknown chunk ids: {named}; prune only ids of chunks shown in this task (nothing was pruned)"
                 )
             new = [i for i in dict.fromkeys(chunk_ids) if i not in self.pruned]
             self.pruned.update(new)
@@ -377,6 +426,7 @@ class SearchEnv(ToolEnv):
         calls = tuple(c.name for m in trajectory.messages if m.role == "assistant" for c in m.tool_calls)
         record = EpisodeRecord(
             output_docs=parse_output_docs(trajectory.final_answer) if trajectory.terminated else (),
+            answer=parse_answer(trajectory.final_answer) if trajectory.terminated else None,
             encountered=frozenset(self.seen),
             pruned=frozenset(self.pruned),
             tool_calls=calls,
@@ -394,42 +444,8 @@ class SearchEnv(ToolEnv):
         return dict(breakdown.terms)
 
     # -- expert rule ----------------------------------------------------------------------------------
-    @staticmethod
-    def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-        """Oracle: search and grep every quoted clue, then list the documents whose chunks match the clues.
-
-        Uses only what the model sees (the clues and the tool results), so it also works as a cold-start guide.
-        """
-        question = next(m.content for m in messages if m.role == "user")
-        patterns = [clue_pattern(c) for c in _CLUE_RE.findall(question)]
-        if not any(m.role == "assistant" for m in messages):
-            calls = [format_tool_call("search_corpus", {"query": c}) for c in _CLUE_RE.findall(question)]
-            calls += [format_tool_call("grep_corpus", {"pattern": p.pattern}) for p in patterns]
-            return "\n".join(calls)
-        shown = "\n".join(m.content for m in messages if m.role == "tool")
-        docs, answer = [], "unknown"
-        for pattern in patterns:
-            for doc, text in _chunk_blocks(shown):
-                match = pattern.search(text)
-                if match:
-                    docs.append(doc)
-                    answer = match.group(match.lastindex or 0) if pattern is patterns[-1] else answer
-        return f"ANSWER: {answer}\nDOCUMENTS: {', '.join(dict.fromkeys(docs))}"
-
-
-def clue_pattern(clue: str) -> re.Pattern[str]:
-    """A regex matching a clue's quote in raw chunk text: words in order, any whitespace or pydoc gutter."""
-    parts = []
-    for word in clue.split():
-        pieces = re.split(r"(\[X\d+\])", word)
-        parts.append("".join(r"([\w.]+)" if re.fullmatch(r"\[X\d+\]", p) else re.escape(p) for p in pieces if p))
-    return re.compile(r"[\s|]+".join(parts))
-
-
-def _chunk_blocks(text: str) -> list[tuple[str, str]]:
-    """(doc id, text) of every unpruned chunk block in ``text``."""
-    blocks = re.finditer(r'<chunk id="[^"]+" doc="([^"]*)"[^>/]*>\n(.*?)\n</chunk>', text, re.S)
-    return [(b.group(1), b.group(2)) for b in blocks]
+    scripted_rule = staticmethod(expert_rule)
+    """Oracle: search and grep every clue, follow the bridges, cite the documents the chain proves (expert.py)."""
 
 
 def aggregate_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

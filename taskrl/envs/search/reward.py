@@ -1,8 +1,11 @@
 """Context-1's reward and metrics for the search env, exactly as DESIGN.md §6.
 
-r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre), where r_pre = 0.7·F_β + 0.3·r_traj + r_fa:
+r = clamp(0.7·F_β + 0.3·r_traj + r_fa + w_ans·r_ans − p_prune − p_turn, ε, r_pre), r_pre the same without penalties:
 - F_β over the documents the final answer lists, with fact-level recall (a fact counts as found when any
-  document holding one of its supporting chunks is listed) and document precision; β anneals 4 -> 2.
+  document holding one of its supporting chunks is listed) and document precision; β anneals 4 -> 2. Only the
+  first ``max_output_docs`` listed documents can earn recall; every listed document counts for precision.
+- r_ans (optional, off by default = pure Context-1, whose final answer is a list of documents): 1 when the
+  ``ANSWER:`` line equals the task's answer (case, spaces and edge punctuation ignored), weighted ``w_ans``.
 - r_traj: fact-level recall over every chunk the episode encountered, pruned ones included.
 - r_fa: +1 when a chunk containing the answer was encountered.
 - p_prune: 0.1 per prune call beyond a streak of 3 consecutive prune calls, capped at 0.5.
@@ -10,10 +13,13 @@ r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre), whe
 - Floor ε for an episode that completed (final answer, no error); the floor wins over the cap when r_pre < ε,
   so a completed episode always beats a failed one. Episodes that did not complete are floored at 0.
 ``SearchReward`` holds the β schedule; the trainer moves it with ``set_step(step, epoch)``.
+``independent_checks`` are the verifier's verdicts the reward-hacking monitor reads (``fabricated``: an answer
+that is not the task's; ``verifier_disagrees``: most listed documents support nothing), whatever the weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +30,21 @@ from taskrl.envs.search.corpus import doc_id_of
 from taskrl.rewards.formulas import f_beta
 
 PRUNE_TOOL = "prune_chunks"
+_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def check_field_types(config: Any) -> None:
+    """A ``ValueError`` naming ``Class.field`` when a value from JSON/YAML has the wrong simple type."""
+    for f in dataclasses.fields(config):
+        kinds = str(f.type).split(" | ")
+        value = getattr(config, f.name)
+        allowed = tuple(t for k in kinds for t in _SIMPLE_TYPES.get(k, ()))
+        if not allowed or (value is None and "None" in kinds):
+            continue
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ValueError(
+                f"{type(config).__name__}.{f.name} must be {f.type}, got {type(value).__name__} {value!r:.80}"
+            )
 
 
 @dataclass(frozen=True)
@@ -56,10 +77,19 @@ class RewardConfig:
     """β after annealing (recall 4x)."""
     beta_anneal_epochs: int = 4
     """Epochs over which β moves from start to end (linearly); the trainer reports epochs via set_step."""
+    answer_weight: float = 0.0
+    """Weight of the answer-correctness term (the ANSWER line equals the task's answer); 0 = pure Context-1."""
+    max_output_docs: int = 10
+    """Only the first this-many listed documents can earn recall (all count for precision): listing everything
+    seen cannot buy recall at high β."""
+    min_output_precision: float = 0.5
+    """The independent check: a final list where fewer than this share of documents support the answer is
+    flagged ``verifier_disagrees`` (the reward-hacking monitor reads it); it does not change the reward."""
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name in ("f_beta_weight", "trajectory_recall_weight", "answer_found_bonus", "prune_penalty",
-                     "prune_penalty_cap", "turn_penalty_max", "floor"):  # fmt: skip
+                     "prune_penalty_cap", "turn_penalty_max", "floor", "answer_weight"):  # fmt: skip
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"RewardConfig.{name} must be a finite number >= 0, got {value!r}")
@@ -75,6 +105,10 @@ class RewardConfig:
                 raise ValueError(f"RewardConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.beta_anneal_epochs < 1:
             raise ValueError(f"RewardConfig.beta_anneal_epochs must be >= 1, got {self.beta_anneal_epochs}")
+        if self.max_output_docs < 1:
+            raise ValueError(f"RewardConfig.max_output_docs must be >= 1, got {self.max_output_docs}")
+        if not 0.0 <= self.min_output_precision <= 1.0:
+            raise ValueError(f"RewardConfig.min_output_precision must be in [0, 1], got {self.min_output_precision}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +117,8 @@ class GroundTruth:
 
     facts: tuple[tuple[str, ...], ...]
     answer_chunk_ids: frozenset[str]
+    answer: str | None = None
+    """The task's answer (for the optional answer term and the fabricated-answer check)."""
 
     def __post_init__(self) -> None:
         if not self.facts or any(not f for f in self.facts):
@@ -92,7 +128,8 @@ class GroundTruth:
     def from_info(cls, info: dict[str, Any]) -> GroundTruth:
         """From ``task.info`` as written by ``taskrl datagen multihop`` (``facts[i]["chunk_ids"]``)."""
         facts = tuple(tuple(f["chunk_ids"]) for f in info["facts"])
-        return cls(facts, frozenset(info.get("answer_chunk_ids", ())))
+        answer = info.get("answer")
+        return cls(facts, frozenset(info.get("answer_chunk_ids", ())), str(answer) if answer is not None else None)
 
     @property
     def relevant_chunks(self) -> frozenset[str]:
@@ -119,6 +156,36 @@ class EpisodeRecord:
     """Assistant turns."""
     completed: bool
     """The episode ended with a final answer and no error."""
+    answer: str | None = None
+    """The text after ``ANSWER:`` in the final answer (None when there is no such line)."""
+
+
+def normalise_answer(text: str) -> str:
+    """The form answers are compared in: casefolded, inner whitespace collapsed, edge quotes/punctuation gone."""
+    return " ".join(text.casefold().split()).strip(" .,;:!?\"'`*()[]")
+
+
+def answer_correct(given: str | None, gold: str | None) -> bool:
+    """The given answer is exactly the gold one (after ``normalise_answer``); a list of guesses is not."""
+    return given is not None and gold is not None and bool(normalise_answer(gold)) and (
+        normalise_answer(given) == normalise_answer(gold)
+    )
+
+
+def independent_checks(record: EpisodeRecord, truth: GroundTruth, config: RewardConfig) -> dict[str, float]:
+    """1.0 where the verifier disagrees with the episode, 0.0 where it agrees (keys the hacking monitor reads).
+
+    ``fabricated``: an answer was given (not empty, not "unknown") and it is not the task's answer.
+    ``verifier_disagrees``: documents were listed and fewer than ``min_output_precision`` of them hold a
+    supporting or answer chunk (the "cite everything seen" pattern).
+    """
+    given = normalise_answer(record.answer or "")
+    fabricated = bool(given) and given not in ("unknown", "i do not know", "n/a") and truth.answer is not None and (
+        not answer_correct(record.answer, truth.answer)
+    )
+    precision = output_precision(record.output_docs, truth.relevant_docs)
+    disagrees = bool(record.output_docs) and precision < config.min_output_precision
+    return {"fabricated": float(fabricated), "verifier_disagrees": float(disagrees)}
 
 
 def fact_recall(
@@ -177,7 +244,7 @@ def score_episode(
 ) -> RewardBreakdown:
     """The Context-1 reward of one episode, term by term, plus its metrics."""
     cfg = config or RewardConfig()
-    recall = fact_recall(truth.facts, found_docs=record.output_docs)
+    recall = fact_recall(truth.facts, found_docs=record.output_docs[: cfg.max_output_docs])
     precision = output_precision(record.output_docs, truth.relevant_docs)
     f = f_beta(precision, recall, beta)
     traj_recall = fact_recall(truth.facts, found_chunks=record.encountered)
@@ -192,10 +259,13 @@ def score_episode(
         "f_beta": cfg.f_beta_weight * f,
         "trajectory_recall": cfg.trajectory_recall_weight * traj_recall,
         "answer_found": cfg.answer_found_bonus * answer_found,
-        "prune_penalty": 0.0 - p_prune,  # 0.0 - x, not -x: no "-0.0" in logs
-        "turn_penalty": 0.0 - p_turn,
     }
-    pre_penalty = terms["f_beta"] + terms["trajectory_recall"] + terms["answer_found"]
+    correct = answer_correct(record.answer, truth.answer)
+    if cfg.answer_weight > 0:
+        terms["answer_correct"] = cfg.answer_weight * float(correct)
+    terms["prune_penalty"] = 0.0 - p_prune  # 0.0 - x, not -x: no "-0.0" in logs
+    terms["turn_penalty"] = 0.0 - p_turn
+    pre_penalty = terms["f_beta"] + terms["trajectory_recall"] + terms["answer_found"] + terms.get("answer_correct", 0)
     raw = pre_penalty - p_prune - p_turn
     terms["clamp"] = clamp_reward(raw, pre_penalty, completed=record.completed, floor=cfg.floor) - raw
     relevant = truth.relevant_chunks
@@ -212,6 +282,9 @@ def score_episode(
         "search/pruned_chunks": float(len(record.pruned)),
         "search/encountered_chunks": float(len(record.encountered)),
         "search/tool_calls_per_turn": len(record.tool_calls) / record.turns if record.turns else 0.0,
+        "search/answer_correct": float(correct),
+        "search/output_docs": float(len(record.output_docs)),
+        **independent_checks(record, truth, cfg),
     }
     return RewardBreakdown(terms, metrics)
 

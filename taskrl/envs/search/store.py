@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +51,10 @@ class InvalidPatternError(ValueError):
     """``grep`` got a pattern that is not a valid regular expression."""
 
 
+class GrepStoppedError(InvalidPatternError):
+    """``grep`` ran out of its total time budget, or its caller stopped it, before the scan finished."""
+
+
 @dataclass
 class IngestStats:
     """What one ``ingest`` call did."""
@@ -80,6 +86,12 @@ def _chroma_client(path: Path, chroma_url: str | None) -> Any:
     return client
 
 
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
 class CorpusStore:
     """One corpus: add documents, then query it densely, lexically, by id, by document or by regex."""
 
@@ -108,6 +120,11 @@ class CorpusStore:
                 )
             if chroma_url and manifest.get("chroma_url") not in (None, chroma_url):
                 raise CorpusStoreError(f"{self.path} lives on the Chroma server {manifest['chroma_url']}")
+            if manifest.get("building") and not create:
+                raise CorpusStoreError(
+                    f"{self.path} is an unfinished build (it stopped before the end); rerun "
+                    f"`taskrl corpus build SOURCE --out {self.path}` to finish it (finished work is kept)"
+                )
         elif create:
             self.path.mkdir(parents=True, exist_ok=True)
             manifest = {
@@ -117,7 +134,7 @@ class CorpusStore:
                 "chroma_url": chroma_url,
                 "collection": collection or "taskrl-chunks",
             }
-            manifest_path.write_text(json.dumps(manifest, indent=2))
+            _write_json_atomic(manifest_path, manifest)
         else:
             raise CorpusStoreError(
                 f"no corpus at {self.path}; build one with `taskrl corpus build SOURCE --out {self.path}`"
@@ -136,6 +153,14 @@ class CorpusStore:
         self._bm25_lock = threading.Lock()
         with self._db() as db:
             db.executescript(_SCHEMA)
+
+    def set_building(self, building: bool) -> None:
+        """Mark the corpus as an unfinished build (readers refuse it, builders resume it) or as finished."""
+        if building:
+            self.manifest["building"] = True
+        else:
+            self.manifest.pop("building", None)
+        _write_json_atomic(self.path / "manifest.json", self.manifest)
 
     # -- plumbing -----------------------------------------------------------------------------------
     @contextmanager
@@ -368,27 +393,48 @@ class CorpusStore:
         return {i: np.asarray(e, dtype=np.float32) for i, e in zip(got["ids"], got["embeddings"], strict=True)}
 
     def grep(
-        self, pattern: str, *, exclude: set[str] | frozenset[str] = frozenset(), limit: int = 5, timeout_s: float = 2.0
+        self,
+        pattern: str,
+        *,
+        exclude: set[str] | frozenset[str] = frozenset(),
+        limit: int = 5,
+        timeout_s: float = 2.0,
+        budget_s: float | None = 10.0,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[Chunk]:
         """Chunks whose text matches the regex ``pattern`` (first ``limit`` in corpus order, ``exclude`` skipped).
 
-        Uses the ``regex`` module with a per-chunk timeout, so a pathological pattern cannot hang the caller.
+        Uses the ``regex`` module with a per-chunk timeout, and a total budget over the whole scan: between
+        chunks the scan checks its deadline and ``should_stop`` (the tool call's stop flag), so a slow pattern
+        that stays under the per-chunk limit still ends. Either way ``GrepStoppedError`` names how far it got.
         """
         try:
             compiled = regex.compile(pattern)
-        except (regex.error, TypeError, ValueError) as e:
+        except (regex.error, TypeError, ValueError, OverflowError, RecursionError) as e:
             raise InvalidPatternError(f"invalid regular expression {pattern!r}: {e}") from None
+        deadline = time.monotonic() + budget_s if budget_s is not None else math.inf
         found: list[Chunk] = []
+        scanned = 0
         with self._db() as db:
+            total = int(db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
             for row in db.execute("SELECT * FROM chunks ORDER BY doc_id, position"):
                 if row[0] in exclude:
                     continue
+                left = deadline - time.monotonic()
+                if left <= 0 or (should_stop is not None and should_stop()):
+                    raise GrepStoppedError(
+                        f"grep stopped: {pattern!r} scanned {scanned:,} of {total:,} chunks within its "
+                        f"{budget_s:g}s budget; use a simpler pattern"
+                    )
                 try:
-                    hit = compiled.search(row[3], timeout=timeout_s, concurrent=True)
+                    hit = compiled.search(row[3], timeout=min(timeout_s, left), concurrent=True)
                 except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        continue  # reported by the budget check above, with the progress made
                     raise InvalidPatternError(
                         f"regular expression {pattern!r} took over {timeout_s:g}s on one chunk; simplify it"
                     ) from None
+                scanned += 1
                 if hit:
                     found.append(Chunk(*row))
                     if len(found) >= limit:

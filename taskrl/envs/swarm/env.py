@@ -3,13 +3,17 @@
 ``SwarmEnv`` gives the orchestrator ``create_subagent(name, system_prompt)`` and ``assign_task(agent_id, task)``.
 The assignments of one turn run concurrently (asyncio, or Ray actors with ``subagent_backend="ray"``); each
 plays a frozen sub-agent policy in its own context against a wrapped env (``search`` by default) and only its
-final answer comes back. ``reward`` attaches the sub-agent episodes as ``children`` (``parent_id``,
-``trainable=False``, run intervals, the critical flag), records critical steps, total steps and wall time, and
-scores r_perf + λ1·r_parallel + λ2·r_finish.
+final answer comes back. A sub-agent works on one task at a time (assignments to a busy one queue), so
+``max_subagents`` also bounds how many run at once. ``reward`` attaches the sub-agent episodes as ``children``
+(``parent_id``, ``trainable=False``, run intervals on the wall and the step clock, the critical flag, what each was
+worth: ``credit.judge_children``), records critical steps, total steps and wall time, and scores
+r_perf + λ1·r_parallel + λ2·r_finish + λ3·r_efficiency. ``subagent_env="swarm"`` nests swarms: a sub-agent's
+critical steps (its sub-agents included) count as its steps.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -18,13 +22,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskrl.env import Env, ToolEnv, make
-from taskrl.envs.swarm.critical import critical_members, critical_steps, total_steps
+from taskrl.envs.swarm.credit import judge_children
 from taskrl.envs.swarm.reward import SwarmRewardConfig, swarm_reward
 from taskrl.envs.swarm.scripted import fanout_rule
 from taskrl.envs.swarm.subagents import Subagent, SubagentRuntime
 from taskrl.envs.swarm.tasks import item_scores
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.rewards.cheating import max_concurrency, subagent_intervals
+from taskrl.rewards.parl import (
+    TASK_SIZE_KEY,
+    child_steps,
+    schedule_length,
+    step_schedule,
+    subtasks,
+    useful_overlap,
+)
 from taskrl.rollout import RolloutConfig, derive_seed
 from taskrl.tools import tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
@@ -74,7 +86,7 @@ class SwarmEnvConfig:
     max_critical_steps: int | None = None
     """Episode budget in critical steps; reaching it truncates the episode. None: no budget."""
     max_subagents: int = 32
-    """Most sub-agents one episode may create."""
+    """Most sub-agents one episode may create; each works on one task at a time, so also the most running at once."""
     subagent_timeout_s: float = 600.0
     """Wall-clock limit of one sub-agent assignment."""
     subagent_max_context_tokens: int = 4096
@@ -129,7 +141,7 @@ class SwarmEnvConfig:
 
 _TASKS: dict[str, list[Task]] = {}
 _POLICIES: dict[tuple[Any, ...], Policy] = {}
-_CACHE_LOCK = threading.Lock()
+_CACHE_LOCK = threading.RLock()  # re-entered when a nested swarm's sub-agent env loads its tasks
 
 
 def _load_tasks(config: SwarmEnvConfig) -> list[Task]:
@@ -145,7 +157,9 @@ def _load_tasks(config: SwarmEnvConfig) -> list[Task]:
 
 def _subagent_env_factory(config: SwarmEnvConfig) -> Callable[[], Env]:
     kwargs: dict[str, Any] = {}
-    if config.subagent_env == "search":
+    if config.subagent_env == "swarm":  # nested: the inner orchestrators' helpers search the same corpus
+        kwargs.update(corpus=config.corpus, tasks=config.tasks)
+    elif config.subagent_env == "search":
         kwargs["corpus"] = config.corpus
         if config.corpus != "default" and config.tasks:
             kwargs["tasks"] = config.tasks  # a corpus built without multi-hop tasks: any Task JSONL will do
@@ -207,7 +221,7 @@ class SwarmEnv(ToolEnv):
         else:
             policy = subagent_policy or _default_policy(self.config, env_factory)
             self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
-        self.reward_fn = swarm_reward(self.config.reward)
+        self.reward_fn = swarm_reward(self.config.reward, budget=self.config.max_critical_steps)
         self._reset_state(0)
 
     def _reset_state(self, seed: int) -> None:
@@ -215,6 +229,8 @@ class SwarmEnv(ToolEnv):
         self.turns: list[list[Trajectory]] = []
         """Per orchestrator turn with tool calls: the sub-agent episodes it launched, in launch order."""
         self._assignments = 0
+        self._agent_locks: dict[str, asyncio.Lock] = {}
+        self._recorded: str | None = None
         self._seed = seed
         self._started = time.monotonic()
 
@@ -230,8 +246,16 @@ class SwarmEnv(ToolEnv):
         """Move the λ annealing (the reward toolkit's clock)."""
         self.reward_fn.set_step(step, epoch)
 
-    def critical_steps_so_far(self) -> int:
-        return critical_steps([[int(c.metrics.get("turns", 0)) for c in turn] for turn in self.turns])
+    def _launches(self, turns: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
+        return [sorted(turn, key=lambda c: c.info.get("assignment", 0)) for turn in turns]
+
+    @staticmethod
+    def _agent_steps(turns: Sequence[Sequence[Trajectory]]) -> list[list[tuple[Any, int]]]:
+        return [[(c.info.get("agent_id"), child_steps(c)) for c in turn] for turn in turns]
+
+    def critical_steps_so_far(self, turns: int | None = None) -> int:
+        """Critical steps of the first ``turns`` tool turns (all by default): ``rewards.parl.schedule_length``."""
+        return schedule_length(self._agent_steps(self._launches(self.turns[:turns])))
 
     async def step(self, tool_calls: list[ToolCall]) -> tuple[list[ToolResult], bool, bool, dict[str, Any]]:
         self.turns.append([])
@@ -290,10 +314,12 @@ class SwarmEnv(ToolEnv):
         turn, index = len(self.turns) - 1, self._assignments
         self._assignments += 1
         task_id = f"{self.task.id if self.task else 'task'}/{agent_id}/{index}"
-        child = await self.runtime.run(
-            agent, task, task_id=task_id, seed=derive_seed(self._seed, turn, index), max_steps=self._steps_left(turn)
-        )
-        child.info.update({"turn": turn, "assignment": index, "task": task})
+        async with self._agent_locks.setdefault(agent_id, asyncio.Lock()):  # one task at a time per sub-agent
+            child = await self.runtime.run(
+                agent, task, task_id=task_id, seed=derive_seed(self._seed, turn, index),
+                max_steps=self._steps_left(turn, agent_id),
+            )  # fmt: skip
+        child.info.update({"turn": turn, "assignment": index, "task": task, "agent_id": agent_id})
         self.turns[turn].append(child)
         if child.error is not None:
             return f"Sub-agent {agent_id} failed: {child.error}"
@@ -302,41 +328,70 @@ class SwarmEnv(ToolEnv):
             return f"Sub-agent {agent_id} ended without an answer ({child.info.get('truncation', 'no answer')})."
         return answer
 
-    def _steps_left(self, turn: int) -> int:
-        """Sub-agent step limit, lowered so this turn cannot overrun the critical-steps budget."""
+    def _steps_left(self, turn: int, agent_id: str) -> int:
+        """Sub-agent step limit, lowered so this turn cannot overrun the critical-steps budget (the agent's earlier
+        tasks of this turn, which ran before this one, count)."""
         if self.config.max_critical_steps is None:
             return self.config.subagent_max_steps
-        before = critical_steps([[int(c.metrics.get("turns", 0)) for c in t] for t in self.turns[:turn]])
-        left = self.config.max_critical_steps - before - 2  # this turn's own step and a final answer
+        before = self.critical_steps_so_far(turn)
+        used = sum(child_steps(c) for c in self.turns[turn] if c.info.get("agent_id") == agent_id)
+        left = self.config.max_critical_steps - before - 2 - used  # this turn's own step and a final answer
         return max(1, min(self.config.subagent_max_steps, left))
 
     # -- reward -------------------------------------------------------------------------------------
-    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        assert self.task is not None, "reward() before reset()"
+    def record_episode(self, trajectory: Trajectory) -> None:
+        """Attach the sub-agent episodes and write the swarm's keys (children, step clock, critical steps, what each
+        sub-task was worth, independent checks); no reward. ``reward`` calls it; a nested swarm's wrapper too."""
+        if self._recorded == trajectory.id:
+            return
+        self._recorded = trajectory.id
         orchestrator_turns = sum(m.role == "assistant" for m in trajectory.messages)
-        steps = [[int(c.metrics.get("turns", 0)) for c in turn] for turn in self.turns]
-        steps += [[] for _ in range(max(0, orchestrator_turns - len(steps)))]  # the answer turn launches nobody
+        launched = self._launches(self.turns)
+        schedule = step_schedule(self._agent_steps(launched))
         children = []
-        for turn, member in zip(self.turns, critical_members(steps), strict=False):
-            for i, child in enumerate(turn):
+        for turn, spans in zip(launched, schedule, strict=True):
+            ends = [end for _, end in spans]
+            last = max(range(len(turn)), key=lambda i: (ends[i], -i)) if turn else None
+            for child, (start, end) in zip(turn, spans, strict=True):
                 child.parent_id = trajectory.id
-                child.info["critical"] = i == member
+                # every task of the agent that finished the turn last lies on the critical path
+                child.info["critical"] = last is not None and child.info.get("agent_id") == turn[last].info.get(
+                    "agent_id"
+                )
+                child.info.update(step_start=start, step_end=end)
                 children.append(child)
         trajectory.children = children
+        answer = trajectory.final_answer if trajectory.terminated else None
+        counts = judge_children(self.task, answer, launched) if self.task is not None else {}
+        critical = schedule_length(self._agent_steps(launched)) + max(0, orchestrator_turns - len(launched))
+        total = orchestrator_turns + sum(int(c.metrics.get("total_steps", child_steps(c))) for c in children)
         ended = time.monotonic()
+        steps = [[child_steps(c) for c in turn] for turn in launched]
+        items = self.task.info.get("items") if self.task is not None else None
         trajectory.info.update(
             {"started_at": self._started, "ended_at": ended, "subagents_created": len(self.agents),
              "turn_subagent_steps": steps}
         )  # fmt: skip
-        scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
+        if isinstance(items, list) and items:
+            trajectory.info[TASK_SIZE_KEY] = len(items)
+        if counts:
+            # independent check (the monitors' reward-hacking key): decoys are work done for credit, not the task
+            trajectory.info["failed_checks"] = ["decoy_subtasks"] if counts["decoys"] else []
         trajectory.metrics.update(
-            {"critical_steps": float(critical_steps(steps)), "total_steps": float(total_steps(steps)),
+            {"critical_steps": float(critical), "total_steps": float(total),
              "swarm/wall_time_s": ended - self._started, "swarm/subagents_created": float(len(self.agents)),
              "swarm/assignments": float(len(children)),
              "swarm/subagents_finished": float(sum(bool((c.final_answer or "").strip()) for c in children)),
              "swarm/max_concurrency": float(_max_overlap(children)),
-             **{f"swarm/{k}": v for k, v in scores.items()}}
+             "swarm/useful_parallelism": float(useful_overlap(subtasks(trajectory))),
+             **{f"swarm/{k}": float(v) for k, v in counts.items()}}
         )  # fmt: skip
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        assert self.task is not None, "reward() before reset()"
+        self.record_episode(trajectory)
+        scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
+        trajectory.metrics.update({f"swarm/{k}": v for k, v in scores.items()})
         return self.reward_fn(trajectory, self.task)
 
 

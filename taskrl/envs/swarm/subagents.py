@@ -4,6 +4,7 @@
 plus the wrapped env's own, and the task text it was assigned. ``SubagentRuntime.run`` plays one assignment with
 the agent loop (``run_episode``) under the sub-agent step limit and a wall timeout, and returns the child
 trajectory with its run interval. Assignments of one orchestrator turn are awaited together, so they overlap.
+A sub-agent cut off by the timeout keeps the model turns it started in ``metrics["turns"]`` (critical steps).
 """
 
 from __future__ import annotations
@@ -69,7 +70,26 @@ class SubagentEnv:
         return await maybe_await(self.inner.step(tool_calls))
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        record = getattr(self.inner, "record_episode", None)
+        if record is not None:  # a nested swarm attaches its own sub-agents and critical steps, unscored
+            record(trajectory)
         return {}
+
+
+class _CountedPolicy:
+    """The frozen policy as one assignment sees it: counts the model turns started, so a sub-agent cut off by the
+    timeout still reports the steps it spent."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.turns = 0
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def generate(self, **kwargs: Any) -> Any:
+        self.turns += 1
+        return await self.inner.generate(**kwargs)
 
 
 class SubagentRuntime:
@@ -98,14 +118,16 @@ class SubagentRuntime:
         """
         config = replace(self.rollout, max_turns=max(1, min(max_steps, self.rollout.max_turns)), training=False)
         env = SubagentEnv(self.env_factory(), agent)
+        policy = _CountedPolicy(self.policy)
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout_s):
-                child = await run_episode(env, self.policy, Task(task_id, task_text), config, seed=seed)
+                child = await run_episode(env, policy, Task(task_id, task_text), config, seed=seed)  # type: ignore[arg-type]
         except TimeoutError:
             child = Trajectory(task_id=task_id, env=env.name, seed=seed, truncated=True)
             child.error = f"TimeoutError: sub-agent ran past {self.timeout_s:g}s"
             child.info["truncation"] = "timeout"
+            child.metrics["turns"] = float(min(policy.turns, config.max_turns))  # the turn in flight counts
         finally:
             close = getattr(env.inner, "close", None)
             if close is not None:

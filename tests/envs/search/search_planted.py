@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 # Eight short documents about an invented port town. Each mentions the id of another (bridges for
@@ -56,5 +57,52 @@ def write_planted(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "planted.jsonl"
     rows = [{"id": doc_id, "title": doc_id, "text": text} for doc_id, text in PLANTED.items()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# -- a corpus of namespaced, hyphenated ids (package-metadata style), for datagen and the search env ---------
+_SYLLABLES = ("zor", "vik", "mal", "tren", "quo", "bas", "fel", "nir", "dov", "kes", "lum", "pra", "gid", "rho")
+_ID_FORMS = ("pkg:{a}-{b}", "acme:{a}-{b}-2", "lib:{a}-{b}", "ns/{a}:{b}-x", "{a}++-12", "org.{a}:{b}-core")
+
+
+def _word(rng: random.Random, used: set[str]) -> str:
+    while True:
+        word = "".join(rng.choice(_SYLLABLES) for _ in range(3))
+        if word not in used:
+            used.add(word)
+            return word
+
+
+def namespaced_documents(n: int = 30, seed: int = 0) -> dict[str, str]:
+    """``n`` documents whose ids look like ``pkg:name-part``, ``g++-12``, ``lib:a-b`` next to ``lib:a-b-c``.
+
+    Every document holds rare invented words (answers) and names two others in whole sentences (bridges);
+    ``lib:a-b-c`` is mentioned where ``lib:a-b`` is not, so prefix matching would make false bridges.
+    """
+    rng = random.Random(seed)
+    used: set[str] = set()
+    ids = [_ID_FORMS[i % len(_ID_FORMS)].format(a=_word(rng, used), b=_word(rng, used)) for i in range(n - 2)]
+    ids += ["lib:a-b", "lib:a-b-c"]
+    docs = {}
+    for i, doc_id in enumerate(ids):
+        others = [ids[(i + 1) % len(ids)], ids[(i + 7) % len(ids)]]
+        lines = [
+            f"The {_word(rng, used)} module parses every {_word(rng, used)} record before the build starts.",
+            f"Its loader depends on {others[0]} for the {_word(rng, used)} step of each release.",
+            f"Maintainers keep the {_word(rng, used)} table sorted by the {_word(rng, used)} column.",
+            f"Older releases were replaced by {others[1]} after the {_word(rng, used)} migration.",
+            f"Each archive is signed with a {_word(rng, used)} key and checked by the {_word(rng, used)} tool.",
+        ]
+        if doc_id == "lib:a-b":
+            lines.append("Its successor lib:a-b-c keeps the same interface for the plugin loader.")
+        docs[doc_id] = " ".join(lines)
+    return docs
+
+
+def write_namespaced(directory: Path, n: int = 30, seed: int = 0) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "namespaced.jsonl"
+    rows = [{"id": d, "title": d, "text": t} for d, t in namespaced_documents(n, seed).items()]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

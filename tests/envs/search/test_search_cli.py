@@ -36,6 +36,43 @@ def test_corpus_build_is_idempotent_and_inspectable(tmp_path: Path) -> None:
     assert missing.exit_code != 0 and "no corpus at" in str(missing.exception)
 
 
+def test_corpus_build_fails_cleanly_and_never_leaves_a_partial_directory(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.bin").write_bytes(b"\x00")
+    (src / "table.csv").write_text("a,b\n")
+    out = tmp_path / "corpus"
+    args = ["corpus", "build", str(src), "--out", str(out), "--embedder", "hashing-384"]
+    empty = CliRunner().invoke(app, args)
+    assert empty.exit_code != 0 and "no documents in" in str(empty.exception)
+    assert "skipped unsupported files: data.bin, table.csv" in str(empty.exception)
+    assert not out.exists()  # nothing written for a source that fails
+    good = [{"id": f"pkg:doc-{i}", "text": f"Text {i}."} for i in range(3)]
+    (src / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good) + "{broken\n")
+    broken = CliRunner().invoke(app, args)
+    assert broken.exit_code != 0 and "docs.jsonl:4: not valid JSON" in str(broken.exception)
+    assert not out.exists()  # the bad last line is found before the first document is written
+    (src / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
+    built = CliRunner().invoke(app, args)
+    assert built.exit_code == 0, built.output
+    text = " ".join(built.output.split())
+    assert "read 3 documents (.jsonl: 3); skipped 2 unsupported files (data.bin, table.csv)" in text
+    assert CorpusStore(out).document_ids() == ["pkg:doc-0", "pkg:doc-1", "pkg:doc-2"]
+
+
+def test_an_unfinished_build_is_refused_by_readers_and_resumed_by_builders(tmp_path: Path) -> None:
+    from taskrl.envs.search.build import build_corpus
+    from taskrl.envs.search.store import CorpusStoreError
+
+    source = write_planted(tmp_path / "src")
+    store = CorpusStore(tmp_path / "corpus", create=True, embedder="hashing-384", chunk_tokens=48)
+    store.set_building(True)  # what a build that crashed half-way leaves
+    with pytest.raises(CorpusStoreError, match="unfinished build.*rerun `taskrl corpus build"):
+        CorpusStore(tmp_path / "corpus")
+    build_corpus(source, tmp_path / "corpus", embedder="hashing-384", chunk_tokens=48)
+    assert len(CorpusStore(tmp_path / "corpus").document_ids()) == 8
+
+
 def test_rollout_cli_with_the_oracle_and_metrics(
     planted_corpus: CorpusStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,10 +14,10 @@ from taskrl.envs.search.env import (
     SearchEnv,
     SearchEnvConfig,
     aggregate_metrics,
-    clue_pattern,
     parse_output_docs,
     prune_view,
 )
+from taskrl.envs.search.expert import clue_pattern
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.models import smollm2_tokenizer
 from taskrl.policies.scripted import ScriptedPolicy
@@ -76,6 +76,13 @@ async def test_bad_calls_become_error_results(env: SearchEnv) -> None:
     assert bad_doc.is_error and "no document 'atlantis'" in bad_doc.content
     assert bad_prune.is_error and "unknown chunk ids: harbor#0, nope#9" in bad_prune.content
     assert "nothing was pruned" in bad_prune.content and env.pruned == set()
+
+
+async def test_a_prune_of_100k_unknown_ids_gets_a_short_error(env: SearchEnv) -> None:
+    ids = [f"no-such-doc-{i}#0" for i in range(100_000)]
+    (result,), *_ = await env.step(calls(("prune_chunks", {"chunk_ids": ids})))
+    assert result.is_error and "no-such-doc-0#0" in result.content and "and 99,980 more" in result.content
+    assert len(result.content) < 3000 and env.pruned == set()
 
 
 async def test_prune_replaces_chunks_in_the_view_but_keeps_them_in_the_record(env: SearchEnv) -> None:
@@ -249,3 +256,35 @@ def test_default_env_is_registered_and_the_oracle_solves_its_tasks() -> None:
         run_episodes(lambda: make("search"), ScriptedPolicy(SearchEnv.scripted_rule), tasks, RolloutConfig(max_turns=4))
     )
     assert aggregate_metrics(trajectories)["search/output_recall"] == 1.0
+
+
+SLOW_FUZZY = r"(?:the (?:\w+ ){0,6}quillstamp archive warden ledger){e<=3}"  # ~0.1 s per chunk
+_TIMED_OUT_GREP = """
+import asyncio, dataclasses, sys, threading
+from taskrl.envs.search.env import SearchEnv
+from taskrl.types import ToolCall
+env = SearchEnv(corpus=sys.argv[1], grep_budget_s=600)
+env.reset(env.tasks("train")[0])
+grep = dataclasses.replace(env.tools["grep_corpus"], timeout_s=0.3)  # the agent loop's tool timeout
+before = set(threading.enumerate())
+result = asyncio.run(grep(ToolCall("c", "grep_corpus", {"pattern": sys.argv[2]})))
+print(result.content.splitlines()[0])
+started = [t for t in threading.enumerate() if t not in before]
+for thread in started:
+    thread.join(30)  # generous: a loaded machine is slow, but the scan must end at all
+print("alive:", [t.name for t in started if t.is_alive()])
+"""
+
+
+def test_timed_out_grep_stops_scanning_and_the_process_exits(planted_corpus: CorpusStore) -> None:
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _TIMED_OUT_GREP, str(planted_corpus.path), SLOW_FUZZY],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    first, alive = run.stdout.strip().splitlines()[-2:]
+    assert first.startswith("Tool 'grep_corpus' timed out after 0.3s"), run.stdout
+    assert alive == "alive: []"  # the scanning thread ended with its call; the process then exits

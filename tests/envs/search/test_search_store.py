@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from taskrl.envs.search.corpus import CorpusSourceError, Document
 from taskrl.envs.search.embed import HASHING, HashingEmbedder
 from taskrl.envs.search.search import HybridSearcher
-from taskrl.envs.search.store import CorpusStore, CorpusStoreError, InvalidPatternError
+from taskrl.envs.search.store import CorpusStore, CorpusStoreError, GrepStoppedError, InvalidPatternError
 
 DOCS = [
     Document(f"doc{i}", f"Document {i} talks about topic{i}. " * 12 + f"The secret code is zx{i}q.") for i in range(6)
@@ -79,6 +80,22 @@ def test_grep(tmp_path: Path) -> None:
     assert store.grep("no such text") == []
     with pytest.raises(InvalidPatternError, match=r"invalid regular expression '\(unclosed'"):
         store.grep("(unclosed")
+
+
+# Fuzzy matching with 3 errors: ~0.1 s per chunk, well under the per-chunk limit, hours over a large corpus.
+SLOW_FUZZY = r"(?:the (?:\w+ ){0,6}quillstamp archive warden ledger){e<=3}"
+
+
+def test_grep_stops_at_its_total_budget_and_on_request(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.ingest([Document(f"d{i}", f"Plain text number {i} about harbors and ships. " * 20) for i in range(40)])
+    with pytest.raises(GrepStoppedError, match=r"scanned \d+ of \d+ chunks within its 0.3s budget") as stopped:
+        store.grep(SLOW_FUZZY, budget_s=0.3)
+    scanned, total = map(int, re.search(r"scanned (\d+) of (\d+)", str(stopped.value)).groups())
+    assert scanned < total  # it stopped part-way instead of scanning on
+    with pytest.raises(GrepStoppedError, match="scanned 0 of"):
+        store.grep("ships", should_stop=lambda: True)
+    assert len(store.grep("ships", budget_s=30)) == 5  # a fast pattern is unaffected
 
 
 def test_store_errors_name_the_fix(tmp_path: Path) -> None:

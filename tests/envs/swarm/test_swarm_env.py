@@ -10,7 +10,7 @@ from taskrl.env import acheck_env
 from taskrl.envs.search.env import SearchEnv
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig
 from taskrl.envs.swarm.scripted import fanout_rule, serial_rule
-from taskrl.monitor import MonitorConfig, spurious_parallelism
+from taskrl.monitor import MonitorConfig, Monitors, spurious_parallelism
 from taskrl.monitor import serial_collapse as serial_collapse_rate
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.report.data import timeline
@@ -59,6 +59,9 @@ def test_fanout_and_serial_e2e_over_a_real_corpus(wide_tasks_path: str, swarm_co
     config = MonitorConfig()
     assert serial_collapse_rate(serial, config, None) == 1.0 and serial_collapse_rate(swarm, config, None) == 0.0
     assert spurious_parallelism(swarm, config, None) == 0.0
+    # the expert over real search helpers raises no alert; its independent check ran and passed
+    assert Monitors(tool_names=env.tools.names, log_alerts=False).check(0, swarm)[1] == []
+    assert all(t.info["failed_checks"] == [] and t.metrics["swarm/useful"] == 3 for t in swarm)
     gantt = timeline(swarm[0])
     assert gantt is not None and len(gantt["rows"]) == 3 and gantt["critical_steps"] == 4.0
     assert sum(r["critical"] for r in gantt["rows"]) == 1

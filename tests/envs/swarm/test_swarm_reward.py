@@ -15,11 +15,12 @@ GOLD = render_table({str(i): f"w{i}" for i in (1, 2, 3, 4)})
 
 
 def episode(answer: str, children: int = 0, *, finished: bool = False, overlap: bool = True) -> Trajectory:
+    """Children launched in one turn (overlap) or one per turn, answering distinct rows when ``finished``."""
     traj = Trajectory(terminated=True, info={"final_answer": answer, "subagents_created": children})
     for i in range(children):
         child = Trajectory(parent_id=traj.id, trainable=False, terminated=True)
-        child.info.update(started_at=0.0 if overlap else float(i), ended_at=1.0 if overlap else i + 0.5)
-        child.info["final_answer"] = "something" if finished else ""
+        child.info.update(turn=0 if overlap else i, agent_id=f"a{i}")
+        child.info["final_answer"] = f"ANSWER: w{i % 4 + 1}" if finished else ""
         traj.children.append(child)
     return traj
 

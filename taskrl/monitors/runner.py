@@ -1,0 +1,126 @@
+"""The monitor registry (``MONITORS``) and ``Monitors``, which runs them over a batch and raises alerts.
+
+A monitor that cannot apply to the env at all (``MonitorSpec.needs``: the exploration and tool-use monitors on
+an env without tools) says so once in the log, is listed in ``Monitors.not_applicable``, and stays silent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from taskrl.monitors import checks, swarm
+from taskrl.monitors.config import Alert, MonitorConfig
+from taskrl.monitors.episode import EPS
+from taskrl.types import Trajectory
+
+log = logging.getLogger("taskrl.monitor")
+
+MonitorFn = Callable[[Sequence[Trajectory], MonitorConfig, "frozenset[str] | None"], "float | None"]
+
+
+@dataclass(frozen=True)
+class MonitorSpec:
+    """One monitor: its function, the config field holding its threshold, and which side is bad."""
+
+    fn: MonitorFn
+    threshold: str
+    bad_when_above: bool
+    meaning: str
+    needs: str = ""
+    """What the env must have for the metric to mean anything: "tools" (at least one tool), or "" (any env)."""
+
+
+def not_applicable_reason(spec: MonitorSpec, tool_names: frozenset[str] | None) -> str | None:
+    """Why ``spec`` can never apply to an env with these tools; None when it may (or the tools are unknown)."""
+    if spec.needs == "tools" and tool_names is not None and not tool_names:
+        return "the env has no tools, so there are no tool calls to measure"
+    return None
+
+
+MONITORS: dict[str, MonitorSpec] = {
+    "reward_hacking": MonitorSpec(checks.reward_hacking, "max_reward_hacking", True,
+                                  "high-reward episodes fail an independent check"),
+    "tool_ngram_entropy": MonitorSpec(checks.tool_ngram_entropy, "min_tool_ngram_entropy", False,
+                                      "exploration collapse: tool sequences have little entropy", needs="tools"),
+    "duplicate_rate": MonitorSpec(checks.duplicate_rate, "max_duplicate_rate", True,
+                                  "exploration collapse: samples of a task repeat each other"),
+    "context_pollution": MonitorSpec(checks.context_pollution, "max_context_pollution", True,
+                                     "context is filled with irrelevant chunks"),
+    "tool_concentration": MonitorSpec(checks.tool_concentration, "max_tool_concentration", True,
+                                      "tool over-use: one tool takes almost every call", needs="tools"),
+    "calls_per_success": MonitorSpec(checks.calls_per_success, "max_calls_per_success", True,
+                                     "tool over-use: many calls per solved item", needs="tools"),
+    "loop_rate": MonitorSpec(checks.loop_rate, "max_loop_rate", True,
+                             "episodes repeat the same call (tool-call loops)", needs="tools"),
+    "serial_collapse": MonitorSpec(swarm.serial_collapse, "max_serial_collapse", True,
+                                   "swarm: never more than one useful sub-agent at a time"),
+    "spurious_parallelism": MonitorSpec(swarm.spurious_parallelism, "max_spurious_parallelism", True,
+                                        "swarm: sub-agents launched together are wasted (dummies, repeats, padding)"),
+    "invalid_call_rate": MonitorSpec(checks.invalid_call_rate, "max_invalid_call_rate", True,
+                                     "many tool calls are malformed"),
+    "early_termination": MonitorSpec(checks.early_termination, "max_early_termination", True,
+                                     "episodes give up within the first turns"),
+    "clarifying_rate": MonitorSpec(checks.clarifying_rate, "max_clarifying_rate", True,
+                                   "episodes ask the user a question instead of working"),
+    "no_edit_rate": MonitorSpec(checks.no_edit_rate, "max_no_edit_rate", True,
+                                "episodes end without editing anything"),
+}  # fmt: skip
+
+
+class Monitors:
+    """Runs every enabled monitor over a batch; call ``check`` once per training step or evaluation.
+
+    ``tool_names`` (the env's tools, e.g. ``env.tools.names``) lets tool-dependent monitors know what exists:
+    concentration is not judged for one-tool envs, no-edit applies as soon as the env has an edit tool, and an env
+    without tools gets no exploration or tool-use monitors at all (said once, then silent).
+    """
+
+    def __init__(
+        self, config: MonitorConfig | None = None, *, tool_names: Iterable[str] | None = None, log_alerts: bool = True
+    ) -> None:
+        self.config = config or MonitorConfig()
+        self.tool_names = frozenset(tool_names) if tool_names is not None else None
+        self.log_alerts = log_alerts
+        """Log each alert as a warning (off where alerts are shown otherwise, e.g. in the report)."""
+        self.active: set[str] = set()
+        """Monitors whose last check alerted (mitigations such as the temperature floor may key on them)."""
+        self.not_applicable: dict[str, str] = {}
+        """Monitor -> why it can never apply to this env; those monitors are skipped (logged once, on first check)."""
+        for name, spec in MONITORS.items():
+            reason = not_applicable_reason(spec, self.tool_names)
+            if reason is not None and name not in self.config.disabled:
+                self.not_applicable[name] = reason
+        self._told = False
+
+    def check(self, step: int, trajectories: Sequence[Trajectory]) -> tuple[dict[str, float], list[Alert]]:
+        """``monitor/<name>`` values of this batch, and the alerts they raise (also logged as warnings)."""
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        alerts: list[Alert] = []
+        if not self._told and self.not_applicable:
+            self._told = True
+            by_reason: dict[str, list[str]] = {}
+            for name, reason in self.not_applicable.items():
+                by_reason.setdefault(reason, []).append(name)
+            for reason, names in by_reason.items():
+                log.info("monitors %s do not apply to this env (%s); they stay silent", ", ".join(names), reason)
+        if len(trajectories) < cfg.min_episodes:
+            return metrics, alerts
+        for name, spec in MONITORS.items():
+            if name in cfg.disabled or name in self.not_applicable:
+                continue
+            value = spec.fn(trajectories, cfg, self.tool_names)
+            if value is None:
+                continue
+            metrics[f"monitor/{name}"] = float(value)
+            threshold = float(getattr(cfg, spec.threshold))
+            if (value > threshold + EPS) if spec.bad_when_above else (value < threshold - EPS):
+                side = ">" if spec.bad_when_above else "<"
+                message = f"{spec.meaning}: {name} = {value:.3g} {side} {threshold:g} ({spec.threshold})"
+                alerts.append(Alert(int(step), name, float(value), threshold, message))
+                if self.log_alerts:
+                    log.warning("step %d: %s", step, message)
+        self.active = {a.monitor for a in alerts}
+        return metrics, alerts
