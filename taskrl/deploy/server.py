@@ -87,6 +87,34 @@ class BodySizeLimit:
         await self.app(scope, counted_receive, send)
 
 
+class CatchAll:
+    """ASGI middleware: an unhandled exception becomes a 500 in OpenAI's JSON shape, and the connection stays up
+    (Starlette's own handler answers text/plain and re-raises, which makes uvicorn drop the connection)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                return  # a stream already under way cannot change its status; the client sees it cut short
+            response = error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
+            await response(scope, receive, send)
+
+
 def _session_of(http: fastapi.Request, request: ChatCompletionRequest, config: ServeConfig) -> str:
     return (http.headers.get(config.session_header) or request.user or new_id("session"))[:256]
 
@@ -252,6 +280,7 @@ def create_app(
     max_tokens = default_max_tokens or config.default_max_tokens
     app = fastapi.FastAPI(title="taskrl", version="0.1.0")
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(CatchAll)
     metrics = ServerMetrics()
     log_decision = (lambda d: store.submit("decisions", d)) if store is not None else None
     router_config = config.router
@@ -282,11 +311,6 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: fastapi.Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), "invalid_request_error", headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _unhandled(_: fastapi.Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
