@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -50,6 +51,14 @@ def _keys(api_keys: list[str] | None, keys_file: Path | None = None) -> dict[str
     return out
 
 
+def default_spool(store_url: str) -> Path:
+    """A spool file that belongs to this store only (a spool replays into the database it was written for)."""
+    if store_url.startswith("sqlite:///"):
+        return Path(store_url.removeprefix("sqlite:///") + ".spool.jsonl")
+    digest = hashlib.blake2b(store_url.encode(), digest_size=6).hexdigest()
+    return Path(f"taskrl-spool-{digest}.jsonl")
+
+
 def _serve_config(
     api_keys: list[str] | None,
     admin_keys: list[str] | None,
@@ -84,8 +93,9 @@ def serve_command(
     admin_key: AdminOpt = None,
     holdout: Annotated[float, typer.Option(help="share of sessions kept on the previous version")] = 0.05,
     spool: Annotated[
-        Path, typer.Option(help="outage spool: responses logged here while the store is down, replayed after")
-    ] = Path("interactions.spool.jsonl"),
+        Path | None,
+        typer.Option(help="outage spool file (default: beside a SQLite file, else taskrl-spool-<url hash>.jsonl)"),
+    ] = None,
     spool_max_rows: Annotated[int, typer.Option(help="spool bound; when full, responses are refused (503)")] = 100_000,
     fail_closed: Annotated[bool, typer.Option(help="no spool: refuse responses (503) while the store is down")] = False,
     timeout_s: Annotated[float, typer.Option(help="per-request generation time limit (504 past it)")] = 600.0,
@@ -110,7 +120,7 @@ def serve_command(
         adapter_root=str(adapter_root) if adapter_root is not None else None,
     )  # fmt: skip
     served = make_policy(policy, model=model, base_url=base_url, device=device, env=make(env) if env else None)
-    spool_path = None if fail_closed else spool
+    spool_path = None if fail_closed else (spool or default_spool(store))
     with InteractionStore(store, spool_path=spool_path, spool_max_rows=spool_max_rows) as interactions:
         durability = "fail closed on store errors" if fail_closed else f"outage spool {spool} ({spool_max_rows} rows)"
         Console(stderr=True).print(f"serving {name!r} on http://{host}:{port}/v1, logging to {store}; {durability}")

@@ -306,6 +306,7 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_: fastapi.Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation(list(exc.errors()))
+        metrics.errors.labels("", "invalid_request").inc()  # refused before any model was resolved
         return error_response(400, message, "invalid_request_error", param=param, code="invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
