@@ -328,6 +328,11 @@ class InteractionStore:
         """Move spooled rows into the database; True when the spool is empty afterwards."""
         if self.spool is None or not self.spool.rows:
             return True
+        try:  # a cheap probe first: during an outage the spool is not re-read for every batch
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except sa.exc.SQLAlchemyError:
+            return False
         items = self.spool.load()
         try:
             with self.engine.begin() as conn:

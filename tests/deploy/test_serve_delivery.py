@@ -207,3 +207,44 @@ def _up(root: str) -> bool:
         return httpx.get(root + "/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+OLD_COLUMNS = [
+    "id VARCHAR(64) PRIMARY KEY",
+    "tenant VARCHAR(128) NOT NULL",
+    "session_id VARCHAR(256) NOT NULL",
+    "model VARCHAR(256) NOT NULL",
+    "policy_version INTEGER NOT NULL",
+    "route VARCHAR(32) NOT NULL",
+    "shadow BOOLEAN NOT NULL",
+    "created_at FLOAT NOT NULL",
+    "latency_ms FLOAT NOT NULL",
+    "request JSON NOT NULL",
+    "response JSON NOT NULL",
+    "prompt_token_ids JSON",
+    "completion_token_ids JSON NOT NULL",
+    "logprobs JSON NOT NULL",
+    "tool_calls JSON NOT NULL",
+]
+
+
+def test_a_database_from_before_issue_16_opens_and_reads(store_url: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:  # the first schema: no sampling, no delivered column
+        conn.execute(sa.text(
+            "CREATE TABLE interactions (" + ", ".join(OLD_COLUMNS) + ")"
+        ))  # fmt: skip
+        conn.execute(sa.text(
+            "INSERT INTO interactions VALUES ('int_old', 't', 's', 'm', 0, 'stable', false, 1.0, 1.0,"
+            " '{\"messages\": [], \"temperature\": 0.5}', '{}', '[1]', '[2]', '[-0.5]', '[]')"
+        ))  # fmt: skip
+    engine.dispose()
+    with InteractionStore(store_url) as store:
+        old = store.interactions()[0]
+        store.add_sync("interactions", Interaction("t", "s", "m", 0, {}, {}, [1], [-1.0], [2], id="int_new"))
+        assert (old.delivered, old.sampling) == (True, None) and store.count() == 2
+        from taskrl.deploy.dataset import row_temperature
+
+        assert row_temperature(old) == 0.5  # the request's temperature when no sampling was recorded
