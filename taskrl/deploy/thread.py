@@ -22,6 +22,9 @@ import httpx
 import uvicorn
 
 logger = logging.getLogger(__name__)
+KEEP_ALIVE_S = 75
+"""Idle keep-alive of the server, longer than clients' (httpx: 5 s), so a client never reuses a connection the
+server is closing at that very moment (uvicorn's 5 s default races httpx's 5 s: a sporadic ReadError under load)."""
 
 
 class DrainingServer(uvicorn.Server):
@@ -68,7 +71,7 @@ def serve(
     from taskrl.deploy.server import create_app
 
     app = create_app(policies, store=store, config=config)
-    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
     DrainingServer(uv_config, app.state).run()
 
 
@@ -115,7 +118,9 @@ class ServerThread:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((self.host, self.port))
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level=self.log_level, timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            self.app, log_level=self.log_level, timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run,
