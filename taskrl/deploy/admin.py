@@ -273,7 +273,7 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         router = _router(state, model)
         needs_version = body.action in ("canary", "shadow", "activate")
         if needs_version and body.version is None:
-            raise APIError(422, f"invalid request: version: required for action {body.action!r}")
+            raise APIError(400, f"version: required for action {body.action!r}", param="version")
         try:
             if body.action == "canary":
                 router.start_canary(body.version)  # type: ignore[arg-type]

@@ -248,3 +248,40 @@ def test_a_database_from_before_issue_16_opens_and_reads(store_url: str) -> None
         from taskrl.deploy.dataset import row_temperature
 
         assert row_temperature(old) == 0.5  # the request's temperature when no sampling was recorded
+
+
+async def test_a_stream_the_transport_drops_is_marked_undelivered(tmp_path: Path) -> None:
+    """The real app with a transport that fails mid-stream (the client's socket is gone): the row stays, flagged."""
+    import json as json_module
+
+    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+        app = scripted_app(store)
+        body = json_module.dumps({"model": "agent", "messages": [{"role": "user", "content": "q"}], "stream": True})
+        sent_body = False
+        started: list[int] = []
+
+        async def receive() -> dict:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body.encode(), "more_body": False}
+            await asyncio.sleep(3600)  # the client never says goodbye: its socket just breaks
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                started.append(message["status"])
+            elif message.get("body"):
+                raise OSError("connection reset by peer")
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+            "root_path": "", "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer k"),
+                                         (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "state": {},
+        }  # fmt: skip
+        await app(scope, receive, send)
+        wait_until(lambda: len(store.interactions()) == 1 and not store.interactions()[0].delivered, 30)
+        rows = store.interactions()
+    assert started == [200] and len(rows) == 1 and rows[0].delivered is False
