@@ -257,14 +257,43 @@ async def poisoned(n_sessions: int, n_evil: int, turns: int) -> None:
           f"{lost} / {duplicated} / {undelivered_stored} / {non_finite}  (target 0 / 0 / 0 / 0)")  # fmt: skip
 
 
+async def listing(n_rows: int) -> None:
+    """GET /v1/interactions?limit=1 at ``n_rows`` rows of one tenant: SQL LIMIT (now) vs read all, slice (before)."""
+    tmp = Path(tempfile.mkdtemp(prefix="taskrl-serve-list-"))
+    with InteractionStore(f"sqlite:///{tmp / 'list.db'}", sqlite_synchronous="NORMAL") as store:
+        rows = [
+            Interaction("t", f"s{i % 50}", "m", 0, {"messages": [{"role": "user", "content": "q" * 200}]},
+                        {"message": {"content": "a" * 200}}, list(range(64)), [-0.1] * 64, list(range(200)))
+            for i in range(n_rows)
+        ]  # fmt: skip
+        await asyncio.gather(*(store.add("interactions", r) for r in rows))
+        app = create_app({"shop": ScriptedPolicy(rule)}, store=store, config=ServeConfig(api_keys={"k": "t"}))
+        with running_server(app) as base_url, httpx.Client(timeout=120) as http:
+            http.get(base_url + "/interactions", params={"limit": 1}, headers={"Authorization": "Bearer k"})
+            started = time.perf_counter()
+            for _ in range(10):
+                page = http.get(base_url + "/interactions", params={"limit": 1}, headers={"Authorization": "Bearer k"})
+            now_ms = (time.perf_counter() - started) * 100
+            started = time.perf_counter()
+            store.interactions(tenant="t")[-1:]  # what the endpoint did before issue 16
+            before_ms = (time.perf_counter() - started) * 1000
+    assert len(page.json()["data"]) == 1
+    print(f"GET /v1/interactions?limit=1 with {n_rows} rows of the tenant")
+    print(f"  {'before: read the history, keep the last (ms)':<48} {before_ms:8.1f}")
+    print(f"  {'now: ORDER BY ... LIMIT in SQL, through HTTP (ms)':<48} {now_ms:8.1f}  ({before_ms / now_ms:.0f}x)")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--turns", type=int, default=None, help="turns per session (default 2, or 1 with --poisoned)")
     parser.add_argument("--poisoned", action="store_true", help="the issue-16 load test with a misbehaving tenant")
     parser.add_argument("--evil", type=int, default=20, help="sessions of the misbehaving tenant (--poisoned)")
+    parser.add_argument("--listing", type=int, default=0, help="time paginated listing at this many rows")
     args = parser.parse_args()
-    if args.poisoned:
+    if args.listing:
+        asyncio.run(listing(args.listing))
+    elif args.poisoned:
         asyncio.run(poisoned(args.sessions, args.evil, args.turns or 1))
     else:
         asyncio.run(main(args.sessions, args.turns or 2))

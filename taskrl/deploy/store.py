@@ -64,6 +64,10 @@ INTERACTIONS = sa.Table(
     sa.Column("sampling", sa.JSON),
     sa.Column("delivered", sa.Boolean),
 )
+_TENANT_PAGE_INDEX = sa.Index(
+    "ix_interactions_tenant_page", INTERACTIONS.c.tenant, INTERACTIONS.c.created_at, INTERACTIONS.c.id
+)
+"""A tenant's newest-first page is an index range scan, whatever the history's size."""
 _ADDED_COLUMNS = {"interactions": ("sampling", "delivered")}
 """Columns newer than the first schema: added to existing databases when they are opened."""
 FEEDBACK = sa.Table(
@@ -233,6 +237,7 @@ class InteractionStore:
         self._closed = False
 
     def _add_missing_columns(self) -> None:
+        _TENANT_PAGE_INDEX.create(self.engine, checkfirst=True)  # databases created before the index existed
         inspector = sa.inspect(self.engine)
         for table_name, names in _ADDED_COLUMNS.items():
             present = {c["name"] for c in inspector.get_columns(table_name)}
