@@ -33,6 +33,8 @@ class TokenSequence:
     sampler_logprobs: torch.Tensor
     """The sampler's logprob of each sampled token."""
     policy_version: int
+    temperature: float | None = None
+    """The segment's own sampling temperature (production rows); None = the learner's configured one."""
 
     @property
     def num_sampled(self) -> int:
@@ -58,6 +60,7 @@ def sequences_from(trajectories: Sequence[Trajectory]) -> list[TokenSequence]:
                     sampled_positions=positions,
                     sampler_logprobs=torch.tensor([seg.logprobs[i] for i in positions], dtype=torch.float32),
                     policy_version=seg.policy_version,
+                    temperature=seg.temperature,
                 )
             )
     return out
@@ -156,6 +159,8 @@ class MicroBatch:
     """[n] suffix column of each row's last real token (the state after it bootstraps truncated episodes)."""
     num_sampled: list[int]
     """Sampled tokens per row; the flattened [N] tensors are in row order."""
+    temperatures: torch.Tensor | None = None
+    """[N] sampling temperature of each sampled token's row, NaN where the row has none; None when no row has one."""
 
     @property
     def computed_tokens(self) -> int:
@@ -192,4 +197,12 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int, device: torch.devic
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         last_columns=torch.tensor(last_columns, dtype=torch.long, device=device),
         num_sampled=[s.num_sampled for s in sequences],
+        temperatures=_row_temperatures(sequences, device),
     )
+
+
+def _row_temperatures(sequences: Sequence[TokenSequence], device: torch.device | str) -> torch.Tensor | None:
+    if all(s.temperature is None for s in sequences):
+        return None
+    values = [float("nan") if s.temperature is None else s.temperature for s in sequences for _ in range(s.num_sampled)]
+    return torch.tensor(values, dtype=torch.float32, device=device)

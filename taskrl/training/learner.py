@@ -316,6 +316,7 @@ class Learner:
             self.model,
             batch,
             temperature=temperature,
+            row_temperatures=not sft_mode,  # SFT imitates at temperature 1, whatever the row was sampled at
             entropy=True,
             entropy_grad=entropy_coef > 0,
             value_head=None if sft_mode else self.value_head,

@@ -99,11 +99,15 @@ def forward(
     batch: MicroBatch,
     *,
     temperature: float = 1.0,
+    row_temperatures: bool = True,
     entropy: bool = False,
     entropy_grad: bool = False,
     value_head: nn.Module | None = None,
 ) -> ForwardOutput:
     """Logprobs (at ``temperature``) of the batch's sampled tokens, optionally entropies and values.
+
+    Rows that carry their own sampling temperature (``batch.temperatures``, production traffic) are scored at
+    it instead, so an unchanged policy reproduces their sampler logprobs; ``row_temperatures=False`` ignores them.
 
     Gradients flow when the caller has them enabled; wrap in ``torch.no_grad()`` to score. Entropies carry a
     gradient only with ``entropy_grad`` (an entropy bonus): for logging, the [tokens x vocab] softmax is not
@@ -130,7 +134,10 @@ def forward(
     softcap = getattr(base.config, "final_logit_softcapping", None)
     if softcap:  # Gemma-2 style heads; without it logprobs would not match the sampler's
         logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:  # x / 1.0 == x exactly: skip a [tokens x vocab] copy
+    if row_temperatures and batch.temperatures is not None:
+        per_token = torch.nan_to_num(batch.temperatures, nan=temperature).to(logits.dtype)
+        logits = logits / per_token[:, None]
+    elif temperature != 1.0:  # x / 1.0 == x exactly: skip a [tokens x vocab] copy
         logits = logits / temperature
     logprobs = token_logprobs(logits, batch.targets)
     ent = None
