@@ -170,6 +170,13 @@ class Learner:
             state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
         return state
 
+    def named_trainable_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The optimizer's parameters under their ``trainable_state`` names."""
+        out = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        if self.value_head is not None:
+            out += [(f"value_head.{name}", p) for name, p in self.value_head.named_parameters()]
+        return out
+
     def replicated_state(self) -> dict[str, torch.Tensor]:
         """The trainable tensors every rank holds whole (all of them, unless sharded): what ranks compare/broadcast."""
         return {name: t for name, t in self.trainable_state().items() if not fsdp.is_sharded(t)}
@@ -219,7 +226,8 @@ class Learner:
         return float(self.lr(step - self.config.sft_warmup_steps))
 
     def _micro_batches(self, sequences: Sequence[TokenSequence]) -> list[list[int]]:
-        return plan_micro_batches(sequences, self.config.micro_batch_tokens)
+        # Sharded, every rank must make the same decoder calls: the prefix pass would add a second one.
+        return plan_micro_batches(sequences, self.config.micro_batch_tokens, share_prefix=not self.sharded)
 
     @torch.no_grad()
     def _score(self, sequences: list[TokenSequence], scores: _Scores) -> None:
@@ -238,7 +246,7 @@ class Learner:
                     with self.reference.model(self.model) as ref_model:
                         forward(self._graph_of(ref_model), batch, autocast_dtype=self.autocast_dtype)
                 continue
-            batch = collate([sequences[i] for i in indices], self.pad_id, self.device)
+            batch = collate([sequences[i] for i in indices], self.pad_id, self.device, share_prefix=not self.sharded)
             if need_old:
                 out = forward(self.graph, batch, temperature=self._temperature(), value_head=self.value_head,
                               autocast_dtype=self.autocast_dtype)  # fmt: skip
@@ -428,7 +436,7 @@ class Learner:
         Returns (tokens computed, whether the loss was finite)."""
         cfg = self.config
         rows = [sequences[i] for i in ids]
-        batch = collate(rows, self.pad_id, self.device)
+        batch = collate(rows, self.pad_id, self.device, share_prefix=not self.sharded)
         temperature = 1.0 if sft_mode else self._temperature()
         out = forward(
             self.graph,

@@ -68,12 +68,13 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes this rank holds for ``tensors`` (each counted once)."""
-    seen: set[int] = set()
+    seen: set[tuple[int, int, int]] = set()  # (storage, offset, size): ``to_local()`` makes a new object each call
     total = 0
     for tensor in tensors:
         local = local_tensor(tensor)
-        if id(local) not in seen and local.numel():
-            seen.add(id(local))
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), local.numel())
+        if key not in seen and local.numel():
+            seen.add(key)
             total += local.numel() * local.element_size()
     return total
 
