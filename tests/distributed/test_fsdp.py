@@ -16,8 +16,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from taskrl.distributed.ddp import DataParallel, spawn
+from taskrl.distributed.ddp import DataParallel, spawn, train_rank
 from taskrl.policies.models import tiny_model
+from taskrl.runlog import read_metrics
+from taskrl.trainer import train
 from taskrl.training.checkpoint import load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.learner import Learner
@@ -64,9 +66,19 @@ def _own(trajectories: list[Trajectory], split: int, group: DataParallel) -> lis
     return trajectories[:split] if group.rank == 0 else trajectories[split:]
 
 
+def _train_config(root: Path, model: str) -> TrainConfig:
+    """A 2-rank `taskrl train` run: LoRA, the rollout copy synced from the shards, a checkpoint every step."""
+    return TrainConfig(
+        run_dir=str(root / "run"), model=model, device="cpu", env="price", finetune="lora", lora_rank=4, steps=2,
+        lr=1e-2, kl="k1_reward", kl_coef=0.5, tasks_per_step=2, group_size=2, max_turns=1, max_new_tokens=6,
+        sft_warmup_steps=1, sft_data="policy", sft_min_reward=0.0, sft_lr=1e-2,  # moves the weights from step 1
+        checkpoint_every=1, progress=False, nproc=2, learner_backend="fsdp2", rollout_policy="copy",
+    )  # fmt: skip
+
+
 def _rank_main(trajectories: list[Trajectory], model: str, root: str) -> dict[str, Any]:
     """Each of 2 ranks: every update case on its share; then step 0, a checkpoint, step 1 (uninterrupted); then a
-    resume of the 1-process checkpoint and its step 1."""
+    resume of the 1-process checkpoint and its step 1; then a whole training run."""
     group = DataParallel.from_process_group()
     cases = [_update(replace(BASE, model=model, **changes), _own(trajectories, split, group))
              for changes, split in CASES]  # fmt: skip
@@ -79,7 +91,8 @@ def _rank_main(trajectories: list[Trajectory], model: str, root: str) -> dict[st
     resumed = _learner(config)
     load_checkpoint(Path(root) / "one" / "checkpoints" / "step_000001", resumed)
     resumed.update(_own(trajectories, 3, group), step=1)
-    return {"rank": group.rank, "cases": cases, "uninterrupted": uninterrupted, "from_one": _full(resumed)}
+    out = {"rank": group.rank, "cases": cases, "uninterrupted": uninterrupted, "from_one": _full(resumed)}
+    return {**out, "run": train_rank(_train_config(Path(root), model))}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +132,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, trajectories: list[Trajectory]
     model_dir = root / "tiny"
     model, tokenizer = tiny_model(seed=0)
     model.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
     # 1 process (fsdp2 without a group: unsharded, but the same sharded checkpoint format): step 0 and a checkpoint
     config = replace(BASE, model=str(model_dir), **RESUME)
     single = _learner(config)
@@ -199,3 +213,19 @@ def test_fsdp2_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.learner_backend 'fsdp2' with nproc > 1 needs rollout_policy"):
         TrainConfig(learner_backend="fsdp2", nproc=2)
     TrainConfig(learner_backend="fsdp2", nproc=2, rollout_policy="copy")
+
+
+def test_two_rank_training_run_syncs_checkpoints_exports_and_resumes_on_one(run: dict[str, Any]) -> None:
+    """`taskrl train` with nproc=2, fsdp2: both ranks end on the same (gathered) weights, the checkpoints are sharded,
+    the export is the consolidated adapter; the run then resumes on 1 process for a third step."""
+    ranks = [r["run"] for r in run["ranks"]]
+    assert ranks[0].weights_digest == ranks[1].weights_digest
+    assert [row["charts/policy_version"] for row in ranks[0].rows] == [1.0, 2.0]
+    assert all(row["charts/sync_failed"] == 0.0 for row in ranks[0].rows)
+    config = _train_config(run["root"], run["model"])
+    checkpoint = Path(config.run_dir) / "checkpoints" / "step_000002"
+    assert (checkpoint / "dcp" / ".metadata").is_file() and not (checkpoint / "trainable.safetensors").exists()
+    assert (Path(config.run_dir) / "policy" / "adapter_model.safetensors").is_file()
+    rows = train(replace(config, nproc=1, steps=3))
+    assert len(rows) == 1 and rows[0]["charts/policy_version"] == 3.0
+    assert [row["step"] for row in read_metrics(config.run_dir)] == [1, 2, 3]
