@@ -33,8 +33,13 @@ class PeakMemory(TorchDispatchMode):
         self._lock = threading.Lock()
 
     def _track(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            return  # a wrapper subclass (DTensor): its local tensor is created by an op of its own, counted there
+        try:
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+        except RuntimeError:  # no real storage (functional/fake tensors)
+            return
         size = storage.nbytes()
         if size == 0:
             return
