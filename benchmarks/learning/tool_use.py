@@ -77,7 +77,9 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": SFT_ENV,
                 "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
     return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": rl_env(args), "tasks_per_step": args.tasks,
-            "group_size": args.group_size, "entropy_coef": args.entropy_coef}  # fmt: skip
+            "group_size": args.group_size, "entropy_coef": args.entropy_coef,
+            # std-normalised advantages: partial-credit rewards differ by ~0.1, and ~10 updates must count
+            "normalize_std": True}  # fmt: skip
 
 
 def eval_tasks(n: int) -> list[Any]:
@@ -174,6 +176,8 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> 
     from taskrl.training.config import config_from_dict
 
     record_path = seed_dir / f"{arm}.json"
+    if record_path.exists() and "final" in json.loads(record_path.read_text()):
+        return  # finished: a --resume only rebuilds the results
     config = config_from_dict(stage_config(arm, seed_dir / arm, start, args))
     trainer = Trainer(config)
     try:
@@ -183,8 +187,6 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> 
         if record_path.exists():
             record = json.loads(record_path.read_text())
             record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
-        if "final" in record:
-            return
         save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
         budget = args.minutes * 60
         curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
@@ -226,6 +228,10 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
                            args.seed)
         for kind in ("greedy", "sampled")
     }  # fmt: skip
+    for arm, record in arms.items():  # the monitors' alerts during training, counted per monitor
+        alerts = seed_dir / arm / "alerts.jsonl"
+        rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
+        record["alerts"] = {m: sum(r["monitor"] == m for r in rows) for m in sorted({r["monitor"] for r in rows})}
     return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
             "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "start": start, "arms": arms,
             "grpo_minus_sft_only": deltas}  # fmt: skip
