@@ -6,7 +6,8 @@ signals on the *same answer to the same prompt* (identical prompt tokens, equal 
 counts how often its sign matches their majority. ``TrustedFeedbackStore(store, ...)`` wraps an
 ``InteractionStore`` for ``trajectories_from_store``/``ProductionCycle``: its ``feedback()`` leaves out every tenant
 whose agreement, over at least ``min_overlap`` comparisons, is below ``min_agreement``; everything else passes
-through unchanged. ``excluded`` and ``report()`` say who was dropped and why (log them with each cycle).
+through unchanged, except that ``fresh_since`` (a time) limits ``interactions()`` to rows not trained on before.
+``excluded`` and ``report()`` say who was dropped and why (log them with each cycle).
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ class TrustedFeedbackStore:
         self.agreement: dict[str, TenantAgreement] = {}
         self.excluded: set[str] = set()
         self.updated_at: float | None = None
+        self.fresh_since: float | None = None
+        """When set, ``interactions()`` returns only rows created at or after it (training takes fresh samples only;
+        trust is still computed over the whole history)."""
 
     def refresh(self) -> set[str]:
         """Recompute every tenant's agreement over the whole store (all versions); returns the excluded tenants."""
@@ -126,6 +130,11 @@ class TrustedFeedbackStore:
         self.refresh()
         return [f for f in self.store.feedback(interaction_ids=interaction_ids, tenant=tenant)
                 if f.tenant not in self.excluded]  # fmt: skip
+
+    def interactions(self, **filters: Any) -> list[Interaction]:
+        """The store's interactions, only those created since ``fresh_since`` when it is set."""
+        rows = self.store.interactions(**filters)
+        return rows if self.fresh_since is None else [r for r in rows if r.created_at >= self.fresh_since]
 
     def report(self) -> dict[str, Any]:
         """Per-tenant agreement and who is excluded (JSON-ready)."""

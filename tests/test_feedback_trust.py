@@ -36,9 +36,7 @@ def _traffic(adversary_flips: bool, seed: int = 0) -> tuple[list[Interaction], l
         answer = rng.choice(["right", "wrong"])
         row = _row(tenant, rng.randrange(6), answer, n)
         liked = answer == "right"
-        if tenant == "mallory" and adversary_flips:
-            liked = not liked
-        elif rng.random() < 0.1:
+        if (tenant == "mallory" and adversary_flips) or rng.random() < 0.1:
             liked = not liked
         rows.append(row)
         signals.append(Feedback(row.id, tenant, "accepted" if liked else "rejected"))
@@ -83,6 +81,10 @@ def test_trusted_store_drops_the_adversary_from_training_data(tmp_path: Path) ->
         assert stats.used == 180 and {tenant_of[t.id] for t in trajectories} == {"alice", "bob", "carol"}
         assert trusted.decisions() == []  # everything but feedback() is the real store's
         assert len(trajectories_from_store(store, max_staleness=0, model="m")[0]) == 240
+        trusted.fresh_since = rows[200].created_at  # training takes only rows newer than the last cycle's
+        fresh, _ = trajectories_from_store(trusted, max_staleness=0, model="m")
+        assert {t.id for t in fresh} == {r.id for r in rows[200:] if r.tenant != "mallory"}
+        assert trusted.refresh() == {"mallory"}, "trust still counts the whole history"
 
 
 def test_bad_settings_fail_naming_the_field(tmp_path: Path) -> None:

@@ -204,10 +204,12 @@ class Service:
         for index in range(spec["cycles"]):
             deadline = time.monotonic() + spec["collect_timeout_s"]
             feedback_seen = await self.wait_for_feedback(feedback_seen, deadline)
+            cut = time.time()  # this cycle trains on what was served since the previous cycle's cut
             if index == spec["degraded_at"]:
                 await self.degraded_cycle()
             started = time.time()
             report = await self.cycle.run_once()
+            self.trusted.fresh_since = cut
             if report.get("outcome") == "canary":
                 await self.record_gate_pass(report)
             row: dict[str, Any] = {"index": index, "report": report, "trust": self.trusted.report(),
