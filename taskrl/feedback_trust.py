@@ -6,7 +6,8 @@ signals on the *same answer to the same prompt* (identical prompt tokens, equal 
 counts how often its sign matches their majority. ``TrustedFeedbackStore(store, ...)`` wraps an
 ``InteractionStore`` for ``trajectories_from_store``/``ProductionCycle``: its ``feedback()`` leaves out every tenant
 whose agreement, over at least ``min_overlap`` comparisons, is below ``min_agreement``; everything else passes
-through unchanged, except that ``fresh_since`` (a time) limits ``interactions()`` to rows not trained on before.
+through unchanged, except that ``fresh_since`` (a time) and ``max_fresh`` (a count) limit ``interactions()`` to
+the newest rows, not trained on before.
 ``excluded`` and ``report()`` say who was dropped and why (log them with each cycle).
 """
 
@@ -111,6 +112,8 @@ class TrustedFeedbackStore:
         self.fresh_since: float | None = None
         """When set, ``interactions()`` returns only rows created at or after it (training takes fresh samples only;
         trust is still computed over the whole history)."""
+        self.max_fresh: int | None = None
+        """When set, ``interactions()`` returns at most this many of the newest rows (bounds a cycle's cost)."""
 
     def refresh(self) -> set[str]:
         """Recompute every tenant's agreement over the whole store (all versions); returns the excluded tenants."""
@@ -132,9 +135,11 @@ class TrustedFeedbackStore:
                 if f.tenant not in self.excluded]  # fmt: skip
 
     def interactions(self, **filters: Any) -> list[Interaction]:
-        """The store's interactions, only those created since ``fresh_since`` when it is set."""
+        """The store's interactions (oldest first), cut to ``fresh_since`` and ``max_fresh`` when they are set."""
         rows = self.store.interactions(**filters)
-        return rows if self.fresh_since is None else [r for r in rows if r.created_at >= self.fresh_since]
+        if self.fresh_since is not None:
+            rows = [r for r in rows if r.created_at >= self.fresh_since]
+        return rows if self.max_fresh is None else rows[-self.max_fresh :]
 
     def report(self) -> dict[str, Any]:
         """Per-tenant agreement and who is excluded (JSON-ready)."""

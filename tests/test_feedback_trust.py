@@ -85,6 +85,8 @@ def test_trusted_store_drops_the_adversary_from_training_data(tmp_path: Path) ->
         fresh, _ = trajectories_from_store(trusted, max_staleness=0, model="m")
         assert {t.id for t in fresh} == {r.id for r in rows[200:] if r.tenant != "mallory"}
         assert trusted.refresh() == {"mallory"}, "trust still counts the whole history"
+        trusted.max_fresh = 8
+        assert [r.id for r in trusted.interactions(model="m")] == [r.id for r in rows[-8:]]
 
 
 def test_bad_settings_fail_naming_the_field(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--min-trajectories", type=int, default=48)
     add("--fresh-feedback", type=int, default=64, help="new feedback signals before each cycle trains")
     add("--max-staleness", type=int, default=2)
+    add("--max-fresh", type=int, default=160, help="newest interactions a cycle may train on (bounds its cost)")
     add("--stages", default="0.2,0.5,1.0", help="canary shares of non-holdout sessions")
     add("--stage-sessions", type=int, default=16, help="sessions with feedback per canary stage")
     add("--rollback-sessions", type=int, default=8, help="candidate sessions before the live rollback test runs")
@@ -106,6 +107,7 @@ def make_spec(args: argparse.Namespace, keys: dict[str, str], admin_key: str) ->
         "stages": [float(s) for s in args.stages.split(",")], "stage_sessions": args.stage_sessions,
         "rollback_sessions": args.rollback_sessions, "holdout": args.holdout, "tenant_share": 0.5,
         "max_tokens": args.max_tokens, "lr": args.lr, "max_staleness": args.max_staleness,
+        "max_fresh": args.max_fresh,
         "updates_per_cycle": args.updates_per_cycle, "degraded_updates": args.degraded_updates,
         "min_trajectories": args.min_trajectories, "fresh_feedback": args.fresh_feedback,
         "cycles": args.cycles, "degraded_at": args.degraded_at,

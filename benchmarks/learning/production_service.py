@@ -109,6 +109,7 @@ class Service:
         self.router = self.app.state.routers[spec["name"]]
         self.trusted = TrustedFeedbackStore(self.store, min_overlap=spec["trust_min_overlap"],
                                             answer_key=answer_number, model=spec["name"])  # fmt: skip
+        self.trusted.max_fresh = spec["max_fresh"]
         self.val = make_tasks(spec["val_tasks"], "val")
         self.test = make_tasks(spec["test_tasks"], "test")
         gate = GateConfig(n_boot=spec["n_boot"], seed=spec["seed"])
