@@ -86,6 +86,14 @@ def summarize(
     bucket = bucket_s or max(5.0, round(span / 40.0))
     baseline = by_kind.get("baseline", [{}])[0].get("held_out")
     cycles = [_cycle_row(e) for e in by_kind.get("cycle", [])]
+    for cycle, event in zip(cycles, by_kind.get("cycle", []), strict=True):
+        # what the store holds for this cycle: every decision made between its start and its report
+        cycle["store_decisions"] = [
+            {"kind": d.kind, "from": d.from_version, "to": d.to_version, "t": round(d.created_at - start, 2),
+             "evidence": d.evidence}  # fmt: skip
+            for d in decisions
+            if event["started"] - 1.0 <= d.created_at <= event["time"] + 1.0
+        ]
     degraded_versions = {e["version"] for e in by_kind.get("degraded_canary", []) if e.get("version") is not None}
     degraded_report = by_kind.get("degraded_cycle", [{}])[0].get("report", {})
     if degraded_report.get("version") is not None:
