@@ -13,8 +13,9 @@ and canaries it through the router's stages; one cycle (``--degraded-at``) also 
 Reported per cycle (RUN_DIR/summary.json, docs/learning_production.{json,png}): the deployed version's greedy
 success on held-out ``test`` tasks with a bootstrap CI, the traffic share per version over time (read back from
 the store), and every gate/router decision with its evidence (read back from the store). Events stream to
-stdout and RUN_DIR/events.jsonl as they happen. ``--resume`` on a finished run re-reads its store and rewrites
-the summary without re-running; an interrupted run cannot resume (the router's versions live in memory).
+stdout and RUN_DIR/events.jsonl as they happen. ``--resume`` re-reads a run's store and events and rewrites the
+summary without serving again (``finished`` says whether it reached its last cycle); an interrupted run cannot
+continue serving (the router's versions live in the production process's memory).
 
     python benchmarks/learning/production.py --cycles 5 --run-dir runs/production      # ~20 min on 2 CPU cores
     python benchmarks/learning/production.py --tiny --run-dir /tmp/prod-tiny            # smoke test, ~1 min
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--out", type=Path, default=None, help="also write the summary JSON here (docs/learning_production.json)")
     add("--plot", type=Path, default=None, help="write the curves here (docs/learning_production.png)")
     add("--tiny", action="store_true", help="a tiny random model and small counts: exercises everything in ~1 min")
-    add("--resume", action="store_true", help="a finished run: rebuild the summary from its store and events")
+    add("--resume", action="store_true", help="rebuild the summary from a run's store and events, no serving")
     add("--cycles", type=int, default=5)
     add("--degraded-at", type=int, default=2, help="cycle index before which the inverted-feedback candidate runs")
     add("--no-force-degraded-canary", action="store_true", help="do not push a gate-blocked degraded candidate")
@@ -260,14 +261,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     started = time.time()
     extra: dict[str, Any] = {}
-    finished = (args.run_dir / "events.jsonl").exists() and '"done"' in (args.run_dir / "events.jsonl").read_text()
-    if not (args.resume and finished):
+    events = args.run_dir / "events.jsonl"
+    finished = events.exists() and '"done"' in events.read_text()
+    if not (args.resume and events.exists()):
         if args.run_dir.exists():
             shutil.rmtree(args.run_dir)
         args.run_dir.mkdir(parents=True)
         extra = asyncio.run(drive(args))
     summary = summarize(args.run_dir, MODEL_NAME, adversary=ADVERSARY)
-    summary.update(extra, command=" ".join(sys.argv), wall_s=time.time() - started, tiny=args.tiny)
+    finished = finished or '"done"' in events.read_text()
+    summary.update(extra, command=" ".join(sys.argv), wall_s=time.time() - started, tiny=args.tiny, finished=finished)
     (args.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1, default=str))
