@@ -94,6 +94,9 @@ def summarize(
             for d in decisions
             if event["started"] - 1.0 <= d.created_at <= event["time"] + 1.0
         ]
+        if cycle["candidate"] is not None:  # the canary's end as the store has it (the event may have missed it)
+            ends = [d.kind for d in decisions if ends_canary(d, cycle["candidate"])]
+            cycle["canary"] = ends[-1] if ends else None
     degraded_versions = {e["version"] for e in by_kind.get("degraded_canary", []) if e.get("version") is not None}
     degraded_report = by_kind.get("degraded_cycle", [{}])[0].get("report", {})
     if degraded_report.get("version") is not None:
@@ -155,6 +158,13 @@ def summarize(
         "spec": ready.get("spec"),
         "acceptance": acceptance,
     }
+
+
+def ends_canary(decision: Any, version: int) -> bool:
+    """A promotion of ``version`` or a rollback away from it."""
+    return (decision.kind == "promote" and decision.to_version == version) or (
+        decision.kind == "rollback" and decision.from_version == version
+    )
 
 
 def _count(values: Any) -> dict[str, int]:

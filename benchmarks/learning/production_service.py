@@ -25,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.learning.production_report import ends_canary  # noqa: E402
 from benchmarks.learning.production_task import answer_number, evaluate, make_tasks, suite  # noqa: E402
 
 
@@ -151,8 +152,12 @@ class Service:
             await asyncio.sleep(0.5)
         if self.router.candidate == version:
             self.router.rollback({"reason": f"canary not resolved in {self.spec['canary_timeout_s']:g}s"})
-        ends = [d for d in self.router.decisions if d.kind in ("promote", "rollback")]
-        outcome = next((d for d in reversed(ends) if version in (d.from_version, d.to_version)), None)
+        outcome = None
+        for _ in range(50):  # the server thread clears ``candidate`` just before it appends the decision
+            outcome = next((d for d in reversed(self.router.decisions) if ends_canary(d, version)), None)
+            if outcome is not None:
+                break
+            await asyncio.sleep(0.1)
         return {
             "version": version,
             "outcome": outcome.kind if outcome else None,
