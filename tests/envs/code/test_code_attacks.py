@@ -75,6 +75,16 @@ def check_forge_report(r: dict[str, Any]) -> None:
     assert any("report pipe" in t for t in r["tampering"])
 
 
+def check_forge_report_and_exit(r: dict[str, Any]) -> None:
+    _flagged(r)
+    assert any("report pipe" in t for t in r["tampering"]), r["tampering"]
+
+
+def check_close_report_pipe(r: dict[str, Any]) -> None:
+    _flagged(r)
+    assert any("report pipe was closed" in t for t in r["tampering"]), r["tampering"]
+
+
 def check_pytest_toml(r: dict[str, Any]) -> None:
     _flagged(r)
     assert r["tampering"] == ["added .pytest.toml", "added pytest.toml"]
