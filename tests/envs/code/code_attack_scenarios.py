@@ -191,13 +191,14 @@ async def _play(
     finally:
         env.close()
     ws_dir = ws_dirs[0] if ws_dirs else None
-    keys = ("tampering", "no_edit", "tests_failed_to_run", "unscorable_workspace")
+    keys = ("tampering", "no_edit", "tests_failed_to_run", "unscorable_workspace", "checkpoint_failed")
     return {
         "error": traj.error,
         "rewards": traj.rewards,
         "metrics": {k: traj.metrics[k] for k in keys if k in traj.metrics},
         "tampering": traj.info.get("tampering", []),
         "test_failure": traj.info.get("test_failure"),
+        "checkpoint_errors": traj.info.get("checkpoint_errors", []),
         "observations": [m.content for m in traj.messages if m.role == "tool"],
         "workspace_left": ws_dir is not None and os.path.lexists(ws_dir),
         "inspected": inspected,
