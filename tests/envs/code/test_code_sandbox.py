@@ -187,3 +187,16 @@ def test_command_result_format() -> None:
     result = CommandResult(returncode=1, stdout="out\n", stderr="err\n", duration_s=0.1, killed="wall timeout")
     assert result.format() == "exit code 1 (wall timeout)\n[stdout]\nout\n[stderr]\nerr"
     assert not result.ok
+
+
+async def test_a_process_the_kernel_kills_at_the_memory_limit_is_noted_not_a_kill(
+    sandbox: Sandbox, workspace: Path
+) -> None:
+    """The cgroup's OOM killer ends one process; the command itself lives on and exits 0 by itself."""
+    if "memory: cgroup" not in sandbox.limits:
+        pytest.skip(f"no memory cgroup here: {sandbox.limits}")
+    hog = f"python -c \"import time; b = b'x' * ({sandbox.config.memory_bytes // 2 + (64 << 20)}); time.sleep(2)\""
+    result = await sandbox.run(["sh", "-c", f"{hog} & {hog} & {hog} & wait; echo survived"], workspace, timeout_s=30)
+    assert result.killed is None and result.returncode == 0 and "survived" in result.stdout, result
+    assert result.note is not None and result.note.startswith("memory limit"), result
+    assert result.format().startswith("exit code 0 [memory limit"), result.format()
