@@ -58,9 +58,10 @@ def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int
     for i in range(n):
         items = list(rng.choice(pool))
         rng.shuffle(items)  # the order asked is random; the combination decides the split
-        answer = ", ".join(f"{item}: {PRICES[item]}" for item in items)
-        tasks.append(Task(id=f"prices-{seed}-{i}", prompt=PROMPT.format(", ".join(items)), answer=answer,
-                          info={"items": items}))  # fmt: skip
+        # No ``answer``: the gold listing alone earns nothing (its prices were not looked up), so it lives in info.
+        listing = ", ".join(f"{item}: {PRICES[item]}" for item in items)
+        tasks.append(Task(id=f"prices-{seed}-{i}", prompt=PROMPT.format(", ".join(items)),
+                          info={"items": items, "listing": listing}))  # fmt: skip
     return tasks
 
 

@@ -36,7 +36,7 @@ def test_tasks_are_deterministic_and_bounds_fail_naming_them() -> None:
     assert make_prices_tasks(8, 0, min_items=2, max_items=2) == make_prices_tasks(8, 0, min_items=2, max_items=2)
     tasks = make_prices_tasks(40, 1, split="test", min_items=2, max_items=3)
     assert {len(t.info["items"]) for t in tasks} == {2, 3}
-    assert all(t.answer == ", ".join(f"{i}: {PRICES[i]}" for i in t.info["items"]) for t in tasks)
+    assert all(t.info["listing"] == ", ".join(f"{i}: {PRICES[i]}" for i in t.info["items"]) for t in tasks)
     with pytest.raises(ValueError, match="min_items"):
         PricesEnv(min_items=3, max_items=2)
 
