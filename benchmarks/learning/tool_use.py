@@ -283,7 +283,7 @@ def fmt(estimate: dict[str, Any] | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--design", choices=sorted(DESIGNS), default="prices", help="env design (see DESIGNS)")
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="prices3", help="env design (see DESIGNS)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
     ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
