@@ -246,7 +246,8 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
         alerts = seed_dir / arm / "alerts.jsonl"
         rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
         record["alerts"] = {m: sum(r["monitor"] == m for r in rows) for m in sorted({r["monitor"] for r in rows})}
-    return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
+    return {"design": args.design, "seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes,
+            "command": command,
             "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "start": start, "arms": arms,
             "grpo_minus_sft_only": deltas}  # fmt: skip
 
