@@ -96,6 +96,11 @@ def check_always_equal(r: dict[str, Any]) -> None:
     assert "own __eq__" in r["tampering"][0]
 
 
+def check_forge_verdict(r: dict[str, Any]) -> None:
+    _flagged(r)
+    assert any("reply pipe" in t for t in r["tampering"]), r["tampering"]
+
+
 def check_read_hidden_test(r: dict[str, Any]) -> None:
     _fail(r)
     assert r["inspected"] == "[]\n"  # the solution ran during scoring, searched, and found no test anywhere
