@@ -49,8 +49,11 @@ def main() -> None:
     def candidate(*args, **kwargs):  # type: ignore[no-untyped-def]
         if kwargs:
             raise CandidateError("keyword arguments are not forwarded")
-        requests.write(json.dumps({"args": wire.encode(list(args))}).encode() + b"\n")
-        requests.flush()
+        try:
+            requests.write(json.dumps({"args": wire.encode(list(args))}).encode() + b"\n")
+            requests.flush()
+        except BrokenPipeError:  # the solution's process already ended: still read what it left on the pipe
+            pass
         line = replies.readline()
         if not line:
             raise CandidateError("the solution's process ended")
