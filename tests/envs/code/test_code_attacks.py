@@ -85,6 +85,12 @@ def check_close_report_pipe(r: dict[str, Any]) -> None:
     assert any("report pipe was closed" in t for t in r["tampering"]), r["tampering"]
 
 
+def check_results_symlink(r: dict[str, Any]) -> None:
+    _fail(r)
+    assert not r["canary_seen"], r  # no observation, failure message or tampering entry shows the host file
+    assert " passed, " in r["observations"][-1].split("\n")[0], r["observations"][-1]  # the run itself was read
+
+
 def check_pytest_toml(r: dict[str, Any]) -> None:
     _flagged(r)
     assert r["tampering"] == ["added .pytest.toml", "added pytest.toml"]
