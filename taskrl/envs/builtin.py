@@ -89,7 +89,8 @@ def _quantities(split: str, max_quantity: int) -> dict[str, list[int]]:
     return {item: qs for item, qs in allowed.items() if qs}
 
 
-def _split_seed(split: str) -> int:
+def split_seed(split: str) -> int:
+    """The task-generation seed of a split: train 0, test 1, any other split 2."""
     return {"train": 0, "test": 1}.get(split, 2)
 
 
@@ -114,7 +115,20 @@ def make_shop_tasks(
     return tasks
 
 
-class ShopEnv(ToolEnv):
+class PriceLookup:
+    """The ``lookup_price`` tool of every price env (``shop``, ``price``, ``prices``): one definition, one schema."""
+
+    @tool
+    def lookup_price(self, item: str) -> str:
+        """Look up the unit price of an item, in dollars.
+
+        Args:
+            item: the item's name, singular, e.g. "apple".
+        """
+        return lookup(item)
+
+
+class ShopEnv(PriceLookup, ToolEnv):
     """Order totals from looked-up prices; reward 1 for the right total."""
 
     name = "shop"
@@ -138,16 +152,7 @@ class ShopEnv(ToolEnv):
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         bounds = {"min_items": self.min_items, "max_items": self.max_items}
-        return make_shop_tasks(self.num_tasks, seed=_split_seed(split), split=split, **bounds)
-
-    @tool
-    def lookup_price(self, item: str) -> str:
-        """Look up the unit price of an item, in dollars.
-
-        Args:
-            item: the item's name, singular, e.g. "apple".
-        """
-        return lookup(item)
+        return make_shop_tasks(self.num_tasks, seed=split_seed(split), split=split, **bounds)
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -208,7 +213,7 @@ def make_price_tasks(n: int, seed: int, *, split: str = "train", max_quantity: i
     return tasks
 
 
-class PriceEnv(ToolEnv):
+class PriceEnv(PriceLookup, ToolEnv):
     """Look up one unit price and answer quantity x price; reward 1 for the right total."""
 
     name = "price"
@@ -219,16 +224,7 @@ class PriceEnv(ToolEnv):
         self.num_tasks = num_tasks
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        return make_price_tasks(self.num_tasks, seed=_split_seed(split), split=split)
-
-    @tool
-    def lookup_price(self, item: str) -> str:
-        """Look up the unit price of an item, in dollars.
-
-        Args:
-            item: the item's name, singular, e.g. "apple".
-        """
-        return lookup(item)
+        return make_price_tasks(self.num_tasks, seed=split_seed(split), split=split)
 
     @staticmethod
     def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:

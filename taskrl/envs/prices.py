@@ -18,8 +18,7 @@ from typing import Any
 
 from taskrl.chat import format_tool_call
 from taskrl.env import ToolEnv
-from taskrl.envs.builtin import HELD_OUT_SPLITS, PRICES, lookup
-from taskrl.tools import tool
+from taskrl.envs.builtin import HELD_OUT_SPLITS, PRICES, PriceLookup, split_seed
 from taskrl.types import Message, Task, Trajectory
 
 ITEMS = tuple(sorted(PRICES))
@@ -33,10 +32,6 @@ def held_out_combination(items: Sequence[str]) -> bool:
     if len(items) < 2:
         return False
     return sum((ITEMS.index(item) + 1) ** 2 for item in items) % 4 == 0
-
-
-def _split_seed(split: str) -> int:
-    return {"train": 0, "test": 1}.get(split, 2)
 
 
 def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int = 1, max_items: int = 3) -> list[Task]:
@@ -71,7 +66,7 @@ def reported_prices(text: str | None) -> dict[str, int]:
     return {item: int(price) for item, price in found}
 
 
-class PricesEnv(ToolEnv):
+class PricesEnv(PriceLookup, ToolEnv):
     """List looked-up unit prices; per-item credit, success when every item is right."""
 
     name = "prices"
@@ -85,17 +80,8 @@ class PricesEnv(ToolEnv):
         self.max_items = max_items
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        return make_prices_tasks(self.num_tasks, seed=_split_seed(split), split=split, min_items=self.min_items,
+        return make_prices_tasks(self.num_tasks, seed=split_seed(split), split=split, min_items=self.min_items,
                                  max_items=self.max_items)  # fmt: skip
-
-    @tool
-    def lookup_price(self, item: str) -> str:
-        """Look up the unit price of an item, in dollars.
-
-        Args:
-            item: the item's name, singular, e.g. "apple".
-        """
-        return lookup(item)
 
     @staticmethod
     def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:

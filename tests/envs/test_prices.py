@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from price_episodes import episode
 
 from taskrl.env import make
 from taskrl.envs.builtin import PRICES
@@ -41,16 +42,6 @@ def test_tasks_are_deterministic_and_bounds_fail_naming_them() -> None:
         PricesEnv(min_items=3, max_items=2)
 
 
-def _episode(task: Task, looked_up: list[str], answer: str) -> Trajectory:
-    messages = [Message("system", ""), Message("user", task.prompt)]
-    for item in looked_up:
-        known = item in PRICES
-        messages.append(Message("tool", f"{item}: ${PRICES[item]}" if known else f"KeyError: no item '{item}'"))
-    traj = Trajectory(task_id=task.id, messages=messages, terminated=True)
-    traj.info["final_answer"] = answer
-    return traj
-
-
 def test_credit_per_item_only_for_looked_up_reported_prices() -> None:
     env = PricesEnv(num_tasks=4, min_items=2, max_items=2)
     task = env.tasks("train")[0]
@@ -58,7 +49,7 @@ def test_credit_per_item_only_for_looked_up_reported_prices() -> None:
     a, b = task.info["items"]
 
     def reward(looked_up: list[str], answer: str) -> float:
-        return env.reward(_episode(task, looked_up, answer))["items_right"]
+        return env.reward(episode(task, looked_up, answer))["items_right"]
 
     both = f"{a}: {PRICES[a]}, {b}: ${PRICES[b]}"
     assert reward([a, b], both) == 1.0
