@@ -13,6 +13,7 @@ import ast
 import operator
 import random
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,10 @@ _OPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos,
 }  # fmt: skip
+_PARSE_LOCK = threading.Lock()
+"""CPython 3.11 keeps ast.parse's recursion-depth check in interpreter state, so two tool threads parsing at
+once can fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI with parallel
+calculator calls); one parse at a time avoids it and costs microseconds."""
 
 
 def safe_eval(expression: str) -> float:
@@ -50,7 +55,9 @@ def safe_eval(expression: str) -> float:
 
     if len(expression) > 200:
         raise ValueError("expression longer than 200 characters")
-    return ev(ast.parse(expression, mode="eval"))
+    with _PARSE_LOCK:
+        tree = ast.parse(expression, mode="eval")
+    return ev(tree)
 
 
 def lookup(item: str) -> str:
