@@ -9,7 +9,12 @@ time is the wall time between consecutive step ends (generation, scoring, backwa
 median over the timed steps after the warm-up, with the process CPU seconds beside it; memory is the child's
 peak RSS (VmHWM). Load on the machine inflates both times (TRL's more): compare runs on a quiet machine.
 
-    .venv/bin/python benchmarks/grpo_vs_trl.py [--modes full,lora] [--warmup 1] [--steps 3] [--threads 0]
+    .venv/bin/python benchmarks/grpo_vs_trl.py [--modes full,lora] [--settings fp32,best] [--warmup 1] [--steps 3]
+
+``--settings``: ``fp32`` is the like-for-like run above; ``best`` runs each framework at its best settings on this
+machine: taskrl with ``learner_precision="auto"`` (bf16 autocast over fp32 weights where the CPU/GPU accelerates
+bf16, else fp32) and ``gradient_checkpointing=true``; TRL with ``bf16=True`` and its defaults (its gradient
+checkpointing is on by default). The script prints the CPU model and whether amx_bf16/avx512_bf16 are present.
 
 Needs trl (pip install 'taskrl[bench]'). TRL keeps its documented GRPOConfig defaults elsewhere, notably
 gradient checkpointing on (``--trl-no-gradient-checkpointing`` turns it off) and std-scaled group advantages
@@ -99,8 +104,9 @@ class InOrder:
         self.position = int(state["position"])
 
 
-def taskrl_config(args: argparse.Namespace, mode: str, run_dir: str) -> TrainConfig:
+def taskrl_config(args: argparse.Namespace, mode: str, run_dir: str, setting: str = "fp32") -> TrainConfig:
     """The taskrl side of the comparison; every field the comparison fixes is set here explicitly."""
+    best = setting == "best"
     return TrainConfig(
         run_dir=run_dir,
         seed=args.seed,
@@ -125,10 +131,12 @@ def taskrl_config(args: argparse.Namespace, mode: str, run_dir: str) -> TrainCon
         lr=args.lr,
         normalize_std=True,  # TRL's default scale_rewards="group"
         drop_zero_variance=False,  # never skip an update TRL would make
+        learner_precision="auto" if best else "float32",
+        gradient_checkpointing=best,
     )
 
 
-def run_taskrl(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+def run_taskrl(args: argparse.Namespace, mode: str, setting: str = "fp32") -> dict[str, Any]:
     import tempfile
 
     from taskrl.trainer import Trainer
@@ -136,7 +144,7 @@ def run_taskrl(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     ends: list[tuple[float, float]] = []
     tokens, rewards = [], []
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as run_dir:
-        config = taskrl_config(args, mode, run_dir)
+        config = taskrl_config(args, mode, run_dir, setting)
         trainer = Trainer(config, env_factory=PromptEnv, task_sampler=InOrder(list(PromptEnv().tasks())))
         try:
             ends.append(_clock())
@@ -151,7 +159,7 @@ def run_taskrl(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
 
 # -- TRL -------------------------------------------------------------------------------------------
-def run_trl(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+def run_trl(args: argparse.Namespace, mode: str, setting: str = "fp32") -> dict[str, Any]:
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
@@ -182,7 +190,7 @@ def run_trl(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     config = GRPOConfig(
         output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "grpo_vs_trl_trl"),
         use_cpu=args.device == "cpu",
-        bf16=False,
+        bf16=setting == "best",  # autocast over the fp32 weights (model_init_kwargs below)
         fp16=False,
         report_to="none",
         save_strategy="no",
@@ -247,8 +255,8 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    framework, mode = args.child.split(":")
-    result = (run_taskrl if framework == "taskrl" else run_trl)(args, mode)
+    framework, mode, setting = args.child.split(":")
+    result = (run_taskrl if framework == "taskrl" else run_trl)(args, mode, setting)
     if args.device.startswith("cuda"):
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     Path(args.child_out).write_text(json.dumps(result))
@@ -257,6 +265,7 @@ def child(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="full,lora", help="comma-separated: full, lora")
+    ap.add_argument("--settings", default="fp32,best", help="comma-separated: fp32 (like for like), best")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     ap.add_argument("--steps", type=int, default=3, help="timed steps (the median is reported)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in every child (0: all CPUs)")
@@ -278,6 +287,9 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("full", "lora") for m in modes):
         ap.error(f"--modes: choose from full, lora (got {args.modes!r})")
+    settings = [x.strip() for x in args.settings.split(",") if x.strip()]
+    if not settings or any(x not in ("fp32", "best") for x in settings):
+        ap.error(f"--settings: choose from fp32, best (got {args.settings!r})")
     args.threads = args.threads or os.cpu_count() or 1
     if args.child:
         child(args)
@@ -291,17 +303,21 @@ def main() -> None:
         sys.exit("TRL is not installed: pip install 'taskrl[bench]' (trl) to compare against GRPOTrainer")
     results: dict[tuple[str, str], dict[str, Any]] = {}
     out_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-    for mode in modes:
+    print(cpu_line(), flush=True)
+    runs = [(mode, setting) for setting in settings for mode in modes]
+    for mode, setting in runs:
         for framework in frameworks:
-            out = out_dir / f"grpo_vs_trl_{framework}_{mode}_{os.getpid()}.json"
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--child", f"{framework}:{mode}", "--child-out", str(out)]
-            print(f"running {framework} ({mode}) ...", flush=True)
+            key = f"{mode}/{setting}"
+            out = out_dir / f"grpo_vs_trl_{framework}_{mode}_{setting}_{os.getpid()}.json"
+            child_arg = f"{framework}:{mode}:{setting}"
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--child", child_arg, "--child-out", str(out)]
+            print(f"running {framework} ({key}) ...", flush=True)
             done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if done.returncode != 0:
-                sys.exit(f"{framework} ({mode}) failed:\n{done.stdout[-4000:]}")
-            results[(framework, mode)] = json.loads(out.read_text())
+                sys.exit(f"{framework} ({key}) failed:\n{done.stdout[-4000:]}")
+            results[(framework, key)] = json.loads(out.read_text())
             out.unlink()
-            result = results[(framework, mode)]
+            result = results[(framework, key)]
             wall = ", ".join(f"{t:.1f}" for t in result["step_times_s"])
             cpu = ", ".join(f"{t:.1f}" for t in result["cpu_times_s"])
             print(f"  per step: wall s {wall}; CPU s {cpu}; load average {os.getloadavg()[0]:.1f}")
@@ -310,20 +326,20 @@ def main() -> None:
         f"<= {args.max_completion_length} tokens, median of {args.steps} steps after {args.warmup} warm-up"
     )
     print(
-        f"{'mode':5} {'TRL s/step':>10} {'taskrl s/step':>13} {'speed-up':>8} {'TRL CPU s':>9} {'taskrl CPU s':>12} "
+        f"{'mode':10} {'TRL s/step':>10} {'taskrl s/step':>13} {'speed-up':>8} {'TRL CPU s':>9} {'taskrl CPU s':>12} "
         f"{'CPU ratio':>9} {'TRL MB':>7} {'taskrl MB':>9} {'mem ratio':>9} {'TRL tok/step':>12} "
         f"{'taskrl tok/step':>15} {'TRL tok/s':>9} {'taskrl tok/s':>12}"
     )
-    for mode in modes:
+    for mode in (f"{m}/{x}" for m, x in runs):
         trl, ours = results.get(("trl", mode)), results.get(("taskrl", mode))
         if trl is None or ours is None:  # one framework only (--frameworks)
             for name, alone in (("TRL", trl), ("taskrl", ours)):
                 if alone is not None:
-                    print(f"{mode:5} {name}: {alone['step_s']:.2f} s/step, {alone['cpu_s']:.1f} CPU s/step, "
+                    print(f"{mode:10} {name}: {alone['step_s']:.2f} s/step, {alone['cpu_s']:.1f} CPU s/step, "
                           f"{alone['peak_rss_mb']:.0f} MB, {alone['tokens_per_step']:.0f} tokens/step")  # fmt: skip
             continue
         print(
-            f"{mode:5} {trl['step_s']:10.2f} {ours['step_s']:13.2f} {trl['step_s'] / ours['step_s']:7.2f}x "
+            f"{mode:10} {trl['step_s']:10.2f} {ours['step_s']:13.2f} {trl['step_s'] / ours['step_s']:7.2f}x "
             f"{trl['cpu_s']:9.1f} {ours['cpu_s']:12.1f} {trl['cpu_s'] / ours['cpu_s']:8.2f}x "
             f"{trl['peak_rss_mb']:7.0f} {ours['peak_rss_mb']:9.0f} {ours['peak_rss_mb'] / trl['peak_rss_mb']:9.2f} "
             f"{trl['tokens_per_step']:12.0f} {ours['tokens_per_step']:15.0f} {trl['tokens_per_s']:9.1f} "
@@ -332,8 +348,24 @@ def main() -> None:
     print(
         "speed-up = TRL s/step / taskrl s/step (wall); CPU ratio = the same in process CPU seconds (load inflates "
         "both: OpenMP threads spin under contention, so trust a quiet run); mem ratio = taskrl / TRL peak RSS "
-        "(lower is better)"
+        "(lower is better); fp32 = both in float32 (TRL with its default gradient checkpointing); best = taskrl "
+        "learner_precision=auto + gradient_checkpointing, TRL bf16=True + defaults"
     )
+
+
+def cpu_line() -> str:
+    """The CPU model (lscpu) and whether it has bf16 instructions: the benchmark's numbers depend on both."""
+    from taskrl.training.precision import BF16_CPU_FLAGS, cpu_flags
+
+    model = "unknown CPU"
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")),
+                     model)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        pass
+    flags = ", ".join(f"{flag} {'yes' if flag in cpu_flags() else 'no'}" for flag in BF16_CPU_FLAGS)
+    return f"CPU: {model} ({os.cpu_count()} CPUs; {flags}); load average {os.getloadavg()[0]:.1f}"
 
 
 if __name__ == "__main__":

@@ -26,12 +26,18 @@ ARMS = ("grpo", "sft+grpo")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def arm_config(arm: str, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The demo's recipe (taskrl/training/demo.py) with an open-ended step count: the budget ends the run."""
-    from taskrl.training.demo import DEMO_CONFIG
+PRICE_RECIPE: dict[str, Any] = {
+    "model": "smollm2", "env": "price", "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "algo": "grpo",
+    "sft_data": "expert", "sft_lr": 1e-3, "lr": 2e-4, "tasks_per_step": 4, "group_size": 4, "max_turns": 3,
+    "max_new_tokens": 40, "temperature": 1.0,
+}  # fmt: skip
+"""The `price` recipe of the issue-3 curve (the demo's recipe until issue 14 moved the demo to `shop`)."""
 
+
+def arm_config(arm: str, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The `price` recipe with an open-ended step count: the budget ends the run."""
     return {
-        **DEMO_CONFIG,
+        **PRICE_RECIPE,
         "run_dir": str(run_dir),
         "device": args.device,
         "resume": False,

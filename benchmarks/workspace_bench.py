@@ -1,10 +1,12 @@
 """Workspaces and sandbox of the code env, against their plain baselines measured in the same run.
 
-* Workspaces created per second from a 1,000-file repository: copy-on-write (overlay where it works here, and
-  hardlink) vs ``shutil.copytree``. Targets (issue 6): ratio >= 10x and >= 200 workspaces/s.
+* Workspaces created per second from a 1,000-file repository: copy-on-write (overlay where it works here,
+  hardlink as root, copy: what non-root users get since issue 19) vs ``shutil.copytree``. Targets (issue 6):
+  ratio >= 10x and >= 200 workspaces/s.
 * Warm pool: latency of ``acquire()`` when the pool is warm.
 * Snapshot / restore latency of a workspace with 20 changed files.
-* Sandboxed ``true`` (bubblewrap, rlimits, pids cgroup) p50 vs a bare ``/bin/true`` subprocess. Target: <= 20 ms.
+* Sandboxed ``true`` (bubblewrap, rlimits, per-sandbox cgroups, unprivileged uid) p50 vs a bare ``/bin/true``
+  subprocess. Target: <= 20 ms.
 
     .venv/bin/python benchmarks/workspace_bench.py [--files 1000] [--clones 200] [--commands 100]
 """
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -69,11 +73,16 @@ def main() -> None:
     parser.add_argument("--clones", type=int, default=200)
     parser.add_argument("--commands", type=int, default=100)
     args = parser.parse_args()
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    print(f"CPU: {model}; amx_bf16: {'amx_bf16' in cpu}; load average: {os.getloadavg()[0]:.1f}")
     tmp = Path(tempfile.mkdtemp(prefix="taskrl-wsbench-"))
+    tmp.chmod(0o755)  # as root the sandbox runs as an unprivileged uid that must reach the workspaces
     try:
         repo = make_repo(tmp, args.files)
         root = tmp / "workspaces"
-        modes = ["overlay", "hardlink"] if overlay_available(tmp) else ["hardlink"]
+        modes = (["overlay"] if overlay_available(tmp) else []) + (["hardlink"] if os.geteuid() == 0 else [])
+        modes.append("copy")
         copies = max(10, args.clones // 10)
         counter = iter(range(10**9))
         copy_rate, copy_destroy = clone_rate(
@@ -87,7 +96,8 @@ def main() -> None:
         sandbox_ws = None
         for mode in modes:
             pool = WorkspacePool(BaseTree(repo), WorkspaceConfig(root=str(root), mode=mode, pool_size=0))
-            rate, destroy_ms = clone_rate(lambda i, p=pool: p.create(), lambda ws: ws.destroy(), args.clones)
+            clones = copies if mode == "copy" else args.clones  # a full copy is as slow as copytree
+            rate, destroy_ms = clone_rate(lambda i, p=pool: p.create(), lambda ws: ws.destroy(), clones)
             warm_pool = WorkspacePool(BaseTree(repo), WorkspaceConfig(root=str(root), mode=mode, pool_size=4))
             acquires = []
             for _ in range(20):
@@ -120,6 +130,7 @@ def main() -> None:
         boxed, bare = asyncio.run(command_latency(sandbox, sandbox_ws.path, args.commands))  # type: ignore[union-attr]
         print(f"sandboxed `true` p50: {boxed:.1f} ms vs bare subprocess {bare:.1f} ms ({boxed / bare:.1f}x; "
               f"process limit: {sandbox.process_limit}; {args.commands} runs)")  # fmt: skip
+        print(f"limits: {getattr(sandbox, 'limits', sandbox.process_limit)}")
         sandbox_ws.destroy()  # type: ignore[union-attr]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

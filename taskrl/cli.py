@@ -225,14 +225,14 @@ def demo(
     out_dir: Annotated[Path, typer.Option(help="run directory (replaced on every demo)")] = Path("runs/demo"),
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
 ) -> None:
-    """The main job on embedded defaults: SmolLM2-135M-Instruct learns the built-in price tool-use task
-    (SFT warm start on the env's expert, then GRPO with LoRA), evaluated before and after."""
+    """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on single-item shop orders, then an SFT-only arm
+    and an SFT -> GRPO arm on multi-item orders, side by side on held-out tasks (recipes/demo*.toml)."""
     from taskrl.runlog import read_trajectories
-    from taskrl.training.demo import DEMO_CONFIG, run_demo
+    from taskrl.training.demo import run_demo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     run_demo(out_dir, device=device, console=console)
-    after = read_trajectories(out_dir, "after-policy").get(DEMO_CONFIG["steps"], [])
+    after = read_trajectories(out_dir / "grpo", "sft_grpo-policy").get(0, [])
     if after:
         _show_episode(max(after, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))
 

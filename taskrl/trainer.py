@@ -43,15 +43,16 @@ from taskrl.runlog import RunLog
 from taskrl.scoring import CAP_SUFFIX, CLAMP, INVALID_CALL_CAP, Clock, batch_metrics, measured_terms, rubric_of
 from taskrl.scoring import score as score_batch
 from taskrl.seeding import derive_seed
-from taskrl.training.checkpoint import load_checkpoint, save_checkpoint
+from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TrajectoryFile
-from taskrl.training.learner import Learner
+from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
+from taskrl.training.precision import resolve
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
 from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.trainer.InProcessSync
-from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_setup
+from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
 
 ScoreFn = Callable[[int, list[Trajectory]], None]
@@ -123,10 +124,18 @@ class Trainer:
         policy.model = prepare_model(policy.model, cfg)
         tokenizer = policy.chat_format.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        # The rollout copy is taken before the learner exists: an fsdp2 learner shards the model in place.
+        device = next(policy.model.parameters()).device
+        rollout_dtype, why = resolve(cfg.rollout_dtype, device, same=next(policy.model.parameters()).dtype)
+        early_copy = rollout_copy(policy, rollout_dtype) if cfg.rollout_policy == "copy" else None
         self.learner = Learner(policy.model, cfg, pad_id=int(pad or 0), data_parallel=self.group)
+        rollout_note = f"rollout {str(rollout_dtype).removeprefix('torch.')} ({why})" if early_copy else ""
+        self.console.print(f"precision: {', '.join(filter(None, [self.learner.precision_note, rollout_note]))}")
         # ``self.policy`` samples the rollouts: the learner's own policy, a synced copy, or a served model.
         self.policy: Any
-        self.policy, default_sync = rollout_setup(cfg, self.learner, policy, self.run.dir, server_policy=server)
+        self.policy, default_sync = rollout_setup(
+            cfg, self.learner, policy, self.run.dir, server_policy=server, copy_policy=early_copy
+        )
         self.weight_sync: WeightSync = weight_sync or default_sync
         self.ray_rollout: Any = None
         if cfg.ray:  # rollout actors with their own policy copies; the local policy still serves evaluation
@@ -258,6 +267,10 @@ class Trainer:
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:
             self.run.alert(alert.step, alert.monitor, alert.value, alert.threshold, alert.message)
+        if metrics.get("charts/nonfinite_skipped") and self.group.is_main:
+            skipped = metrics["charts/nonfinite_skipped"]
+            self.run.alert(step + 1, NONFINITE_ALERT, skipped, 0.0,
+                           f"{skipped:.0f} optimizer step(s) skipped: non-finite loss or gradient")  # fmt: skip
         metrics.update(self.sampler.metrics() if hasattr(self.sampler, "metrics") else {})
         sampled = sum(t.num_sampled_tokens for t in trajectories)
         metrics.update({
@@ -294,8 +307,9 @@ class Trainer:
             seed=cfg.seed,
         )
         name = name or f"step_{step:06d}"
-        # The learner's own weights, whatever samples the rollouts: an evaluation scores exactly this step's model.
-        policies = {"policy": self.learner_policy}
+        # The learner's own weights, whatever samples the rollouts: an evaluation scores exactly this step's model
+        # (a sharded learner cannot decode alone: its rollout copy holds the same weights, synced after each update).
+        policies = {"policy": self.policy if self.learner.sharded else self.learner_policy}
         return self.rollouts.run(
             evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step)
         )
@@ -395,11 +409,12 @@ class Trainer:
 
     def checkpoint(self, completed: int) -> Path | None:
         """Save on rank 0 (None elsewhere), after checking that every rank holds the same weights."""
-        self.group.check_in_sync(self.learner.trainable_state(), f"checkpoint at step {completed}")
-        if not self.group.is_main:
+        self.group.check_in_sync(self.learner.replicated_state(), f"checkpoint at step {completed}")
+        if not self.group.is_main and self.config.learner_backend != "fsdp2":  # fsdp2: every rank writes its shards
             return None
         state = self._data_state or self._data_snapshot()
-        return save_checkpoint(self.run.dir, completed, self.learner, state, keep=self.config.keep_checkpoints)
+        path = save_checkpoint(self.run.dir, completed, self.learner, state, keep=self.config.keep_checkpoints)
+        return path if self.group.is_main else None
 
     def train(self, until: int | None = None) -> list[dict[str, Any]]:
         """Run (resuming on the first call) up to step ``until`` (default: all ``config.steps``).
@@ -409,7 +424,7 @@ class Trainer:
         cfg = self.config
         if self.completed is None:
             self.completed = self.resume()
-            self.group.broadcast_(self.learner.trainable_state())  # all ranks start from rank 0's weights
+            self.group.broadcast_(self.learner.replicated_state())  # all ranks start from rank 0's weights
             if self.group.is_main:
                 self.run.write_config(cfg)
         end = cfg.steps if until is None else min(until, cfg.steps)
@@ -426,13 +441,19 @@ class Trainer:
                 bar.update(job, advance=1, reward=metrics.get("rewards/total", float("nan")))
                 if bar.disable:
                     self.console.print(_step_line(self.completed, cfg.steps, metrics), highlight=False, markup=False)
-        if self.completed == cfg.steps and self.group.is_main and (rows or not (self.run.dir / "policy").exists()):
-            self.export(self.run.dir / "policy")
+        if self.completed == cfg.steps and (rows or not (self.run.dir / "policy").exists()):
+            self.export(self.run.dir / "policy")  # every rank: a sharded learner gathers the weights on all
         return rows
 
     def export(self, path: Path) -> Path:
-        """Save the trained policy: the LoRA adapter or the full model, with the tokenizer."""
-        self.learner.model.save_pretrained(str(path))
+        """Save the trained policy (rank 0): the LoRA adapter or the full model, with the tokenizer. Refuses
+        non-finite weights; a sharded learner's weights are gathered (every rank must call it)."""
+        check_finite(self.learner, f"the policy export to {path}")
+        state = self.learner.full_state_dict() if self.learner.sharded else None
+        if not self.group.is_main:
+            return path
+        kwargs = {"state_dict": state} if state is not None else {}
+        self.learner.model.save_pretrained(str(path), **kwargs)
         self.learner_policy.chat_format.tokenizer.save_pretrained(str(path))
         return path
 

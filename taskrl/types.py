@@ -232,6 +232,9 @@ class Segment:
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     policy_version: int = 0
+    temperature: float | None = None
+    """Temperature the sampled tokens were drawn at (``logprobs`` are of that distribution); None means the
+    trainer's ``TrainConfig.temperature``. Production rows served at their own temperature set it."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -240,6 +243,8 @@ class Segment:
                 f"Segment lengths differ: token_ids={n}, logprobs={len(self.logprobs)}, "
                 f"loss_mask={len(self.loss_mask)}"
             )
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"Segment.temperature must be a finite number > 0 or None, got {self.temperature}")
 
     def __len__(self) -> int:
         return len(self.token_ids)

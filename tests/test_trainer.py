@@ -146,12 +146,14 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     out.mkdir()
     (out / "config.json").write_text("{}")  # a previous demo's run is replaced
     console = Console(record=True, width=140)
-    overrides = {"model": str(model_dir), "steps": 2, "sft_warmup_steps": 1, "eval_tasks": 2, "group_size": 2,
-                 "tasks_per_step": 1, "max_new_tokens": 40}  # fmt: skip
-    results = run_demo(out, device="cpu", console=console, overrides=overrides)
-    assert set(results) == {"before", "after_sft", "after", "expert"}
-    assert results["expert"]["policies"]["policy"]["success_rate"]["value"] == 1.0
+    overrides = {"model": str(model_dir), "steps": 2, "eval_tasks": 2, "group_size": 2, "tasks_per_step": 1,
+                 "max_turns": 2, "max_new_tokens": 12, "dtype": "float32"}  # fmt: skip
+    results = run_demo(out, device="cpu", console=console, overrides=overrides, sft_overrides={"steps": 1})
+    assert {"start", "sft_only", "sft_grpo"} <= set(results) and results["sft_only_steps"] >= 1
     text = console.export_text()
-    assert "after 1 SFT steps" in text and "expert rule (reference)" in text
-    assert sorted(p.name for p in (out / "eval").iterdir()) == ["after.json", "after_sft.json", "before.json"]
-    assert [r["step"] for r in read_metrics(out)] == [1, 2] and (out / "policy").exists()
+    assert "SFT-only arm" in text and "SFT -> GRPO arm" in text and "+2 GRPO steps" in text
+    assert sorted(p.name for p in (out / "eval").iterdir()) == ["sft_grpo.json", "sft_only.json", "start.json"]
+    assert [r["step"] for r in read_metrics(out / "grpo")] == [1, 2] and (out / "start" / "config.json").exists()
+    assert not (out / "config.json").exists()
+    sft_only = json.loads((out / "sft_only" / "config.json").read_text())
+    assert sft_only["algo"] == "sft" and sft_only["model"] == str(out / "start")

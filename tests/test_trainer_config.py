@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from taskrl.training.config import ConfigError, TrainConfig, config_from_dict, load_config, parse_overrides
-from taskrl.training.demo import DEMO_CONFIG
+from taskrl.training.demo import RL_RECIPE, SFT_RECIPE, load_recipe
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.toml"))
 
@@ -85,6 +85,10 @@ def test_recipes_load(recipe: Path) -> None:
     assert config.run_dir.startswith("runs/")
 
 
-def test_demo_recipe_is_the_demo_config() -> None:
-    """`make demo` embeds its config; recipes/demo.toml is the same run for `taskrl train`."""
-    assert load_config(Path(__file__).parent.parent / "recipes" / "demo.toml") == config_from_dict(dict(DEMO_CONFIG))
+def test_the_demo_reads_its_settings_from_the_recipes() -> None:
+    """`make demo` has no embedded copy: it loads recipes/demo_sft.toml and recipes/demo.toml (one source)."""
+    recipes = Path(__file__).parent.parent / "recipes"
+    assert (recipes / "demo_sft.toml", recipes / "demo.toml") == (SFT_RECIPE, RL_RECIPE)
+    sft, rl = load_config(SFT_RECIPE), load_config(RL_RECIPE)
+    assert load_recipe(RL_RECIPE)["lr"] == rl.lr and (sft.algo, rl.algo) == ("sft", "grpo")
+    assert sft.env == rl.env == "shop" and sft.env_kwargs["max_items"] < rl.env_kwargs["min_items"]

@@ -38,8 +38,9 @@ def even_token_share(step: int, trajectories: list[Trajectory]) -> None:
         t.rewards["even_tokens"] = sum(tok % 2 == 0 for tok in ids) / max(len(ids), 1)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_mean_reward_rises(tmp_path: Path, algo: str) -> None:
+@pytest.mark.parametrize(("algo", "precision"), [("grpo", "float32"), ("ppo", "float32"), ("grpo", "bfloat16")])
+def test_mean_reward_rises(tmp_path: Path, algo: str, precision: str) -> None:
+    """``precision=bfloat16``: the learner runs under bf16 autocast over fp32 weights, sampling stays fp32."""
     model, tokenizer = tiny_model(seed=1)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(10.0)
@@ -47,13 +48,18 @@ def test_mean_reward_rises(tmp_path: Path, algo: str) -> None:
     config = TrainConfig(
         run_dir=str(tmp_path / "run"), env="chat", algo=algo, finetune="full", freeze=["layers", "norm"],
         lr=1e-2, steps=15, tasks_per_step=4, group_size=8, max_turns=1, max_new_tokens=4, seed=0,
-        checkpoint_every=0, progress=False,
+        checkpoint_every=0, progress=False, learner_precision=precision,
     )  # fmt: skip
     policy = HFPolicy(model, tokenizer, device="cpu")
     rows = train(config, policy=policy, env_factory=ChatEnv, score_fn=even_token_share)
     rewards = [r["rewards/total"] for r in rows]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
     assert first < 0.8 and last >= first + 0.2 and last >= 0.9, rewards
+    mismatch = [r["losses/mismatch_kl"] for r in rows if "losses/mismatch_kl" in r]  # steps that trained
+    if precision == "float32":
+        assert max(mismatch) < 1e-6, mismatch  # same numerics on both sides
+    else:
+        assert 0 < max(mismatch) < 0.05, mismatch  # measured, and small enough for the IS weights to absorb
     for name, param in model.named_parameters():
         if name in layers_before:
             assert torch.equal(param, layers_before[name]), name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -275,6 +276,9 @@ class MineConfig:
     """Wall limit of one test-suite run."""
     test_files: list[str] = field(default_factory=list)
     """Test files to run; empty = every test_*.py / *_test.py of the project."""
+    cpu_seconds: int | None = None
+    """CPU-seconds limit of one test-suite run (the baseline runs under coverage.py, which costs more); None
+    keeps ``sandbox.cpu_seconds``."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Sandbox of every test run (mined code never runs outside it)."""
     workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
@@ -286,6 +290,10 @@ class MineConfig:
                 raise ValueError(f"MineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.test_timeout_s > 0:
             raise ValueError(f"MineConfig.test_timeout_s must be > 0, got {self.test_timeout_s}")
+        if self.cpu_seconds is not None:
+            if self.cpu_seconds < 1:
+                raise ValueError(f"MineConfig.cpu_seconds must be >= 1, got {self.cpu_seconds}")
+            self.sandbox = dataclasses.replace(self.sandbox, cpu_seconds=self.cpu_seconds)
 
 
 @dataclass
@@ -298,14 +306,35 @@ class MineReport:
     baseline_passed: int = 0
 
 
-def describe(mutation: Mutation, failing: Sequence[str], rng: random.Random) -> str:
-    """A vague, developer-style report of the bug: a symptom, never the fix."""
+def test_file_of(test_id: str, test_files: Sequence[str]) -> str | None:
+    """The test file a ``classname::name`` id comes from (classes and nested dirs included), if it is one."""
+    classname = test_id.split("::")[0]
+    matches = [f for f in test_files if classname == (m := f.removesuffix(".py").replace("/", ".")) or
+               classname.startswith(m + ".")]  # fmt: skip
+    return max(matches, key=len) if matches else None
+
+
+def describe(
+    mutation: Mutation, failing: Sequence[str], rng: random.Random, test_files: Sequence[str] | None = None
+) -> str:
+    """A vague, developer-style report of the bug: a symptom, never the fix. It names a test file only when
+    the failing test really comes from one of ``test_files`` (default: the file its id implies)."""
     module = mutation.path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     test = failing[0].split("::")[-1].split("[")[0]
-    test_file = failing[0].split("::")[0].replace(".", "/") + ".py"
+    implied = failing[0].split("::")[0].replace(".", "/") + ".py"
+    test_file = test_file_of(failing[0], test_files if test_files is not None else [implied])
     func = mutation.function.split(".")[-1]
-    templates = _TEMPLATES if not func.startswith("_") else _TEMPLATES[1:2] + _TEMPLATES[3:]
+    templates = [t for t in _TEMPLATES if test_file is not None or "{test_file}" not in t]
+    if func.startswith("_"):
+        templates = [t for t in templates if "{func}()" not in t and "{module}.{func}" not in t]
     return rng.choice(templates).format(func=func, module=module, test=test, test_file=test_file)
+
+
+def project_pythonpath(repo: Path) -> list[str]:
+    """Where the project's code imports from: ``src`` for a src layout, and the root always (a root package
+    with its tests in ``test/`` or ``tests/`` needs it: isolated Python does not put the working directory on
+    ``sys.path``)."""
+    return (["src"] if (repo / "src").is_dir() else []) + ["."]
 
 
 async def _verify(
@@ -317,6 +346,7 @@ async def _verify(
     sandbox: Sandbox,
     test_files: list[str],
     pythonpath: list[str],
+    conftest: bool,
 ) -> tuple[list[str] | None, str]:
     """(tests the bug breaks, "") or (None, why the candidate was dropped)."""
     buggy = mutation.apply(data)
@@ -328,7 +358,12 @@ async def _verify(
     try:
         workspace.write_file(mutation.path, buggy)
         run, _ = await run_pytest(
-            sandbox, workspace.path, test_files, pythonpath=pythonpath, timeout_s=config.test_timeout_s
+            sandbox,
+            workspace.path,
+            test_files,
+            pythonpath=pythonpath,
+            conftest=conftest,
+            timeout_s=config.test_timeout_s,
         )
     finally:
         await asyncio.to_thread(workspace.destroy)
@@ -345,7 +380,8 @@ async def mine_bugs(sdist: Path, config: MineConfig) -> tuple[dict[str, Any], Mi
     test_files = config.test_files or find_test_files(repo)
     if not test_files:
         raise MiningError(f"{sdist.name} ships no test files (test_*.py, *_test.py); pass them with --test-file")
-    pythonpath = ["src"] if (repo / "src").is_dir() else []
+    pythonpath = project_pythonpath(repo)
+    conftest = any(repo.rglob("conftest.py"))  # the env runs the tasks the same way (tasks._has_conftest)
     code_files = find_code_files(repo)
     report = MineReport()
     pool = pool_for(repo, config.workspace)
@@ -356,6 +392,7 @@ async def mine_bugs(sdist: Path, config: MineConfig) -> tuple[dict[str, Any], Mi
             workspace.path,
             test_files,
             pythonpath=pythonpath,
+            conftest=conftest,
             timeout_s=config.test_timeout_s,
             coverage_of=code_files,
         )
@@ -390,7 +427,10 @@ async def mine_bugs(sdist: Path, config: MineConfig) -> tuple[dict[str, Any], Mi
         if not batch:
             break
         results = await asyncio.gather(
-            *(_verify(m, repo, sources[m.path], baseline, config, sandbox, test_files, pythonpath) for m in batch)
+            *(
+                _verify(m, repo, sources[m.path], baseline, config, sandbox, test_files, pythonpath, conftest)
+                for m in batch
+            )
         )
         for mutation, (broken, why) in zip(batch, results, strict=True):
             report.tried += 1
@@ -399,7 +439,7 @@ async def mine_bugs(sdist: Path, config: MineConfig) -> tuple[dict[str, Any], Mi
                 report.dropped[why or "enough tasks from this function"] += 1
                 continue
             per_function[key] += 1
-            tasks.append(_task_spec(sdist, mutation, sources[mutation.path], broken, len(tasks), rng))
+            tasks.append(_task_spec(sdist, mutation, sources[mutation.path], broken, len(tasks), rng, test_files))
     report.kept = len(tasks)
     meta = {
         "format": TASK_SET_FORMAT,
@@ -408,6 +448,7 @@ async def mine_bugs(sdist: Path, config: MineConfig) -> tuple[dict[str, Any], Mi
         "test_files": test_files,
         "pythonpath": pythonpath,
         "plugins": [],
+        "conftest": conftest,
         "baseline_passed": sorted(baseline),
         "generator": {"taskrl": __version__, "seed": config.seed, "tried": report.tried},
         "tasks": tasks,
@@ -428,7 +469,13 @@ def _interleave_kinds(candidates: list[Mutation]) -> list[Mutation]:
 
 
 def _task_spec(
-    sdist: Path, mutation: Mutation, data: bytes, broken: list[str], index: int, rng: random.Random
+    sdist: Path,
+    mutation: Mutation,
+    data: bytes,
+    broken: list[str],
+    index: int,
+    rng: random.Random,
+    test_files: Sequence[str],
 ) -> dict[str, Any]:
     original = data.decode("utf-8")
     old, new = snippet_pair(original, mutation.apply(data).decode("utf-8"), mutation.line)
@@ -436,7 +483,7 @@ def _task_spec(
     ticket = int(hashlib.sha256(f"{project}/{mutation.function}/{index}".encode()).hexdigest()[:4], 16) % 900 + 100
     return {
         "id": f"{project}/{mutation.function}-{index}",
-        "prompt": f"Issue #{ticket}: {describe(mutation, broken, rng)}",
+        "prompt": f"Issue #{ticket}: {describe(mutation, broken, rng, test_files)}",
         "path": mutation.path,
         "function": mutation.function,
         "mutation": mutation.kind,
@@ -467,6 +514,10 @@ def codebugs_command(
     ] = None,
     test_file: Annotated[list[str] | None, typer.Option(help="test file to run (repeatable); default: all")] = None,
     max_candidates: Annotated[int, typer.Option(help="mutations tried at most")] = 200,
+    cpu_seconds: Annotated[
+        int, typer.Option(help="CPU-seconds limit of one test-suite run (coverage costs more)")
+    ] = 300,
+    test_timeout: Annotated[float, typer.Option(help="wall-clock limit of one test-suite run, seconds")] = 120.0,
     unsafe_no_sandbox: Annotated[bool, typer.Option(help="run the project's tests WITHOUT bubblewrap")] = False,
 ) -> None:
     """Mine verified bug-fixing tasks from a PyPI project with its own tests (SWE-smith style)."""
@@ -477,8 +528,8 @@ def codebugs_command(
     if not path.is_file():
         raise TaskSetError(f"sdist {path} not found")
     config = MineConfig(
-        n=n, seed=seed, max_candidates=max_candidates, test_files=list(test_file or []),
-        sandbox=SandboxConfig(unsafe_no_sandbox=unsafe_no_sandbox),
+        n=n, seed=seed, max_candidates=max_candidates, test_files=list(test_file or []), cpu_seconds=cpu_seconds,
+        test_timeout_s=test_timeout, sandbox=SandboxConfig(unsafe_no_sandbox=unsafe_no_sandbox),
     )  # fmt: skip
     meta, report = asyncio.run(mine_bugs(path, config))
     target = out or Path("data/codebugs") / path.name.replace(".tar.gz", ".json")

@@ -2,19 +2,22 @@
 
 ``add_deploy_routes(app)`` mounts them on the app ``create_app`` built (it reads ``app.state``: routers,
 store, config, metrics). Feedback and reads need a tenant API key; adapter loading and router control need
-an admin key; a tenant only ever sees its own interactions (another tenant's id is a 404, not a 403).
+an admin key; a tenant only ever sees its own, delivered-or-not, non-shadow interactions (another tenant's id is
+a 404, not a 403). Feedback is one signal per (interaction, kind), latest wins, in the store and in the router's
+live evidence. Adapters are loaded only when runtime loading is enabled, only from below ``adapter_root`` when
+one is set, and only when every weight is finite.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import time
-from collections import defaultdict
 from typing import Any, Literal
 
 import fastapi
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from taskrl.deploy.errors import APIError
@@ -22,44 +25,6 @@ from taskrl.deploy.feedback import FeedbackIn
 from taskrl.deploy.router import Router, RouterError
 from taskrl.deploy.store import Feedback, Interaction, StoreError
 from taskrl.policies.base import Policy, PolicyError
-
-
-class ServerMetrics:
-    """Counters and latency sums, rendered in Prometheus' text format at ``/metrics``."""
-
-    def __init__(self) -> None:
-        self.counters: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
-        self.overhead_ms_sum = 0.0
-        self.policy_ms_sum = 0.0
-        self.timed = 0
-
-    def count(self, name: str, *labels: Any) -> None:
-        self.counters[(name, tuple(str(x) for x in labels))] += 1
-
-    def observe_overhead(self, overhead_ms: float, policy_ms: float) -> None:
-        self.overhead_ms_sum += overhead_ms
-        self.policy_ms_sum += policy_ms
-        self.timed += 1
-
-    def render(self, routers: dict[str, Router]) -> str:
-        label_names = {
-            "requests": ("model", "version", "arm"),
-            "feedback": ("model", "version", "kind"),
-        }
-        lines = []
-        for (name, labels), value in sorted(self.counters.items()):
-            keys = label_names.get(name, ("model", "version"))
-            rendered = ",".join(f'{k}="{v}"' for k, v in zip(keys, labels, strict=False))
-            lines.append(f"taskrl_{name}_total{{{rendered}}} {value}")
-        lines.append(f"taskrl_server_overhead_ms_sum {self.overhead_ms_sum:.3f}")
-        lines.append(f"taskrl_policy_ms_sum {self.policy_ms_sum:.3f}")
-        lines.append(f"taskrl_timed_requests_total {self.timed}")
-        for name, router in sorted(routers.items()):
-            lines.append(f'taskrl_stable_version{{model="{name}"}} {router.stable}')
-            if router.candidate is not None:
-                share = router.config.stages[router.stage]
-                lines.append(f'taskrl_canary_share{{model="{name}",version="{router.candidate}"}} {share}')
-        return "\n".join(lines) + "\n"
 
 
 class LoadAdapterIn(BaseModel):
@@ -109,12 +74,37 @@ async def adapter_policy(base: Policy, name: str, path: str) -> Policy:
 
         # A copy: in-flight requests keep decoding with the old weights while the new version is built.
         merged = PeftModel.from_pretrained(copy.deepcopy(base.model), path).merge_and_unload()
+        bad = non_finite_parameters(merged)
+        if bad:  # a poisoned adapter (NaN/inf weights) would answer garbage with NaN logprobs
+            raise ValueError(f"adapter has non-finite weights in {len(bad)} tensors (e.g. {bad[0]}); refused")
         return HFPolicy(merged, base.tokenizer, name=name, device=base.device, chat_format=base.chat_format)
 
     try:
         return await asyncio.to_thread(build)
     except (OSError, ValueError) as exc:
         raise APIError(400, f"cannot load LoRA adapter from {path!r}: {exc}") from exc
+
+
+def non_finite_parameters(model: Any) -> list[str]:
+    """Names of the model's tensors holding NaN or inf."""
+    import torch
+
+    with torch.no_grad():
+        return [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+
+
+def check_adapter_path(config: Any, path: str) -> str:
+    """``path`` resolved; refused unless runtime loading is on and it lies below ``config.adapter_root``."""
+    if not config.allow_runtime_lora:
+        raise APIError(403, "runtime adapter loading is disabled; start taskrl serve with --allow-runtime-lora",
+                       "permission_error", param="lora_path", code="runtime_lora_disabled")  # fmt: skip
+    resolved = os.path.realpath(path)
+    if config.adapter_root is not None:
+        root = os.path.realpath(config.adapter_root)
+        if os.path.commonpath([root, resolved]) != root:
+            raise APIError(403, f"lora_path must lie below the adapter root {config.adapter_root!r}",
+                           "permission_error", param="lora_path", code="path_not_allowed")  # fmt: skip
+    return resolved
 
 
 def adapters(state: Any) -> set[str]:
@@ -152,18 +142,31 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackIn, http: fastapi.Request) -> dict[str, Any]:
         who = tenant(http)
-        interaction = await own_interaction(body.interaction_id, who)
+        with state.limiter.hold(who):
+            return await record_feedback(body, who)
+
+    async def record_feedback(body: FeedbackIn, who: str) -> dict[str, Any]:
+        try:
+            interaction = await own_interaction(body.interaction_id, who)
+        except StoreError as exc:
+            raise APIError(503, f"feedback not stored, retry: {exc}", "server_error", code="store_unavailable") from exc
         record = Feedback(interaction.id, who, body.kind, body.value)
         try:
             await need_store().add("feedback", record)
         except StoreError as exc:
-            raise APIError(503, f"feedback not stored, retry: {exc}", "server_error") from exc
+            raise APIError(503, f"feedback not stored, retry: {exc}", "server_error", code="store_unavailable") from exc
         reward = state.config.reward_map.signal_reward(record)
         router = state.routers.get(interaction.model)
         decision = None
-        if reward is not None and router is not None and not interaction.shadow:
-            decision = router.observe(interaction.policy_version, reward)
-        state.metrics.count("feedback", interaction.model, interaction.policy_version, body.kind)
+        if reward is not None and router is not None and interaction.delivered:
+            decision = router.observe(
+                interaction.policy_version,
+                reward,
+                session_id=interaction.session_id,
+                tenant=who,
+                key=record.id,  # one per (interaction, kind): a repeated signal replaces, never adds
+            )
+        state.metrics.feedback.labels(interaction.model, str(interaction.policy_version), body.kind).inc()
         return {
             "id": record.id,
             "interaction_id": interaction.id,
@@ -177,10 +180,27 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         return found.__dict__
 
     @app.get("/v1/interactions")
-    async def list_interactions(http: fastapi.Request, session_id: str | None = None, limit: int = 100) -> dict:
+    async def list_interactions(
+        http: fastapi.Request, session_id: str | None = None, limit: int = 100, after: str | None = None
+    ) -> dict:
+        """Newest first; ``after`` = the last id of the previous page (OpenAI's list pagination)."""
         who = tenant(http)
-        rows = await asyncio.to_thread(need_store().interactions, tenant=who, session_id=session_id)
-        return {"object": "list", "data": [r.__dict__ for r in rows[-max(1, min(limit, 1000)) :]]}
+        if not 1 <= limit <= 1000:
+            raise APIError(400, "limit: must be between 1 and 1000", param="limit", code="invalid_value")
+        try:
+            rows, more = await asyncio.to_thread(
+                need_store().interaction_page, tenant=who, session_id=session_id, limit=limit, after=after
+            )
+        except StoreError as exc:
+            raise APIError(400 if after else 503, str(exc), param="after" if after else None) from exc
+        data = [r.__dict__ for r in rows]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": more,
+        }
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadAdapterIn, http: fastapi.Request) -> dict[str, Any]:
@@ -194,16 +214,17 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         if base_name not in routers:
             raise APIError(404, f"base model {base_name!r} is not served here")
         base_router = routers[base_name]
+        path = check_adapter_path(state.config, body.lora_path)
         started = time.perf_counter()
         try:
-            policy = await adapter_policy(base_router.policy(base_router.stable), body.lora_name, body.lora_path)
+            policy = await adapter_policy(base_router.policy(base_router.stable), body.lora_name, path)
         except PolicyError as exc:
             raise APIError(502, f"upstream could not load the adapter: {exc}", "server_error") from exc
         load_s = time.perf_counter() - started
         if body.model is None:
             if body.lora_name in routers:
                 raise APIError(409, f"model {body.lora_name!r} is already served; pick another lora_name")
-            routers[body.lora_name] = Router(body.lora_name, policy, state.config.router, on_decision=_log(state))
+            routers[body.lora_name] = Router(body.lora_name, policy, state.router_config, on_decision=_log(state))
             adapters(state).add(body.lora_name)
             return {"model": body.lora_name, "version": policy.version, "load_s": load_s}
         target = routers.get(body.model)
@@ -252,7 +273,7 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         router = _router(state, model)
         needs_version = body.action in ("canary", "shadow", "activate")
         if needs_version and body.version is None:
-            raise APIError(422, f"invalid request: version: required for action {body.action!r}")
+            raise APIError(400, f"version: required for action {body.action!r}", param="version")
         try:
             if body.action == "canary":
                 router.start_canary(body.version)  # type: ignore[arg-type]
@@ -275,8 +296,9 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         return {"object": "list", "data": sorted(rows, key=lambda d: d["created_at"])}
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(state.metrics.render(state.routers))
+    async def metrics() -> Response:
+        payload, content_type = state.metrics.render(state.routers, state.store)
+        return Response(payload, media_type=content_type)
 
 
 def _router(state: Any, model: str) -> Router:

@@ -1,7 +1,10 @@
 """``taskrl serve`` (OpenAI-compatible server with logging, feedback and routing) and ``taskrl cycle`` (the loop).
 
-    taskrl serve --policy hf --model smollm2 --store sqlite:///runs/serve/interactions.db \\
-        --api-key KEY:TENANT --admin-key ADMINKEY
+    TASKRL_API_KEYS=KEY:TENANT TASKRL_ADMIN_KEY=ADMINKEY taskrl serve --policy hf --model smollm2 \\
+        --store sqlite:///runs/serve/interactions.db --spool runs/serve/spool.jsonl
+
+Keys are best given by environment variable (``TASKRL_API_KEYS``: ``KEY:TENANT`` pairs separated by commas or
+newlines) or ``--api-keys-file`` (one ``KEY:TENANT`` per line), since command-line arguments show in ``ps``.
     taskrl cycle recipes/grpo_smollm2_lora.toml --store sqlite:///runs/cycle/interactions.db --cycle-s 18000
 """
 
@@ -9,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,27 +25,59 @@ from taskrl.deploy.router import RouterConfig
 from taskrl.deploy.store import InteractionStore
 
 ADMIN_KEY_ENV = "TASKRL_ADMIN_KEY"
+API_KEYS_ENV = "TASKRL_API_KEYS"
+SALT_ENV = "TASKRL_ROUTER_SALT"
 
 
-def _keys(api_keys: list[str] | None) -> dict[str, str]:
+def _keys(api_keys: list[str] | None, keys_file: Path | None = None) -> dict[str, str]:
+    items = [(f"--api-key {item!r}", item) for item in api_keys or []]
+    env = os.environ.get(API_KEYS_ENV, "")
+    parts = env.replace("\n", ",").split(",")
+    items += [(f"${API_KEYS_ENV} entry {i + 1}", part.strip()) for i, part in enumerate(parts)]
+    if keys_file is not None:
+        try:
+            lines = keys_file.read_text().splitlines()
+        except OSError as exc:
+            raise typer.BadParameter(f"--api-keys-file {keys_file}: {exc}") from exc
+        items += [(f"{keys_file}:{n + 1}", line.strip()) for n, line in enumerate(lines)]
     out = {}
-    for item in api_keys or []:
+    for where, item in items:
+        if not item or item.startswith("#"):
+            continue
         key, sep, tenant = item.partition(":")
-        if not sep or not key or not tenant:
-            raise typer.BadParameter(f"--api-key {item!r}: expected KEY:TENANT")
-        out[key] = tenant
+        if not sep or not key.strip() or not tenant.strip():
+            raise typer.BadParameter(f"{where}: expected KEY:TENANT")
+        out[key.strip()] = tenant.strip()
     return out
 
 
-def _serve_config(api_keys: list[str] | None, admin_keys: list[str] | None, holdout: float) -> ServeConfig:
+def default_spool(store_url: str) -> Path:
+    """A spool file that belongs to this store only (a spool replays into the database it was written for)."""
+    if store_url.startswith("sqlite:///"):
+        return Path(store_url.removeprefix("sqlite:///") + ".spool.jsonl")
+    digest = hashlib.blake2b(store_url.encode(), digest_size=6).hexdigest()
+    return Path(f"taskrl-spool-{digest}.jsonl")
+
+
+def _serve_config(
+    api_keys: list[str] | None,
+    admin_keys: list[str] | None,
+    holdout: float,
+    keys_file: Path | None = None,
+    **extra: Any,
+) -> ServeConfig:
     admins = list(admin_keys or [])
     if os.environ.get(ADMIN_KEY_ENV):  # keeps the key out of the process list
         admins.append(os.environ[ADMIN_KEY_ENV])
-    return ServeConfig(api_keys=_keys(api_keys), admin_keys=tuple(admins), router=RouterConfig(holdout=holdout))
+    router = RouterConfig(holdout=holdout, salt=os.environ.get(SALT_ENV) or None)
+    return ServeConfig(api_keys=_keys(api_keys, keys_file), admin_keys=tuple(admins), router=router, **extra)
 
 
 StoreOpt = Annotated[str, typer.Option("--store", help="interaction store URL (sqlite:///file.db or postgresql+...)")]
-ApiKeyOpt = Annotated[list[str] | None, typer.Option("--api-key", help="KEY:TENANT for chat and feedback (repeat)")]
+ApiKeyOpt = Annotated[
+    list[str] | None, typer.Option("--api-key", help=f"KEY:TENANT for chat and feedback (repeat; or ${API_KEYS_ENV})")
+]
+KeysFileOpt = Annotated[Path | None, typer.Option("--api-keys-file", help="file of KEY:TENANT lines")]
 AdminOpt = Annotated[list[str] | None, typer.Option("--admin-key", help=f"admin key (repeat; or ${ADMIN_KEY_ENV})")]
 
 
@@ -53,8 +89,21 @@ def serve_command(
     env: Annotated[str | None, typer.Option(help="env whose scripted_rule serves (--policy scripted)")] = None,
     store: StoreOpt = "sqlite:///interactions.db",
     api_key: ApiKeyOpt = None,
+    api_keys_file: KeysFileOpt = None,
     admin_key: AdminOpt = None,
     holdout: Annotated[float, typer.Option(help="share of sessions kept on the previous version")] = 0.05,
+    spool: Annotated[
+        Path | None,
+        typer.Option(help="outage spool file (default: beside a SQLite file, else taskrl-spool-<url hash>.jsonl)"),
+    ] = None,
+    spool_max_rows: Annotated[int, typer.Option(help="spool bound; when full, responses are refused (503)")] = 100_000,
+    fail_closed: Annotated[bool, typer.Option(help="no spool: refuse responses (503) while the store is down")] = False,
+    timeout_s: Annotated[float, typer.Option(help="per-request generation time limit (504 past it)")] = 600.0,
+    rate_limit: Annotated[int | None, typer.Option(help="requests per minute per tenant (429 past it)")] = None,
+    max_concurrent: Annotated[int | None, typer.Option(help="concurrent requests per tenant (429 past it)")] = None,
+    drain_s: Annotated[float, typer.Option(help="on SIGTERM, seconds in-flight requests get to finish")] = 30.0,
+    allow_runtime_lora: Annotated[bool, typer.Option(help="enable /v1/load_lora_adapter (admin key needed)")] = False,
+    adapter_root: Annotated[Path | None, typer.Option(help="adapters load only from below this directory")] = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     device: str = "auto",
@@ -64,10 +113,17 @@ def serve_command(
     from taskrl.env import make
     from taskrl.policies import make_policy
 
-    config = _serve_config(api_key, admin_key, holdout)
+    config = _serve_config(
+        api_key, admin_key, holdout, api_keys_file,
+        generation_timeout_s=timeout_s, rate_limit_per_minute=rate_limit, max_concurrent_per_tenant=max_concurrent,
+        drain_timeout_s=drain_s, allow_runtime_lora=allow_runtime_lora,
+        adapter_root=str(adapter_root) if adapter_root is not None else None,
+    )  # fmt: skip
     served = make_policy(policy, model=model, base_url=base_url, device=device, env=make(env) if env else None)
-    with InteractionStore(store) as interactions:
-        Console(stderr=True).print(f"serving {name!r} on http://{host}:{port}/v1, logging to {store}")
+    spool_path = None if fail_closed else (spool or default_spool(store))
+    with InteractionStore(store, spool_path=spool_path, spool_max_rows=spool_max_rows) as interactions:
+        durability = "fail closed on store errors" if fail_closed else f"outage spool {spool} ({spool_max_rows} rows)"
+        Console(stderr=True).print(f"serving {name!r} on http://{host}:{port}/v1, logging to {store}; {durability}")
         serve({name: served}, host, port, store=interactions, config=config)
 
 
@@ -77,6 +133,7 @@ def cycle_command(
     name: Annotated[str, typer.Option(help="served model name")] = "taskrl",
     store: StoreOpt = "sqlite:///interactions.db",
     api_key: ApiKeyOpt = None,
+    api_keys_file: KeysFileOpt = None,
     admin_key: AdminOpt = None,
     cycle_s: Annotated[float, typer.Option(help="seconds per cycle (Cursor: ~5 h = 18000)")] = 18000.0,
     cycles: Annotated[int, typer.Option(help="cycles to run; 0 = until interrupted")] = 0,
@@ -105,7 +162,7 @@ def cycle_command(
         max_staleness=train_config.max_staleness,
         rollout=rollout,  # type: ignore[arg-type]
     )
-    serve_config = _serve_config(api_key, admin_key, holdout)
+    serve_config = _serve_config(api_key, admin_key, holdout, api_keys_file)
     base = HFPolicy.from_pretrained(train_config.model, device=train_config.device)
     served = HFPolicy(copy.deepcopy(base.model), base.tokenizer, name=name, device=base.device)
     learner = Learner(prepare_model(base.model, train_config), train_config, pad_id=base._pad_id)
@@ -138,7 +195,11 @@ def train_from_store_command(
     from taskrl.deploy.cycle import train_from_store
     from taskrl.training.config import load_config
 
-    rows, out = train_from_store(load_config(config, overrides or []), store, model_name=model_name)
+    try:
+        rows, out = train_from_store(load_config(config, overrides or []), store, model_name=model_name)
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]train-from-store: {exc}[/red]")
+        raise typer.Exit(1) from exc
     last = rows[-1] if rows else {}
     Console(stderr=True).print(
         f"{len(rows)} updates on {int(last.get('charts/trained_trajectories', 0))} interactions; wrote {out} "

@@ -36,6 +36,21 @@ class ServeConfig:
     """Approval callback for sensitive tools; a sensitive call without one is withheld."""
     session_header: str = "x-session-id"
     """Header carrying the client session id (falls back to the request's ``user`` field)."""
+    generation_timeout_s: float | None = 600.0
+    """Per-request limit on sampling a turn; past it the generation is cancelled and the client gets 504."""
+    max_context_tokens: int | None = None
+    """Context length (prompt + completion) when the policy does not report one; longer requests get 400."""
+    rate_limit_per_minute: int | None = None
+    """Requests per minute per tenant (chat and feedback; a bucket of 10 s worth of burst); None = unlimited."""
+    max_concurrent_per_tenant: int | None = None
+    """Requests of one tenant handled at once; more get 429 at once. None = unlimited."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM: how long in-flight requests may take to finish before the server exits anyway."""
+    allow_runtime_lora: bool = True
+    """Whether ``/v1/load_lora_adapter`` is enabled (admin key still needed); ``taskrl serve`` turns it on only
+    with ``--allow-runtime-lora``, like vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``."""
+    adapter_root: str | None = None
+    """When set, adapters load only from below this directory (symlinks resolved)."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -46,6 +61,13 @@ class ServeConfig:
             raise ValueError("ServeConfig.api_keys must map non-empty keys to non-empty tenant names")
         if any(not k for k in self.admin_keys):
             raise ValueError("ServeConfig.admin_keys must not contain an empty key")
+        positive = ("generation_timeout_s", "max_context_tokens", "rate_limit_per_minute", "max_concurrent_per_tenant")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ServeConfig.{name} must be > 0 or None, got {value}")
+        if not self.drain_timeout_s >= 0:
+            raise ValueError(f"ServeConfig.drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         overlap = set(self.admin_keys) & set(self.api_keys)
         if overlap:
             raise ValueError("ServeConfig.admin_keys and api_keys must differ (an admin key is not a tenant)")

@@ -143,6 +143,19 @@ class ProductionCycle:
             metrics = await asyncio.to_thread(self.learner.update, trajectories, step=self.step * 1000 + update)
         report["train"] = metrics
         candidate = self._candidate()
+        from taskrl.deploy.admin import non_finite_parameters
+
+        poisoned = non_finite_parameters(candidate.model)
+        if poisoned:  # NaN/inf weights answer garbage; no eval can make such a candidate safe to serve
+            candidate.close()
+            reason = f"candidate has non-finite weights in {len(poisoned)} tensors (e.g. {poisoned[0]})"
+            report["gate"] = {"promote": False, "reason": reason, "evidence": {"non_finite_tensors": poisoned[:20]}}
+            self._log("block", None, {"reason": reason, "non_finite_tensors": poisoned[:20]})
+            report["outcome"] = "blocked"
+            report["seconds"] = time.perf_counter() - started
+            self.step += 1
+            self.history.append(report)
+            return report
         baseline_scores = await self._evaluate(self.router.policy(self.router.stable))
         candidate_scores = await self._evaluate(candidate)
         verdict = gate_decision(baseline_scores, candidate_scores, self.config.gate)
@@ -183,12 +196,15 @@ def train_from_store(
 ) -> tuple[list[dict[str, float]], str]:
     """Offline ``taskrl train --from-store``: ``steps`` learner updates on the store's fresh labelled interactions.
 
-    Uses ``train_config``'s model, algorithm and ``max_staleness``; writes the result to ``run_dir/adapter``
-    (LoRA, hot-loadable with ``/v1/load_lora_adapter``) or ``run_dir/model`` (full). Returns (metrics per
-    step, output path).
+    Uses ``train_config``'s model, algorithm and ``max_staleness``; writes ``run_dir/metrics.jsonl`` (one row per
+    update plus the data stats: rows read, skipped as non-finite, malformed, undelivered) and the result to
+    ``run_dir/adapter`` (LoRA, hot-loadable with ``/v1/load_lora_adapter``) or ``run_dir/model`` (full). Refuses
+    (``ValueError``, nothing written) to save weights that are not all finite. Returns (metrics per step, path).
     """
     from pathlib import Path
 
+    from taskrl.deploy.admin import non_finite_parameters
+    from taskrl.runlog import RunLog
     from taskrl.training.learner import Learner
     from taskrl.training.model import is_peft, prepare_model
 
@@ -196,10 +212,19 @@ def train_from_store(
         trajectories, stats = trajectories_from_store(
             store, reward_map, max_staleness=train_config.max_staleness, model=model_name, group_by=group_by
         )
+    run = RunLog(train_config.run_dir)
+    run.write_config(train_config)
+    data = {f"data/{k}": float(v) for k, v in asdict(stats).items() if isinstance(v, int) and v is not None}
+    if stats.non_finite or stats.malformed:
+        run.alert(0, "store_rows", float(stats.non_finite + stats.malformed), 0.0,
+                  f"{stats.non_finite} non-finite and {stats.malformed} malformed interactions skipped")  # fmt: skip
     if not trajectories:
+        run.log(0, data)
+        run.close()
         raise ValueError(
             f"no interactions with feedback in {store_url} for versions >= {stats.min_version} "
-            f"({stats.read} read, {stats.without_feedback} without feedback); collect feedback first"
+            f"({stats.read} read, {stats.without_feedback} without feedback, {stats.non_finite} non-finite, "
+            f"{stats.malformed} malformed); collect feedback first"
         )
     policy = HFPolicy.from_pretrained(train_config.model, device=train_config.device)
     model = prepare_model(policy.model.train(), train_config)
@@ -207,10 +232,20 @@ def train_from_store(
     rows = []
     for step in range(train_config.steps):
         learner.version = stats.latest_version or 0  # every step re-uses the same fresh batch
-        rows.append(learner.update(trajectories, step=step))
+        row = learner.update(trajectories, step=step)
+        rows.append(row)
+        run.log(step, {**row, **(data if step == 0 else {})})
     out = Path(train_config.run_dir) / ("adapter" if is_peft(model) else "model")
+    poisoned = non_finite_parameters(model)
+    if poisoned:
+        message = f"trained weights are non-finite in {len(poisoned)} tensors (e.g. {poisoned[0]}); nothing saved"
+        run.alert(train_config.steps, "non_finite_weights", float(len(poisoned)), 0.0, message)
+        run.close()
+        policy.close()
+        raise ValueError(message)
     model.save_pretrained(str(out))
     if not is_peft(model):
         policy.tokenizer.save_pretrained(str(out))
     policy.close()
+    run.close()
     return rows, str(out)

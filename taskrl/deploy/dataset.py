@@ -4,11 +4,17 @@
 ``max_staleness`` policy versions that have feedback which counts, and turns each into a one-segment
 trajectory: the stored prompt ids (mask 0) + the stored completion ids (mask 1) with the stored logprobs
 and policy version, never a re-tokenisation. Groups (for GRPO's baselines) are identical prompts by default.
+Each segment carries the temperature its row was sampled at, so the learner scores it at its own distribution.
+Stored rows are treated as hostile: a row with non-finite or positive logprobs, token ids that are not
+non-negative ints, mismatched lengths or a request that no longer parses is skipped and counted
+(``StoreDataStats.malformed``/``non_finite``), as are rows whose response never reached the client.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -19,6 +25,7 @@ from taskrl.deploy.store import Interaction, InteractionStore
 from taskrl.types import Message, Segment, Trajectory
 
 GroupBy = Literal["prompt", "session", "none"]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +37,11 @@ class StoreDataStats:
     read: int = 0
     without_feedback: int = 0
     without_tokens: int = 0
+    non_finite: int = 0
+    """Rows whose logprobs are NaN/inf (a poisoned sampler): never trained on."""
+    malformed: int = 0
+    """Rows that fail any other check (ids, lengths, logprobs > 0, request, sampling)."""
+    undelivered: int = 0
     used: int = 0
     by_version: dict[int, int] = field(default_factory=dict)
 
@@ -38,19 +50,51 @@ def _prompt_key(ids: list[int]) -> str:
     return hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=8).hexdigest()
 
 
+class MalformedRow(ValueError):
+    """A stored interaction that cannot be trained on as it is."""
+
+
+def _ids(values: object, name: str) -> list[int]:
+    if not isinstance(values, list) or not all(type(t) is int and t >= 0 for t in values):
+        raise MalformedRow(f"{name} must be a list of non-negative ints")
+    return list(values)
+
+
+def row_temperature(row: Interaction) -> float | None:
+    """Temperature whose distribution the row's logprobs are of: the stored sampling's (greedy rows report the
+    temperature-1 distribution), else the request's, else None (the trainer's own)."""
+    sampling = row.sampling or {}
+    value = sampling.get("temperature", row.request.get("temperature") if isinstance(row.request, dict) else None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise MalformedRow(f"stored temperature {value!r} is not a finite number >= 0")
+    return float(value) if value > 0 else 1.0
+
+
 def interaction_trajectory(row: Interaction, reward: float, group_id: str | None) -> Trajectory:
-    """One interaction as a trajectory with a single token-exact segment."""
-    prompt = list(row.prompt_token_ids or [])
-    completion = list(row.completion_token_ids)
+    """One interaction as a trajectory with a single token-exact segment (``MalformedRow`` if it cannot be one)."""
+    prompt = _ids(row.prompt_token_ids or [], "prompt_token_ids")
+    completion = _ids(row.completion_token_ids, "completion_token_ids")
+    logprobs = row.logprobs if isinstance(row.logprobs, list) else []
+    if len(logprobs) != len(completion):
+        raise MalformedRow(f"{len(logprobs)} logprobs for {len(completion)} completion tokens")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs):
+        raise MalformedRow("logprobs must be numbers")
+    if any(x > 1e-4 for x in logprobs):
+        raise MalformedRow("a logprob above 0 is not a log-probability")
     segment = Segment(
         token_ids=prompt + completion,
-        logprobs=[0.0] * len(prompt) + [float(x) for x in row.logprobs],
+        logprobs=[0.0] * len(prompt) + [float(x) for x in logprobs],
         loss_mask=[0] * len(prompt) + [1] * len(completion),
         policy_version=row.policy_version,
+        temperature=row_temperature(row),
     )
-    # The request was validated by the server's schema when it was served, so it parses back the same way.
-    messages = [ChatMessageIn.model_validate(m).to_message() for m in row.request.get("messages", [])]
-    answer = row.response.get("message", {})
+    try:
+        messages = [ChatMessageIn.model_validate(m).to_message() for m in row.request.get("messages", [])]
+        answer = row.response.get("message", {}) or {}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise MalformedRow(f"stored request/response does not parse: {exc}") from exc
     messages.append(Message("assistant", answer.get("content") or ""))
     return Trajectory(
         id=row.id,
@@ -101,15 +145,27 @@ def trajectories_from_store(
         if reward is None:
             stats.without_feedback += 1
             continue
-        if (
-            not row.prompt_token_ids
-            or not row.completion_token_ids
-            or len(row.logprobs) != len(row.completion_token_ids)
-        ):
+        if not math.isfinite(reward):
+            stats.non_finite += 1
+            continue
+        if not row.delivered:
+            stats.undelivered += 1
+            continue
+        if not row.prompt_token_ids or not row.completion_token_ids:
             stats.without_tokens += 1
             continue
-        group = {"prompt": _prompt_key(row.prompt_token_ids), "session": row.session_id, "none": None}[group_by]
-        trajectories.append(interaction_trajectory(row, reward, group))
+        if isinstance(row.logprobs, list) and any(
+            isinstance(x, float) and not math.isfinite(x) for x in row.logprobs
+        ):
+            stats.non_finite += 1
+            continue
+        try:
+            group = {"prompt": _prompt_key(list(row.prompt_token_ids)), "session": row.session_id, "none": None}
+            trajectories.append(interaction_trajectory(row, reward, group[group_by]))
+        except (MalformedRow, ValueError, TypeError) as exc:
+            stats.malformed += 1
+            logger.warning("interaction %s skipped: %s", row.id, exc)
+            continue
         stats.by_version[row.policy_version] = stats.by_version.get(row.policy_version, 0) + 1
     stats.used = len(trajectories)
     return trajectories, stats

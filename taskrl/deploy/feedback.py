@@ -21,7 +21,7 @@ FEEDBACK_KINDS: tuple[str, ...] = ("accepted", "rejected", "edit_kept", "dissati
 class FeedbackIn(BaseModel):
     """One signal: ``value`` is the rating (1-5) for ``rating`` and the minutes the edit survived for ``edit_kept``."""
 
-    model_config = {"extra": "forbid"}
+    model_config = {"extra": "forbid", "allow_inf_nan": False}
 
     interaction_id: str = Field(min_length=1, max_length=64)
     kind: FeedbackKind

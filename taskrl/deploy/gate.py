@@ -8,6 +8,7 @@ rule (promote after N consecutive sessions the candidate won). ``evaluate_env`` 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -103,6 +104,9 @@ def gate_decision(
     missing = sorted(set(baseline) ^ set(candidate))
     if missing:
         return GateResult(False, f"metrics not measured on both sides: {', '.join(missing)}")
+    broken = sorted(name for name, values in candidate.items() if not all(math.isfinite(float(v)) for v in values))
+    if broken:  # a NaN score compares false with every bound: it must block, never pass by accident
+        return GateResult(False, f"non-finite candidate scores in {', '.join(broken)}", {"non_finite": broken})
     evidence: dict[str, Any] = {}
     regressions, thin = [], []
     for name in sorted(baseline):

@@ -3,14 +3,19 @@
 A ``Router`` holds the versions of one model: ``stable``, at most one ``candidate`` in canary stages
 (1% -> 5% -> 20% -> 100% by default, advancing after ``min_samples`` feedback rewards per stage), a
 ``holdout`` share of sessions that stays on the previous policy, and an optional ``shadow`` version that
-sees mirrored requests. Assignment hashes the session id, so a session is sticky and a session on the
-canary stays on it as the stage grows. Live rewards roll a candidate back when it regresses
-significantly; every decision goes to ``on_decision`` with its evidence.
+sees mirrored requests. Assignment hashes the session id with a secret salt (random per deployment unless
+configured), so a session is sticky, a session on the canary stays on it as the stage grows, and clients
+cannot pick their arm. Live evidence is counted in distinct sessions, not signals: each session contributes
+the mean of its interactions' latest rewards, and no tenant supplies more than ``max_tenant_share`` of the
+sessions counted, so one client cannot promote or roll back a candidate by itself. Live rewards roll a
+candidate back when it regresses significantly; every decision goes to ``on_decision`` with its evidence.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,17 +31,21 @@ class RouterConfig:
     stages: tuple[float, ...] = (0.01, 0.05, 0.2, 1.0)
     """Share of (non-holdout) sessions on the candidate at each canary stage; the last must be 1.0."""
     min_samples: int = 100
-    """Feedback rewards the candidate must collect in a stage before it advances."""
+    """Distinct sessions with feedback the candidate must collect in a stage before it advances."""
     holdout: float = 0.05
     """Share of sessions that stays on the previous policy (Cursor-style 5-10% holdout); 0 disables it."""
     rollback_min_samples: int = 30
-    """Candidate rewards needed before the live rollback test runs."""
+    """Distinct candidate sessions with feedback needed before the live rollback test runs."""
     rollback_confidence: float = 0.95
     """Confidence of the bootstrap interval of (candidate - stable) live reward."""
     rollback_margin: float = 0.0
     """Roll back when the interval's upper end is below -rollback_margin."""
-    salt: str = "taskrl"
-    """Hash salt of session assignment; change it to reshuffle which sessions are canaries."""
+    salt: str | None = None
+    """Secret hash salt of session assignment; None draws a random one per router (arms then reshuffle on a
+    restart: set it, e.g. ``TASKRL_ROUTER_SALT``, to keep sessions sticky across restarts)."""
+    max_tenant_share: float = 0.5
+    """Most of the counted sessions one tenant may supply (stage advance and rollback evidence); 1 disables it.
+    ``create_app`` uses 1 when only one tenant can exist (no or one API key tenant)."""
 
     def __post_init__(self) -> None:
         if not self.stages or any(not 0 < s <= 1 for s in self.stages) or list(self.stages) != sorted(self.stages):
@@ -51,10 +60,54 @@ class RouterConfig:
             raise ValueError(f"RouterConfig.rollback_min_samples must be >= 2, got {self.rollback_min_samples}")
         if not 0.5 < self.rollback_confidence < 1:
             raise ValueError(f"RouterConfig.rollback_confidence must be in (0.5, 1), got {self.rollback_confidence}")
+        if not 0 < self.max_tenant_share <= 1:
+            raise ValueError(f"RouterConfig.max_tenant_share must be in (0, 1], got {self.max_tenant_share}")
+        if self.salt is not None and not self.salt:
+            raise ValueError("RouterConfig.salt must not be empty (None draws a random secret)")
 
 
 class RouterError(ValueError):
     """A routing operation that does not apply (unknown version, a canary already running)."""
+
+
+class LiveEvidence:
+    """Latest reward per (session, signal key) of one version, grouped by tenant."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, dict[str, float]] = {}
+        self.tenant_of: dict[str, str] = {}
+
+    def add(self, session: str, tenant: str, key: str, reward: float) -> None:
+        self.sessions.setdefault(session, {})[key] = reward  # a repeated signal replaces the earlier one
+        self.tenant_of.setdefault(session, tenant)
+
+    def sample(self, max_tenant_share: float, only: set[str] | None = None) -> list[float]:
+        """One value (mean reward) per counted session, no tenant above ``max_tenant_share`` of them."""
+        by_tenant: dict[str, list[str]] = {}
+        anonymous = []  # observations without a tenant (unit tests, replays) are not capped
+        for session in self.sessions:
+            if only is None or session in only:
+                tenant = self.tenant_of[session]
+                if tenant:
+                    by_tenant.setdefault(tenant, []).append(session)
+                else:
+                    anonymous.append(session)
+        n = _balanced_size([len(v) for v in by_tenant.values()], max_tenant_share)
+        cap = n if max_tenant_share >= 1 else math.floor(max_tenant_share * n)
+        counted = [s for sessions in by_tenant.values() for s in sessions[:cap]][:n] + anonymous
+        return [sum(self.sessions[s].values()) / len(self.sessions[s]) for s in counted]
+
+
+def _balanced_size(counts: list[int], share: float) -> int:
+    """Largest N with sum(min(count, floor(share * N))) >= N: sessions countable under the tenant cap."""
+    total = sum(counts)
+    if share >= 1:
+        return total
+    for n in range(total, 0, -1):
+        cap = math.floor(share * n)
+        if sum(min(c, cap) for c in counts) >= n:
+            return n
+    return 0
 
 
 def session_unit(session_id: str, salt: str) -> float:
@@ -82,9 +135,12 @@ class Router:
         self.shadow: int | None = None
         self.stage = 0
         self.stage_samples = 0
-        self.live: dict[int, list[float]] = {}
+        self.stage_sessions: set[str] = set()
+        self.live: dict[int, LiveEvidence] = {}
         self.decisions: list[Decision] = []
         self.on_decision = on_decision
+        self._salt = self.config.salt if self.config.salt is not None else secrets.token_hex(16)
+        self._anonymous = 0
 
     # -- versions --------------------------------------------------------------------------------
     def add_version(self, policy: Policy) -> int:
@@ -107,6 +163,7 @@ class Router:
         if version == self.stable:
             raise RouterError(f"version {version} is already stable")
         self.candidate, self.stage, self.stage_samples = version, 0, 0
+        self.stage_sessions = set()
         self.live = {}
         self._decide("start_canary", self.stable, version, {"share": self.config.stages[0]})
 
@@ -125,7 +182,7 @@ class Router:
     # -- routing ---------------------------------------------------------------------------------
     def route(self, session_id: str) -> tuple[int, str]:
         """(version, arm) for a session; arm is stable, canary or holdout."""
-        unit = session_unit(session_id, self.config.salt)
+        unit = session_unit(session_id, self._salt)
         if unit < self.config.holdout:
             return self.previous, "holdout"
         if self.candidate is not None:
@@ -138,34 +195,56 @@ class Router:
         return self.versions[version]
 
     # -- live metric, stages, rollback -------------------------------------------------------------
-    def observe(self, version: int, reward: float) -> Decision | None:
-        """Record a live reward for ``version``; may advance the canary, promote it, or roll it back."""
-        self.live.setdefault(version, []).append(float(reward))
+    def observe(
+        self,
+        version: int,
+        reward: float,
+        *,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        key: str | None = None,
+    ) -> Decision | None:
+        """Record a live reward for ``version``; may advance the canary, promote it, or roll it back.
+
+        ``key`` names the signal (interaction and kind): the same key again replaces the earlier reward.
+        Without ``session_id`` the reward counts as its own session of its own tenant (unit tests, replays).
+        """
+        if session_id is None:
+            self._anonymous += 1
+            session_id, tenant = f"anonymous-{self._anonymous}", None
+        evidence = self.live.setdefault(version, LiveEvidence())
+        evidence.add(session_id, tenant or "", key or f"signal-{len(evidence.sessions.get(session_id, {}))}", reward)
         if self.candidate is None or version != self.candidate:
             return None
-        self.stage_samples += 1
+        self.stage_sessions.add(session_id)
+        self.stage_samples = len(evidence.sample(self.config.max_tenant_share, only=self.stage_sessions))
         decision = self._maybe_rollback()
         if decision is not None or self.stage_samples < self.config.min_samples:
             return decision
-        evidence = {"stage": self.stage, "samples": self.stage_samples, **self._live_summary()}
+        evidence_out = {"stage": self.stage, "samples": self.stage_samples, **self._live_summary()}
         if self.stage + 1 < len(self.config.stages):
             self.stage += 1
             self.stage_samples = 0
-            evidence["share"] = self.config.stages[self.stage]
-            return self._decide("advance", self.stable, self.candidate, evidence)
-        return self._promote(self.candidate, evidence)
+            self.stage_sessions = set()
+            evidence_out["share"] = self.config.stages[self.stage]
+            return self._decide("advance", self.stable, self.candidate, evidence_out)
+        return self._promote(self.candidate, evidence_out)
+
+    def _sample(self, version: int | None) -> list[float]:
+        live = self.live.get(version) if version is not None else None
+        return live.sample(self.config.max_tenant_share) if live is not None else []
 
     def _live_summary(self) -> dict:
         out = {}
         for name, version in (("stable", self.stable), ("candidate", self.candidate)):
-            values = self.live.get(version, []) if version is not None else []
+            values = self._sample(version)
             out[f"{name}_n"] = len(values)
             out[f"{name}_mean"] = sum(values) / len(values) if values else None
         return out
 
     def _maybe_rollback(self) -> Decision | None:
-        candidate = self.live.get(self.candidate, [])  # type: ignore[arg-type]
-        stable = self.live.get(self.stable, [])
+        candidate = self._sample(self.candidate)
+        stable = self._sample(self.stable)
         if len(candidate) < self.config.rollback_min_samples or len(stable) < 2:
             return None
         diff, lower, upper = bootstrap_diff_ci(

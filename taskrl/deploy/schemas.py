@@ -1,6 +1,7 @@
 """The request schema of ``/v1/chat/completions``: the subset of OpenAI's that taskrl honours (pydantic).
 
-Unknown fields are ignored; ``ChatMessageIn.to_message`` turns a wire message into a ``Message`` and
+Unknown fields are ignored; known ones taskrl cannot honour are refused by ``check_supported`` (400 naming
+the field); ``ChatMessageIn.to_message`` turns a wire message into a ``Message`` and
 ``ChatCompletionRequest.sampling`` into ``SamplingParams``. Shared by the server and the store's dataset reader.
 """
 
@@ -11,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from taskrl.deploy.errors import invalid_param
 from taskrl.policies.base import SamplingParams
 from taskrl.types import Message, ToolCall
 
@@ -75,34 +77,119 @@ class ToolDef(BaseModel):
     function: FunctionDef
 
 
+MIN_SAMPLING_TEMPERATURE = 1e-2
+"""Temperatures in (0, this) are served greedy: logits / 1e-40 overflows to inf and samples NaN logprobs."""
+MAX_SEED = 2**64 - 1
+"""Seeds are 64-bit: [-2**63, 2**64 - 1] is accepted and folded into [0, 2**63) for the engine."""
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
+
+
 class ChatCompletionRequest(BaseModel):
-    model: str
+    """``/v1/chat/completions``'s body; every numeric field is range-checked (a violation is a 400 naming it)."""
+
+    model_config = {"allow_inf_nan": False}
+
+    model: str = Field(max_length=256)
     messages: list[ChatMessageIn] = Field(min_length=1)
     tools: list[ToolDef] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
+    temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)  # vLLM extension; -1 and 0 both disable it
-    seed: int | None = None
+    top_k: int = Field(default=0, ge=-1, le=1 << 31)  # vLLM extension; -1 and 0 both disable it
+    seed: int | None = Field(default=None, ge=-(2**63), le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)  # one choice per request; ask again for more samples
     stream: bool = False
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)  # vLLM extension
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    functions: list[Any] | None = None  # OpenAI's legacy tool interface: refused, pointing at ``tools``
+    function_call: Any = None
     return_token_ids: bool = False  # vLLM extension: token_ids per choice, prompt_token_ids on top
     stream_options: dict[str, Any] | None = None
     user: str | None = Field(default=None, max_length=256)  # session id when no X-Session-Id header is sent
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop strings must be 1-256 characters")
+        return value
+
+    def check_supported(self, *, token_mode: bool) -> None:
+        """Refuse (400 naming the field) what taskrl cannot honour instead of silently ignoring it."""
+        if self.functions is not None or self.function_call is not None:
+            name = "functions" if self.functions is not None else "function_call"
+            raise invalid_param(name, "the legacy function-calling interface is not supported; use tools")
+        if self.top_logprobs:
+            raise invalid_param("top_logprobs", "top_logprobs > 0 is not supported; set logprobs=true for the "
+                                "sampled tokens' logprobs", "unsupported_parameter")  # fmt: skip
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise invalid_param(name, "penalties are not supported (the sampler would no longer match the "
+                                    "stored logprobs); omit it or send 0", "unsupported_parameter")  # fmt: skip
+        if self.repetition_penalty not in (None, 1.0):
+            raise invalid_param("repetition_penalty", "not supported; omit it or send 1", "unsupported_parameter")
+        if self.logit_bias:
+            raise invalid_param("logit_bias", "logit_bias is not supported; omit it", "unsupported_parameter")
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            message = f"type {kind!r} needs constrained decoding, which taskrl's engine lacks; only 'text' is served"
+            raise invalid_param("response_format", message, "unsupported_parameter")
+        choice = self.tool_choice
+        forcing = choice == "required" or isinstance(choice, dict)
+        if isinstance(choice, dict):
+            function = choice.get("function") if choice.get("type") == "function" else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(name, str) or not name:
+                raise invalid_param("tool_choice", "expected {'type': 'function', 'function': {'name': ...}}")
+            if name not in {t.function.name for t in self.tools or []}:
+                raise invalid_param("tool_choice", f"function {name!r} is not among the request's tools")
+        if forcing and not self.tools:
+            raise invalid_param("tool_choice", "forcing a tool call needs tools")
+        if (forcing or self.parallel_tool_calls is False) and not token_mode:
+            param = "tool_choice" if forcing else "parallel_tool_calls"
+            raise invalid_param(param, "this model's backend cannot constrain tool calls", "unsupported_parameter")
+
+    def forced_function(self) -> str | None:
+        """The function name ``tool_choice`` forces, or None."""
+        if isinstance(self.tool_choice, dict):
+            return str(self.tool_choice["function"]["name"])
+        return None
+
+    def sampling(self, default_max_tokens: int, extra_stop: list[str] | None = None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        greedy = self.temperature < MIN_SAMPLING_TEMPERATURE
         return SamplingParams(
-            max_new_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
-            temperature=self.temperature,
+            max_new_tokens=self.requested_max_tokens or default_max_tokens,
+            temperature=0.0 if greedy else self.temperature,
             top_p=self.top_p,
             top_k=max(self.top_k, 0),
-            seed=self.seed,
-            stop=stop,
+            seed=None if self.seed is None else self.seed % 2**63,
+            stop=stop + [s for s in extra_stop or [] if s not in stop],
         )
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def client_stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
     def tool_schemas(self) -> list[dict[str, Any]]:
+        if self.tool_choice == "none":  # the model is not offered the tools, so it cannot call them
+            return []
         return [t.model_dump(exclude_none=True) for t in self.tools or []]

@@ -15,6 +15,7 @@ CONTENT_PIECE_CHARS = 16
 
 
 def _chunk(body: dict[str, Any], delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
+    """One SSE event; ``allow_nan=False``: a non-finite number fails here, before anything is logged or sent."""
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     chunk = {
         "id": body["id"],
@@ -24,11 +25,22 @@ def _chunk(body: dict[str, Any], delta: dict[str, Any], finish_reason: str | Non
         "choices": [choice],
         **extra,
     }
-    return f"data: {json.dumps(chunk)}\n\n"
+    return f"data: {json.dumps(chunk, allow_nan=False)}\n\n"
 
 
 async def sse_events(body: dict[str, Any], *, include_usage: bool = False) -> AsyncIterator[str]:
     """The chunks of a ``chat.completion`` body, ending with ``data: [DONE]``."""
+    for chunk in sse_chunks(body, include_usage=include_usage):
+        yield chunk
+
+
+def sse_chunks(body: dict[str, Any], *, include_usage: bool = False) -> list[str]:
+    """Every SSE event of a ``chat.completion`` body, rendered up front (the server renders before it logs)."""
+    out = list(_events(body, include_usage))
+    return out
+
+
+def _events(body: dict[str, Any], include_usage: bool) -> Any:
     choice = body["choices"][0]
     message = choice["message"]
     yield _chunk(body, {"role": "assistant", "content": ""})
@@ -50,5 +62,5 @@ async def sse_events(body: dict[str, Any], *, include_usage: bool = False) -> As
             "choices": [],
             "usage": body["usage"],
         }
-        yield f"data: {json.dumps(usage_chunk)}\n\n"
+        yield f"data: {json.dumps(usage_chunk, allow_nan=False)}\n\n"
     yield "data: [DONE]\n\n"

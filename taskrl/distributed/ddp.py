@@ -320,9 +320,9 @@ def train_rank(config: TrainConfig) -> RankResult:
     trainer = Trainer(rank_config, console=None if group.is_main else Console(quiet=True))
     try:
         rows = trainer.train()
-        state = trainer.learner.trainable_state()
-        group.check_in_sync(state, "end of the run")
-        return RankResult(group.rank, rows, weights_digest(state))
+        group.check_in_sync(trainer.learner.replicated_state(), "end of the run")
+        # The digest of the whole weights (gathered one tensor at a time from a sharded learner).
+        return RankResult(group.rank, rows, weights_digest(dict(trainer.learner.gathered_state())))
     finally:
         trainer.close()
 

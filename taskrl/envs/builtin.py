@@ -1,9 +1,10 @@
 """Small built-in envs: ``shop`` (a two-tool task with a verifiable answer), ``price`` and ``noop``.
 
 ``shop`` asks for the total price of an order; the model must look prices up and may use a calculator.
-The reward is 1 when the last number of the final answer equals the total. ``price`` is the smallest
-tool-use task (one lookup, then "quantity x price = total"; the ``make demo`` training env). ``noop``
-exists to measure the agent loop itself: its only tool does nothing.
+The reward is 1 when the last number of the final answer equals the total (``lookup_credit`` adds partial
+credit below 1 for looking up the order's items). ``price`` is the smallest tool-use task (one lookup, then
+"quantity x price = total"). The held-out splits (test, val) of both draw only (item, quantity) pairs that no
+training task uses. ``noop`` exists to measure the agent loop itself: its only tool does nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ PRICES = {
 }  # fmt: skip
 
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_LOOKUP_RE = re.compile(r"^[a-z]+: \$\d+$")  # a successful lookup_price reply
 _OPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos,
@@ -64,12 +66,47 @@ def last_number(text: str | None) -> float | None:
     return float(found[-1]) if found else None
 
 
-def make_shop_tasks(n: int, seed: int) -> list[Task]:
+HELD_OUT_SPLITS = ("test", "val")
+"""Splits drawn from the held-out (item, quantity) pairs; every other split draws from the training pairs."""
+
+
+def held_out_pair(item: str, quantity: int) -> bool:
+    """Whether an (item, quantity) pair belongs to the held-out splits: a quarter of the pairs (with quantities
+    up to 4 or more every item is in both splits, with different quantities).
+
+    Train and held-out tasks of ``shop`` and ``price`` never share an (item, quantity) combination, so a
+    held-out success cannot be a memorised training answer.
+    """
+    return (sorted(PRICES).index(item) + quantity) % 4 == 0
+
+
+def _quantities(split: str, max_quantity: int) -> dict[str, list[int]]:
+    """Each item's allowed quantities (1..max_quantity) in ``split``; items with none are left out."""
+    held_out = split in HELD_OUT_SPLITS
+    allowed = {
+        item: [q for q in range(1, max_quantity + 1) if held_out_pair(item, q) == held_out] for item in sorted(PRICES)
+    }
+    return {item: qs for item, qs in allowed.items() if qs}
+
+
+def _split_seed(split: str) -> int:
+    return {"train": 0, "test": 1}.get(split, 2)
+
+
+def make_shop_tasks(
+    n: int, seed: int, *, split: str = "train", min_items: int = 1, max_items: int = 3, max_quantity: int = 5
+) -> list[Task]:
+    """``n`` orders of ``min_items``..``max_items`` distinct items, from ``split``'s (item, quantity) pairs."""
+    if not 1 <= min_items <= max_items <= len(PRICES) or max_quantity < 1:
+        raise ValueError(f"need 1 <= min_items <= max_items <= {len(PRICES)} and max_quantity >= 1")
+    allowed = _quantities(split, max_quantity)
+    if len(allowed) < max_items:
+        raise ValueError(f"split '{split}' has only {len(allowed)} items with quantities <= {max_quantity}")
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
-        items = rng.sample(sorted(PRICES), rng.randint(1, 3))
-        qty = {item: rng.randint(1, 5) for item in items}
+        items = rng.sample(sorted(allowed), rng.randint(min_items, max_items))
+        qty = {item: rng.choice(allowed[item]) for item in items}
         order = ", ".join(f"{q} x {item}" for item, q in qty.items())
         total = sum(PRICES[item] * q for item, q in qty.items())
         prompt = f"An order has {order}. How much does it cost in total?"
@@ -86,12 +123,22 @@ class ShopEnv(ToolEnv):
         "When you know the total, reply with the number only, without a tool call."
     )
 
-    def __init__(self, num_tasks: int = 64) -> None:
+    def __init__(self, num_tasks: int = 64, min_items: int = 1, max_items: int = 3, lookup_credit: float = 0.0) -> None:
+        """``min_items``/``max_items`` bound the distinct items per order; ``lookup_credit`` (0 = off) is the
+        partial credit of a wrong answer: that weight times the F1 of the distinct items looked up against
+        the order's items, so looking up every item in the shop earns less than looking up the right ones."""
         super().__init__()
+        if not 0 <= lookup_credit < 1:
+            raise ValueError(f"ShopEnv.lookup_credit must be in [0, 1) (below a correct answer), got {lookup_credit}")
+        make_shop_tasks(1, 0, min_items=min_items, max_items=max_items)  # bad bounds fail here, naming them
         self.num_tasks = num_tasks
+        self.min_items = min_items
+        self.max_items = max_items
+        self.lookup_credit = lookup_credit
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        return make_shop_tasks(self.num_tasks, seed={"train": 0, "test": 1}.get(split, 2))
+        bounds = {"min_items": self.min_items, "max_items": self.max_items}
+        return make_shop_tasks(self.num_tasks, seed=_split_seed(split), split=split, **bounds)
 
     @tool
     def lookup_price(self, item: str) -> str:
@@ -128,14 +175,33 @@ class ShopEnv(ToolEnv):
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         assert self.task is not None, "reward() before reset()"
         answer = last_number(trajectory.final_answer)
-        return {"correct": float(answer is not None and answer == float(self.task.answer))}
+        correct = float(answer is not None and answer == float(self.task.answer))
+        if not self.lookup_credit:
+            return {"correct": correct}
+        return {
+            "correct": correct,
+            "lookup_credit": 0.0 if correct else self.lookup_credit * self._lookup_f1(trajectory),
+        }
+
+    def _lookup_f1(self, trajectory: Trajectory) -> float:
+        """F1 of the distinct items whose price lookup succeeded (the tool's own replies) against the order's."""
+        assert self.task is not None
+        wanted = set(self.task.info["order"])
+        looked = {
+            m.content.split(":", 1)[0] for m in trajectory.messages if m.role == "tool" and _LOOKUP_RE.match(m.content)
+        }
+        hits = len(looked & wanted)
+        return 0.0 if not hits else 2 * hits / (len(looked) + len(wanted))
 
 
-def make_price_tasks(n: int, seed: int) -> list[Task]:
+def make_price_tasks(n: int, seed: int, *, split: str = "train", max_quantity: int = 3) -> list[Task]:
+    """``n`` single lookups from ``split``'s (item, quantity) pairs (see ``held_out_pair``)."""
+    allowed = _quantities(split, max_quantity)
+    pairs = [(item, q) for item in sorted(allowed) for q in allowed[item]]
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
-        item, qty = rng.choice(sorted(PRICES)), rng.randint(1, 3)
+        item, qty = rng.choice(pairs)
         prompt = f"What is the price of {qty} x {item}?"
         info = {"item": item, "quantity": qty}
         tasks.append(Task(id=f"price-{seed}-{i}", prompt=prompt, answer=qty * PRICES[item], info=info))
@@ -153,7 +219,7 @@ class PriceEnv(ToolEnv):
         self.num_tasks = num_tasks
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        return make_price_tasks(self.num_tasks, seed={"train": 0, "test": 1}.get(split, 2))
+        return make_price_tasks(self.num_tasks, seed=_split_seed(split), split=split)
 
     @tool
     def lookup_price(self, item: str) -> str:

@@ -8,6 +8,8 @@ messages and tool schemas, and keeps whatever token ids the backend reports). Bo
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -19,6 +21,45 @@ if TYPE_CHECKING:
 
 class PolicyError(RuntimeError):
     """A policy could not produce a completion (model missing, server unreachable, bad response)."""
+
+
+class InvalidRequestError(PolicyError, ValueError):
+    """A generate request that cannot be served as asked (sampling parameters, seed, prompt, context room).
+
+    Raised before the request joins a batch, so nothing ran and no neighbour is affected; a server answers it
+    with HTTP 400. It is a ``PolicyError`` (callers that catch those keep working) and a ``ValueError``.
+    """
+
+
+SEED_RANGE = (-(2**63), 2**64)
+"""Seeds must fit 64 bits: ``low <= seed < high``, exactly what ``torch.Generator.manual_seed`` accepts."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def validate_sampling(sampling: SamplingParams) -> None:
+    """Raise ``InvalidRequestError`` naming the field if ``sampling`` cannot be served (checked again at submit:
+    the dataclass is mutable, and a server builds it from hostile request fields)."""
+    where = "SamplingParams"
+    if not _is_int(sampling.max_new_tokens) or sampling.max_new_tokens < 1:
+        raise InvalidRequestError(f"{where}.max_new_tokens must be an integer >= 1, got {sampling.max_new_tokens!r}")
+    if not _is_real(sampling.temperature) or not math.isfinite(sampling.temperature) or sampling.temperature < 0:
+        raise InvalidRequestError(f"{where}.temperature must be a finite number >= 0, got {sampling.temperature!r}")
+    if not _is_real(sampling.top_p) or not 0 < sampling.top_p <= 1:  # NaN fails the comparison too
+        raise InvalidRequestError(f"{where}.top_p must be in (0, 1], got {sampling.top_p!r}")
+    if not _is_int(sampling.top_k) or sampling.top_k < 0:
+        raise InvalidRequestError(f"{where}.top_k must be an integer >= 0, got {sampling.top_k!r}")
+    low, high = SEED_RANGE
+    if sampling.seed is not None and (not _is_int(sampling.seed) or not low <= sampling.seed < high):
+        raise InvalidRequestError(f"{where}.seed must be None or an integer in [-2**63, 2**64), got {sampling.seed!r}")
+    if not isinstance(sampling.stop, list | tuple) or not all(isinstance(s, str) for s in sampling.stop):
+        raise InvalidRequestError(f"{where}.stop must be a list of strings, got {sampling.stop!r}")
 
 
 @dataclass
@@ -39,14 +80,7 @@ class SamplingParams:
     """Extra stop strings, on top of the model's end-of-turn token."""
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+        validate_sampling(self)  # InvalidRequestError is a ValueError
 
 
 @dataclass

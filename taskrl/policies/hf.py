@@ -1,10 +1,13 @@
 """HFPolicy: an in-process transformers model that samples token-exactly, batched across episodes.
 
-Concurrent ``generate`` calls from many asyncio episodes are gathered for a couple of milliseconds (or
-until ``max_batch_size``) and decoded together in one left-padded, KV-cached batch on a worker thread,
-so the event loop stays free. Sampling is our own loop, not ``model.generate``: each request has its own
-seeded ``torch.Generator``, and the logprobs are those of the temperature-scaled distribution before
-top-p/top-k truncation, matching ``logprobs_of`` (a full forward pass) to float precision.
+Two decode engines run on one worker thread, so the event loop stays free. ``engine="continuous"`` (the
+default, ``taskrl.policies.engine``): requests join the running batch at the next decode step, finished or
+cancelled rows leave at once, and prompts that extend cached KV (the episode's previous turn, a GRPO group's
+shared prompt) prefill only their new tokens. ``engine="static"`` (``taskrl.policies.static``): requests are
+gathered for a moment and decoded together, each prompt prefilled from scratch. Sampling is our own loop,
+not ``model.generate``: each request has its own seeded ``torch.Generator``, and the logprobs are those of
+the temperature-scaled distribution before top-p/top-k truncation, matching ``logprobs_of`` (a full forward
+pass) to float precision, whichever engine, batch or cache produced them.
 
     policy = HFPolicy.from_pretrained("smollm2")
     completion = await policy.generate(token_ids=ids, sampling=SamplingParams(temperature=0.7, seed=1))
@@ -13,90 +16,42 @@ top-p/top-k truncation, matching ``logprobs_of`` (a full forward pass) to float 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
+import numbers
 import secrets
 import threading
-import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from taskrl.chat import ChatFormat
-from taskrl.policies.base import Completion, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, InvalidRequestError, PolicyError, SamplingParams, validate_sampling
+from taskrl.policies.engine import ContinuousEngine
 from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_smollm2, resolve_device
+from taskrl.policies.sampling import Request, sample_row
+from taskrl.policies.static import StaticBatcher
 from taskrl.types import Message
 
 T = TypeVar("T")
 
-# Stop strings are looked for in the decoded tail of a row rather than its whole text, so checking is
-# O(1) per token. A character costs at most 4 byte-level tokens, hence the factor.
-_STOP_TAIL_TOKENS_PER_CHAR = 4
+ENGINES = ("continuous", "static")
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+"""The prefix cache's default bound (1 GiB: ~23k SmolLM2-135M tokens in float32)."""
 
-
-@dataclass
-class _Request:
-    """One pending ``generate`` call, as the decode thread sees it."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    seed: int
-    future: asyncio.Future[Completion]
-    max_new_tokens: int
-    generator: torch.Generator | None = None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop: str | None = None
-
-
-class _Batcher:
-    """Collects requests made on one event loop and feeds them, a batch at a time, to the decode thread."""
-
-    def __init__(self, policy: HFPolicy, loop: asyncio.AbstractEventLoop) -> None:
-        self.policy = policy
-        self.loop = loop
-        self.pending: list[_Request] = []
-        self.full = asyncio.Event()
-        self.worker: asyncio.Task[None] | None = None
-
-    def submit(self, request: _Request) -> None:
-        self.pending.append(request)
-        if len(self.pending) >= self.policy.max_batch_size:
-            self.full.set()
-        if self.worker is None or self.worker.done():
-            self.worker = self.loop.create_task(self._run())
-
-    async def _run(self) -> None:
-        policy = self.policy
-        while self.pending:
-            if len(self.pending) < policy.max_batch_size:
-                # The short wait lets episodes that resume in the same loop tick join this batch.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.full.wait(), timeout=policy.batch_wait_s)
-            self.full.clear()
-            batch = [r for r in self.pending[: policy.max_batch_size] if not r.future.done()]
-            del self.pending[: policy.max_batch_size]
-            if not batch:
-                continue
-            try:
-                completions = await self.loop.run_in_executor(policy._executor, policy._decode_batch, batch)
-            except Exception as exc:  # every caller in the batch must hear about it
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-                continue
-            for request, completion in zip(batch, completions, strict=True):
-                if not request.future.done():  # the caller may have been cancelled meanwhile
-                    request.future.set_result(completion)
+__all__ = ["ENGINES", "HFPolicy", "sample_row"]
 
 
 class HFPolicy:
-    """A transformers causal LM as a token-mode ``Policy``; trainers update ``model`` in place and bump ``version``."""
+    """A transformers causal LM as a token-mode ``Policy``; trainers update ``model`` in place and bump ``version``.
+
+    Any weight change invalidates the engine's KV (prefix cache and rows in flight): bumping ``version`` (or
+    ``set_version``), ``invalidate_kv_cache()``, and any in-place change of a parameter (detected by torch's
+    version counters) all do; in-flight requests then restart from scratch under the new weights.
+    """
 
     def __init__(
         self,
@@ -108,20 +63,38 @@ class HFPolicy:
         chat_format: ChatFormat | None = None,
         max_batch_size: int = 32,
         batch_wait_s: float = 0.002,
+        engine: str = "continuous",
+        prefill_chunk_tokens: int = 128,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
-        """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present."""
+        """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
+
+        ``engine``: "continuous" (default) or "static" (see the module docstring). ``batch_wait_s`` is the
+        static engine's gathering window. ``prefill_chunk_tokens`` bounds the (padded) prompt tokens the
+        continuous engine prefills per step while rows decode (4x that when none does), so running rows keep
+        decoding while a long prompt is read;
+        ``prefix_cache_bytes`` bounds its KV cache (0 disables reuse).
+        """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self.device = next(model.parameters()).device if device is None else resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.chat_format = chat_format if chat_format is not None else ChatFormat(tokenizer)
         self.name = name or str(getattr(model.config, "_name_or_path", "") or "hf")
-        self.version = 0
+        self._version = 0
+        self._kv_epoch = 0
+        self.engine = engine
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -134,7 +107,15 @@ class HFPolicy:
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="taskrl-hf", initializer=self._mark_decode_thread
         )
-        self._batchers: dict[int, _Batcher] = {}  # by id(loop): each event loop gets its own batcher
+        self._closed = False
+        self._batchers: dict[int, StaticBatcher] = {}  # static engine: one batcher per event loop (by id)
+        self._static_stats: Counter[str] = Counter()
+        self._engine = ContinuousEngine(
+            self,
+            max_batch_size=max_batch_size,
+            prefill_chunk_tokens=prefill_chunk_tokens,
+            prefix_cache_bytes=prefix_cache_bytes,
+        )
 
     @classmethod
     def from_pretrained(
@@ -161,17 +142,58 @@ class HFPolicy:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         return cls(model, tokenizer, name=kwargs.pop("name", path.name), device=resolved, **kwargs)
 
-    def close(self) -> None:
-        """Stop the decode thread; pending work finishes first."""
+    def close(self, timeout_s: float = 600.0) -> None:
+        """Stop the decode thread; requests already submitted finish first (up to ``timeout_s``)."""
+        self._closed = True
+        if threading.get_ident() != self._decode_thread:
+            self._engine.wait_idle(timeout_s)
         self._executor.shutdown(wait=True)
 
-    def run_exclusive(self, work: Callable[[], T]) -> T:
-        """Run ``work`` on the decode thread between two decode batches and return its result (blocking).
+    # -- weights and versions --------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The policy version stamped on every Completion; setting a new value invalidates cached KV."""
+        return self._version
 
-        For anything that touches the model while it may be sampling: a weight sync (no batch then mixes old and
-        new weights; batches read ``version`` when they start) and the learner's update of a shared model. It also
-        keeps all torch work of a training process on one OS thread: each thread that calls torch gets its own
-        OpenMP thread team, and two teams on few cores make decoding ~50% slower (benchmarks/RESULTS.md).
+    @version.setter
+    def version(self, value: int) -> None:
+        value = int(value)
+        if value != self._version:
+            self._version = value
+            self.invalidate_kv_cache()
+
+    def set_version(self, version: int) -> None:
+        """Sample as ``version`` from now on (what a weight sync calls after changing the weights)."""
+        self.version = version
+
+    def invalidate_kv_cache(self) -> None:
+        """Forget all reusable KV and restart in-flight rows at the next step: call after changing the weights
+        in a way that leaves parameters in place (e.g. switching a peft adapter); a version bump calls it."""
+        self._kv_epoch += 1
+
+    def _weights_key(self) -> Any:
+        """Changes whenever the weights may have: epoch (version bumps), model object, each parameter's version
+        counter (bumped by every in-place update: optimizer steps, ``copy_``, ``load_state_dict``)."""
+        try:
+            counters = tuple((id(p), p._version) for p in self.model.parameters())
+        except RuntimeError:  # inference tensors keep no version counter: rely on the epoch and identities
+            counters = tuple(id(p) for p in self.model.parameters())
+        return self._kv_epoch, id(self.model), counters
+
+    def engine_stats(self) -> dict[str, Any]:
+        """Counters of the engine in use: prefill/decode tokens computed, cached tokens, restarts, occupancy."""
+        if self.engine == "static":
+            return dict(self._static_stats)
+        return self._engine.snapshot()
+
+    def run_exclusive(self, work: Callable[[], T]) -> T:
+        """Run ``work`` on the decode thread between two decode steps and return its result (blocking).
+
+        For anything that touches the model while it may be sampling: a weight sync (a changed weight restarts
+        the rows in flight, so no sample mixes old and new weights; rows read ``version`` when they start) and
+        the learner's update of a shared model. It also keeps all torch work of a training process on one OS
+        thread: each thread that calls torch gets its own OpenMP thread team, and two teams on few cores make
+        decoding ~50% slower (benchmarks/RESULTS.md).
         """
         if threading.get_ident() == self._decode_thread:  # already on it: waiting for ourselves would deadlock
             return work()
@@ -192,43 +214,74 @@ class HFPolicy:
         """Sample one turn from ``token_ids``, or from ``messages``+``tools`` rendered by ``chat_format``.
 
         ``token_ids`` win when both are given: the agent loop sends both so that any policy can serve it,
-        and the exact tokens are what training needs.
+        and the exact tokens are what training needs. A request that cannot be served raises
+        ``InvalidRequestError`` before it joins a batch; cancelling the awaiting task removes the request from
+        the running batch at the next step.
         """
+        if self._closed:
+            raise PolicyError("HFPolicy is closed")
         if token_ids is None:
             if messages is None:
                 raise PolicyError("HFPolicy.generate needs token_ids or messages")
             token_ids = self.chat_format.prompt_ids(messages, tools)
-        prompt = [int(t) for t in token_ids]
+        prompt = self._check_prompt(token_ids)
+        validate_sampling(sampling)
         loop = asyncio.get_running_loop()
-        request = _Request(
+        request = Request(
             prompt_ids=prompt,
             sampling=sampling,
             # An unseeded request still gets a recorded seed, so any sample can be replayed.
             seed=sampling.seed if sampling.seed is not None else secrets.randbits(63),
-            future=loop.create_future(),
             max_new_tokens=self._room_for(prompt, sampling),
+            future=loop.create_future(),
+            loop=loop,
         )
+        if self.engine == "static":
+            self._static_batcher(loop).submit(request)
+            return await request.future
+
+        def on_done(future: asyncio.Future[Completion]) -> None:
+            if future.cancelled():
+                request.cancelled = True  # read by the engine at its next step
+
+        request.future.add_done_callback(on_done)
+        self._engine.submit(request)
+        return await request.future
+
+    def _static_batcher(self, loop: asyncio.AbstractEventLoop) -> StaticBatcher:
         batcher = self._batchers.get(id(loop))
         if batcher is None or batcher.loop is not loop:
             # Forget batchers of closed loops (each pytest test, each asyncio.run, has its own loop).
             for key in [k for k, b in self._batchers.items() if b.loop.is_closed()]:
                 del self._batchers[key]
-            batcher = self._batchers[id(loop)] = _Batcher(self, loop)
-        batcher.submit(request)
-        return await request.future
+            batcher = self._batchers[id(loop)] = StaticBatcher(self, loop)
+        return batcher
 
-    def _room_for(self, prompt: list[int], sampling: SamplingParams) -> int:
-        """Validate a prompt up front (a bad one must not fail its batch neighbours); return its token budget."""
+    def _check_prompt(self, token_ids: Any) -> list[int]:
+        """The prompt as a list of in-vocabulary ints, or ``InvalidRequestError``."""
+        if isinstance(token_ids, str | bytes) or not hasattr(token_ids, "__iter__"):
+            raise InvalidRequestError(f"token_ids must be a list of integers, got {type(token_ids).__name__}")
+        prompt = list(token_ids)
         if not prompt:
-            raise PolicyError("HFPolicy.generate got an empty prompt; render at least the generation prompt")
+            raise InvalidRequestError("HFPolicy.generate got an empty prompt; render at least the generation prompt")
+        wrong = [t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)]
+        if wrong:
+            raise InvalidRequestError(f"token ids must be integers, got {wrong[:3]!r}")
+        prompt = [int(t) for t in prompt]
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
-            raise PolicyError(f"token ids {bad[:5]} are outside the model's vocabulary (size {self.vocab_size})")
+            raise InvalidRequestError(
+                f"token ids {bad[:5]} are outside the model's vocabulary (size {self.vocab_size})"
+            )
+        return prompt
+
+    def _room_for(self, prompt: list[int], sampling: SamplingParams) -> int:
+        """The request's token budget: ``max_new_tokens`` cut to the context room left after the prompt."""
         if self.max_positions is None:
             return sampling.max_new_tokens
         room = int(self.max_positions) - len(prompt)
         if room < 1:
-            raise PolicyError(
+            raise InvalidRequestError(
                 f"prompt of {len(prompt)} tokens leaves no room in the model's {self.max_positions}-token "
                 "context; prune or summarise the conversation"
             )
@@ -246,151 +299,3 @@ class HFPolicy:
         logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float() / temperature
         picked = logits.gather(-1, ids[0, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         return [0.0, *picked.tolist()]
-
-    # -- decoding (runs on the worker thread) ----------------------------------------------------
-    def _forward(
-        self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any
-    ) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,  # the prompt's other positions are never sampled from
-            **{self._cache_kwarg: cache},
-        )
-        return out.logits[:, -1, :].float()
-
-    @torch.inference_mode()
-    def _decode_batch(self, requests: list[_Request]) -> list[Completion]:
-        from transformers import DynamicCache
-
-        started = time.perf_counter()
-        version = self.version
-        stop_ids = set(self.chat_format.stop_token_ids)
-        device = self.device
-        for r in requests:
-            r.generator = torch.Generator(device=device)
-            r.generator.manual_seed(r.seed)
-
-        # Left padding keeps every row's next token in the last column; position ids count only real
-        # tokens so each row sees the same rotary positions it would see alone.
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, r in enumerate(requests):
-            input_ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attention[row, width - len(r.prompt_ids) :] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, attention, positions, cache)
-        next_position = positions[:, -1] + 1
-
-        active = list(range(len(requests)))  # request index of each row still in the cache
-        while True:
-            rows = [requests[i] for i in active]
-            tokens, logprobs = _sample(logits, rows)
-            keep: list[int] = []
-            for row, (r, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
-                r.token_ids.append(token)
-                r.logprobs.append(logprob)
-                if token in stop_ids or (r.sampling.stop and self._hit_stop_string(r)):
-                    r.finish_reason = "stop"
-                elif len(r.token_ids) >= r.max_new_tokens:
-                    r.finish_reason = "length"
-                else:
-                    keep.append(row)
-            if not keep:
-                break
-            if len(keep) < len(active):
-                # Finished rows leave the batch so they stop costing compute.
-                index = torch.tensor(keep, dtype=torch.long, device=device)
-                cache.batch_select_indices(index)
-                attention, next_position, tokens = attention[index], next_position[index], tokens[index]
-                active = [active[row] for row in keep]
-            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=1)
-            logits = self._forward(tokens[:, None], attention, next_position[:, None], cache)
-            next_position = next_position + 1
-
-        elapsed = time.perf_counter() - started
-        return [
-            Completion(
-                text=self.chat_format.decode(r.token_ids),
-                token_ids=r.token_ids,
-                logprobs=r.logprobs,
-                finish_reason=r.finish_reason or "length",
-                policy_version=version,
-                prompt_token_ids=r.prompt_ids,
-                info={"seed": r.seed, "batch_size": len(requests), "stop": r.stop, "decode_s": elapsed},
-            )
-            for r in requests
-        ]
-
-    def _hit_stop_string(self, request: _Request) -> bool:
-        longest = max(len(s) for s in request.sampling.stop)
-        tail = self.chat_format.decode(request.token_ids[-(longest * _STOP_TAIL_TOKENS_PER_CHAR + 1) :])
-        for stop in request.sampling.stop:
-            if stop and stop in tail:
-                request.stop = stop
-                return True
-        return False
-
-
-def _sample(logits: torch.Tensor, requests: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row with each request's own generator; logprobs before top-p/top-k truncation."""
-    temperatures = torch.tensor(
-        [r.sampling.temperature if r.sampling.temperature > 0 else 1.0 for r in requests],
-        dtype=logits.dtype,
-        device=logits.device,
-    )
-    logp = torch.log_softmax(logits / temperatures[:, None], dim=-1)
-    picks = [
-        logits[row].argmax().view(1) if r.sampling.temperature == 0 else _sample_row(logp[row], r)
-        for row, r in enumerate(requests)
-    ]
-    tokens = torch.cat(picks)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def _sample_row(logp: torch.Tensor, request: _Request) -> torch.Tensor:
-    """Gumbel-max sample over the top-k / nucleus support, drawing one uniform per vocabulary entry.
-
-    Gumbel-max rather than an inverse CDF: the winner only changes when two perturbed scores are within
-    float noise, so a row samples the same token whether it was decoded alone or padded into a batch.
-    The generator draws the same amount every step, so a request's stream never depends on its support.
-    """
-    uniform = torch.rand(logp.shape, generator=request.generator, device=logp.device, dtype=logp.dtype)
-    scores = logp - torch.log(-torch.log(uniform))
-    support = _support(logp, request.sampling)
-    if support is None:
-        return scores.argmax().view(1)
-    return support[scores[support].argmax()].view(1)
-
-
-def _support(logp: torch.Tensor, sampling: SamplingParams) -> torch.Tensor | None:
-    """Token ids kept by top-k then top-p (most likely first), or None when neither truncates.
-
-    A full-vocabulary sort costs milliseconds per token on CPU and a trained model's nucleus is small,
-    so the top-p candidates come from a ``topk`` that grows until it holds the top_p mass.
-    """
-    vocab = logp.numel()
-    top_k = sampling.top_k if 0 < sampling.top_k < vocab else vocab
-    if top_k == vocab and sampling.top_p >= 1.0:
-        return None
-    if top_k < vocab:
-        values, order = torch.topk(logp, top_k)
-        total = values.exp().sum()  # top-p applies to the top-k-renormalised distribution
-    else:
-        size, total = min(vocab, 64), 1.0
-        while True:
-            values, order = torch.topk(logp, size)
-            if size == vocab or float(values.exp().sum()) >= sampling.top_p:
-                break
-            size = min(vocab, size * 4)
-    if sampling.top_p < 1.0:
-        probs = values.exp()
-        # Keep a token while the mass before it is under top_p; the most likely token always stays.
-        kept = int(((probs.cumsum(-1) - probs) < sampling.top_p * total).sum())
-        order = order[: max(1, kept)]
-    return order

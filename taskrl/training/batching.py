@@ -5,7 +5,8 @@ re-render). ``plan_micro_batches`` sorts sequences so that those sharing a promp
 token budget. ``collate`` finds the longest prefix a micro-batch shares (the K samples of a GRPO group share
 their whole prompt) so the learner runs it once and the rows only their own suffixes: the gradient is exact
 (the suffixes attend to the prefix's keys and values, and backpropagate into them), and a group of 8 answers
-to a 300-token prompt costs 300 + 8 x answer tokens instead of 8 x (300 + answer).
+to a 300-token prompt costs 300 + 8 x answer tokens instead of 8 x (300 + answer). ``share_prefix=False``
+(the FSDP2 learner: every rank must make the same decoder calls) runs each micro-batch as one plain forward.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class TokenSequence:
     sampler_logprobs: torch.Tensor
     """The sampler's logprob of each sampled token."""
     policy_version: int
+    temperature: float | None = None
+    """The segment's own sampling temperature (production rows); None = the learner's configured one."""
 
     @property
     def num_sampled(self) -> int:
@@ -58,6 +61,7 @@ def sequences_from(trajectories: Sequence[Trajectory]) -> list[TokenSequence]:
                     sampled_positions=positions,
                     sampler_logprobs=torch.tensor([seg.logprobs[i] for i in positions], dtype=torch.float32),
                     policy_version=seg.policy_version,
+                    temperature=seg.temperature,
                 )
             )
     return out
@@ -71,13 +75,13 @@ def _shared_prefix(a: list[int], b: list[int], limit: int) -> int:
     return i
 
 
-def prefix_length(sequences: Sequence[TokenSequence]) -> int:
+def prefix_length(sequences: Sequence[TokenSequence], share_prefix: bool = True) -> int:
     """Tokens all rows share that no row needs a hidden state for (the shared prompt, minus its last token).
 
     The hidden state that predicts a sampled token at position j sits at j - 1, so the prefix stops one token
     before the earliest sampled position. Below ``MIN_SHARED_PREFIX`` it is 0 (one plain batched forward).
     """
-    if len(sequences) < 2:
+    if len(sequences) < 2 or not share_prefix:
         return 0
     limit = min(s.first_sampled for s in sequences) - 1
     first = sequences[0].token_ids
@@ -94,12 +98,14 @@ def micro_batch_cost(sequences: Sequence[TokenSequence]) -> int:
     return prefix + len(sequences) * max(len(s.token_ids) - prefix for s in sequences)
 
 
-def _cost(rows: int, shared: int, longest: int) -> int:
-    prefix = shared if rows > 1 and shared >= MIN_SHARED_PREFIX else 0
+def _cost(rows: int, shared: int, longest: int, share_prefix: bool = True) -> int:
+    prefix = shared if share_prefix and rows > 1 and shared >= MIN_SHARED_PREFIX else 0
     return prefix + rows * (longest - prefix)
 
 
-def plan_micro_batches(sequences: Sequence[TokenSequence], token_budget: int) -> list[list[int]]:
+def plan_micro_batches(
+    sequences: Sequence[TokenSequence], token_budget: int, share_prefix: bool = True
+) -> list[list[int]]:
     """Group sequence indices into micro-batches of at most ``token_budget`` computed tokens.
 
     Sorted by prompt (so a group's samples share a micro-batch and its prefix), then by length (so padding
@@ -119,11 +125,11 @@ def plan_micro_batches(sequences: Sequence[TokenSequence], token_budget: int) ->
             first = sequences[current[0]].token_ids
             new_shared = _shared_prefix(first, s.token_ids, min(shared, s.first_sampled - 1))
             new_longest = max(longest, len(s.token_ids))
-            prefix = new_shared if new_shared >= MIN_SHARED_PREFIX else 0
-            cost_with = prefix + (len(current) + 1) * (new_longest - prefix)
+            cost_with = _cost(len(current) + 1, new_shared, new_longest, share_prefix)
             # Join only if that is no dearer than running the sequence alone: one long outlier must not make
             # every row of the batch pay its padding.
-            if cost_with <= token_budget and cost_with - _cost(len(current), shared, longest) <= len(s.token_ids):
+            cost_now = _cost(len(current), shared, longest, share_prefix)
+            if cost_with <= token_budget and cost_with - cost_now <= len(s.token_ids):
                 current.append(i)
                 shared, longest = new_shared, new_longest
                 continue
@@ -156,6 +162,8 @@ class MicroBatch:
     """[n] suffix column of each row's last real token (the state after it bootstraps truncated episodes)."""
     num_sampled: list[int]
     """Sampled tokens per row; the flattened [N] tensors are in row order."""
+    temperatures: torch.Tensor | None = None
+    """[N] sampling temperature of each sampled token's row, NaN where the row has none; None when no row has one."""
 
     @property
     def computed_tokens(self) -> int:
@@ -163,9 +171,11 @@ class MicroBatch:
         return prefix + self.input_ids.numel()
 
 
-def collate(sequences: Sequence[TokenSequence], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+def collate(
+    sequences: Sequence[TokenSequence], pad_id: int, device: torch.device | str = "cpu", share_prefix: bool = True
+) -> MicroBatch:
     """Build the tensors of one micro-batch (see the module docstring for the prefix sharing)."""
-    prefix = prefix_length(sequences)
+    prefix = prefix_length(sequences, share_prefix)
     width = max(len(s.token_ids) for s in sequences) - prefix
     n = len(sequences)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -192,4 +202,12 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int, device: torch.devic
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         last_columns=torch.tensor(last_columns, dtype=torch.long, device=device),
         num_sampled=[s.num_sampled for s in sequences],
+        temperatures=_row_temperatures(sequences, device),
     )
+
+
+def _row_temperatures(sequences: Sequence[TokenSequence], device: torch.device | str) -> torch.Tensor | None:
+    if all(s.temperature is None for s in sequences):
+        return None
+    values = [float("nan") if s.temperature is None else s.temperature for s in sequences for _ in range(s.num_sampled)]
+    return torch.tensor(values, dtype=torch.float32, device=device)

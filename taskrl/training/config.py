@@ -24,6 +24,9 @@ FINETUNE_MODES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
 ROLLOUT_POLICIES = ("inprocess", "copy", "server")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
+LEARNER_BACKENDS = ("ddp", "fsdp2")
+LEARNER_PRECISIONS = ("float32", "bfloat16", "auto")
+ROLLOUT_DTYPES = ("same", "float32", "bfloat16", "auto")
 _SCHEDULE_FIELDS = ("lr", "sft_lr", "entropy_coef")
 
 
@@ -61,12 +64,27 @@ class TrainConfig:
     summed over all of them; > 1 needs device auto, cpu or cuda (one GPU per local rank)."""
     dist_backend: str = "auto"
     """torch.distributed backend of nproc > 1: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
+    learner_backend: str = "ddp"
+    """nproc > 1: ddp (every rank holds the whole model and optimizer, gradients all-reduced) or fsdp2 (FSDP2
+    shards parameters, gradients and AdamW state over the ranks; checkpoints are sharded torch.distributed.checkpoint
+    directories, resumable on any number of ranks). fsdp2 with nproc > 1 needs rollout_policy='copy'."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (less memory, about
+    one more forward of compute); exact, and compatible with the shared-prompt KV path."""
 
     # -- model ---------------------------------------------------------------------------------------
     model: str = "smollm2"
     """'smollm2' (bundled SmolLM2-135M-Instruct) or a local save_pretrained directory."""
     dtype: str = "float32"
-    """Weights dtype: float32, bfloat16 or float16."""
+    """Weights dtype: float32, bfloat16 or float16 (the learner's master weights and optimizer math)."""
+    learner_precision: str = "float32"
+    """Compute dtype of the learner's forward/backward: float32, bfloat16 (torch.autocast over fp32 master weights;
+    logprobs and losses stay float32) or auto (bfloat16 only where the hardware accelerates it: CUDA with bf16
+    support, a CPU with amx_bf16/avx512_bf16; else float32). The choice is printed at start."""
+    rollout_dtype: str = "same"
+    """Weights dtype of the rollout copy (rollout_policy='copy'): same (as dtype), float32, bfloat16 or auto (as
+    learner_precision's auto). The sampler/learner logprob gap is logged as losses/mismatch_kl and corrected by the
+    truncated importance weights."""
     finetune: str = "lora"
     """full (every parameter not matched by ``freeze``) or lora (peft adapters; the base stays frozen)."""
     lora_rank: int = 16
@@ -231,6 +249,17 @@ class TrainConfig:
         need(not server or self.finetune == "lora", "rollout_policy",
              "must not be 'server' with finetune='full': only LoRA adapters can be loaded into a running server "
              "(/v1/load_lora_adapter), full weights would need a restart; use rollout_policy='copy'")  # fmt: skip
+        need(self.learner_backend in LEARNER_BACKENDS, "learner_backend",
+             f"must be one of {', '.join(LEARNER_BACKENDS)}")  # fmt: skip
+        need(self.learner_precision in LEARNER_PRECISIONS, "learner_precision",
+             f"must be one of {', '.join(LEARNER_PRECISIONS)}")  # fmt: skip
+        need(self.rollout_dtype in ROLLOUT_DTYPES, "rollout_dtype", f"must be one of {', '.join(ROLLOUT_DTYPES)}")
+        need(self.rollout_dtype == "same" or self.rollout_policy == "copy", "rollout_dtype",
+             "must be 'same' unless rollout_policy='copy' (the in-process rollout samples the learner's own weights; "
+             "a server or Ray actors load their own)")  # fmt: skip
+        need(self.learner_backend != "fsdp2" or self.nproc == 1 or self.rollout_policy == "copy", "learner_backend",
+             "'fsdp2' with nproc > 1 needs rollout_policy='copy': a sharded model cannot decode on one rank alone, "
+             "each rank samples from its own full copy")  # fmt: skip
         need(self.dist_backend in DIST_BACKENDS, "dist_backend", f"must be one of {', '.join(DIST_BACKENDS)}")
         need(self.nproc <= self.tasks_per_step, "nproc", f"must be <= tasks_per_step ({self.tasks_per_step})")
         need(self.nproc == 1 or self.device in ("auto", "cpu", "cuda"), "device",

@@ -1,120 +1,144 @@
-"""`make demo` / `taskrl demo`: SmolLM2-135M-Instruct learns a built-in tool-use task, on embedded defaults.
+"""`make demo` / `taskrl demo`: what RL adds to an SFT warm start, on SmolLM2-135M-Instruct and the `shop` env.
 
-The seed's recipe in miniature: a short SFT warm start on the ``price`` env's expert (token-exact episodes of
-its ``scripted_rule``: SmolLM2 never writes a ``<tool_call>`` zero-shot, so pure GRPO would only see groups
-with zero variance), then GRPO with LoRA on the model's own samples. Held-out tasks are played greedily before
-training, after the SFT warm start and after GRPO; the results are printed with bootstrap CIs and written to
-``RUN_DIR/eval/{before,after_sft,after}.json``.
+Every setting comes from two recipes (one source; ``taskrl train`` runs each alone):
+1. ``recipes/demo_sft.toml``: LoRA SFT on the expert's single-item orders (the task's format, not the
+   multi-item skill), merged into the base model: the common starting checkpoint.
+2. ``recipes/demo.toml``: the **SFT -> GRPO** arm, GRPO from that checkpoint on multi-item orders.
+3. The **SFT-only** arm continues recipe 1 from the same checkpoint for as long as the GRPO arm trained.
+The start and both arms are played greedily on the same held-out multi-item orders (no item/quantity pair shared
+with any training task); the table shows success with bootstrap CIs and each arm's paired difference from the
+start. Results go to ``RUN_DIR/eval/{start,sft_only,sft_grpo}.json``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-DEMO_CONFIG: dict[str, Any] = {
-    "run_dir": "runs/demo",
-    "model": "smollm2",
-    "env": "price",
-    "finetune": "lora",
-    "lora_rank": 16,
-    "lora_alpha": 32.0,
-    "algo": "grpo",
-    "steps": 8,
-    "sft_warmup_steps": 3,
-    "sft_data": "expert",
-    "sft_lr": 1e-3,
-    "lr": 2e-4,
-    "tasks_per_step": 4,
-    "group_size": 4,
-    "max_turns": 3,
-    "max_new_tokens": 40,
-    "temperature": 1.0,
-    "checkpoint_every": 4,
-    "eval_tasks": 12,
-    "seed": 0,
-}
-"""The demo run; ``recipes/demo.toml`` holds the same values for ``taskrl train`` (a test keeps them equal)."""
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+SFT_RECIPE = RECIPES / "demo_sft.toml"
+RL_RECIPE = RECIPES / "demo.toml"
+SHAPING_KWARGS = ("lookup_credit",)
+"""Env kwargs that shape the training reward only; held-out success is scored without them."""
 
 
-def _row(table: Table, name: str, result: dict[str, Any]) -> None:
+def load_recipe(path: Path) -> dict[str, Any]:
+    """A demo recipe as a dict (validated later by ``config_from_dict``); a missing file names what to do."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"demo recipe {str(path)!r} not found: `taskrl demo` runs from a source checkout (recipes/ beside taskrl/)"
+        )
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def _estimate(e: dict[str, Any]) -> str:
+    ci = f" [{e['low']:.2f}, {e['high']:.2f}]" if e.get("low") is not None else ""
+    return f"{e['value']:.2f}{ci}"
+
+
+def _row(table: Table, name: str, steps: str, result: dict[str, Any], start: dict[str, Any] | None) -> None:
     stats = result["policies"]["policy"]
-
-    def estimate(key: str) -> str:
-        e = stats[key]
-        ci = f" [{e['low']:.2f}, {e['high']:.2f}]" if e.get("low") is not None else ""
-        return f"{e['value']:.2f}{ci}"
-
-    table.add_row(
-        name,
-        estimate("success_rate"),
-        estimate("mean_reward"),
-        f"{stats['tool_calls']:.2f}",
-        f"{stats['invalid_tool_calls']:.2f}",
-    )
+    delta = "-"
+    if start is not None:
+        ours = [row["policies"]["policy"]["successes"] for row in result["per_task"]]
+        base = [row["policies"]["policy"]["successes"] for row in start["per_task"]]
+        delta = f"{(sum(ours) - sum(base)) / max(len(ours), 1):+.2f}"
+    table.add_row(name, steps, _estimate(stats["success_rate"]), delta, f"{stats['tool_calls']:.2f}",
+                  f"{stats['invalid_tool_calls']:.2f}")  # fmt: skip
 
 
 def run_demo(
-    out_dir: Path, *, device: str = "auto", console: Console | None = None, overrides: dict[str, Any] | None = None
+    out_dir: Path,
+    *,
+    device: str = "auto",
+    console: Console | None = None,
+    overrides: dict[str, Any] | None = None,
+    sft_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate as described in the module docstring; returns the eval results.
 
-    ``overrides`` replace ``DEMO_CONFIG`` fields (tests run the same path on a tiny model).
+    ``overrides`` replace fields of both recipes, ``sft_overrides`` of the SFT recipe only (tests run the same
+    path on a tiny model).
     """
+    from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
-    from taskrl.policies.scripted import ScriptedPolicy
     from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
 
     console = console or Console()
-    config = config_from_dict(
-        {**DEMO_CONFIG, **(overrides or {}), "run_dir": str(out_dir), "device": device, "resume": False}
-    )
-    if (out_dir / "config.json").exists():  # the previous demo's run: the demo always starts fresh
+    common = {**(overrides or {}), "device": device, "resume": False, "progress": False}
+    rl_recipe = {**load_recipe(RL_RECIPE), **common, "run_dir": str(out_dir / "grpo")}
+    sft_recipe = {**load_recipe(SFT_RECIPE), **common, **(sft_overrides or {}), "run_dir": str(out_dir / "sft")}
+    sft_config, rl_config = config_from_dict(dict(sft_recipe)), config_from_dict(dict(rl_recipe))
+    if out_dir.exists():  # the previous demo's run: the demo always starts fresh
         shutil.rmtree(out_dir)
-    start = time.perf_counter()
+    out_dir.mkdir(parents=True)
+    eval_kwargs = {k: v for k, v in rl_config.env_kwargs.items() if k not in SHAPING_KWARGS}
+    tasks = list(make(rl_config.env, **eval_kwargs).tasks(rl_config.eval_split))[: rl_config.eval_tasks]
+    eval_config = EvalConfig(samples_per_task=1, temperature=0.0, max_turns=rl_config.max_turns,
+                             max_new_tokens=rl_config.max_new_tokens, concurrency=rl_config.concurrency,
+                             seed=rl_config.seed)  # fmt: skip
+
+    def held_out(trainer: Trainer, name: str) -> dict[str, Any]:
+        factory = lambda: make(rl_config.env, **eval_kwargs)  # noqa: E731
+        job = evaluate(factory, {"policy": trainer.learner_policy}, tasks, eval_config, run_log=trainer.run,
+                       name=name)  # fmt: skip
+        result = trainer.rollouts.run(job)
+        (out_dir / "eval").mkdir(exist_ok=True)
+        (out_dir / "eval" / f"{name}.json").write_text((trainer.run.dir / "eval" / f"{name}.json").read_text())
+        return result
+
+    began = time.perf_counter()
     console.print("loading SmolLM2-135M-Instruct (the first run converts the bundled GGUF and caches it) ...")
-    trainer = Trainer(config, console=console)
+    console.print(
+        f"1/4 warm start: {sft_config.steps} SFT steps on the expert's single-item orders ({SFT_RECIPE.name})"
+    )
+    trainer = Trainer(sft_config, console=console)
     try:
-        console.print(f"evaluating on {config.eval_tasks} held-out '{config.env}' tasks (greedy) ...")
-        before = trainer.evaluate(0, name="before")
-        console.print(
-            f"training: {config.sft_warmup_steps} SFT steps on the env's expert, then "
-            f"{config.steps - config.sft_warmup_steps} GRPO steps ({config.tasks_per_step} tasks x "
-            f"{config.group_size} samples each), LoRA r={config.lora_rank}"
-        )
-        sft_rows = trainer.train(until=config.sft_warmup_steps)
-        after_sft = trainer.evaluate(config.sft_warmup_steps, name="after_sft")
-        rl_rows = trainer.train()
-        after = trainer.evaluate(config.steps, name="after")
-        tasks = list(trainer.env_factory().tasks(config.eval_split))[: config.eval_tasks]
-        expert = ScriptedPolicy(trainer.env_factory().scripted_rule, chat_format=trainer.policy.chat_format)
-        reference = asyncio.run(
-            evaluate(trainer.env_factory, {"policy": expert}, tasks, EvalConfig(samples_per_task=1, temperature=0.0))
-        )
+        trainer.train()
+        start = held_out(trainer, "start")
+        start_dir = out_dir / "start"
+        trainer.learner.model.merge_and_unload().save_pretrained(str(start_dir))
+        trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start_dir))
     finally:
         trainer.close()
-    table = Table(title=f"'{config.env}' env, {config.eval_tasks} held-out tasks, greedy (95% bootstrap CI)")
-    for column in ("policy", "success rate", "mean reward", "tool calls", "invalid calls"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    _row(table, "SmolLM2-135M before", before)
-    _row(table, f"after {config.sft_warmup_steps} SFT steps", after_sft)
-    _row(table, f"after {config.steps - config.sft_warmup_steps} more GRPO steps", after)
-    _row(table, "expert rule (reference)", reference)
+    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.tasks_per_step} multi-item orders x "
+                  f"{rl_config.group_size} samples each) from the warm start ({RL_RECIPE.name})")  # fmt: skip
+    trainer = Trainer(config_from_dict({**rl_recipe, "model": str(start_dir)}), console=console)
+    try:
+        rl_began = time.perf_counter()
+        rl_rows = trainer.train()
+        budget = time.perf_counter() - rl_began
+        grpo = held_out(trainer, "sft_grpo")
+    finally:
+        trainer.close()
+    console.print(f"3/4 SFT-only: more SFT on the single-item demonstrations for the same {budget:.0f}s of training")
+    sft_only_recipe = {**sft_recipe, "model": str(start_dir), "run_dir": str(out_dir / "sft_only"), "steps": 10_000}
+    trainer = Trainer(config_from_dict(sft_only_recipe), console=console)
+    try:
+        sft_began, sft_steps = time.perf_counter(), 0
+        while sft_steps == 0 or time.perf_counter() - sft_began < budget:
+            sft_steps += len(trainer.train(until=sft_steps + 1))
+        sft_only = held_out(trainer, "sft_only")
+    finally:
+        trainer.close()
+    console.print(f"4/4 held-out evaluation: {len(tasks)} multi-item orders, greedy")
+    table = Table(title=f"'{rl_config.env}' held-out multi-item orders, {len(tasks)} tasks, greedy (95% bootstrap CI)")
+    for column in ("policy", "training", "success", "vs start", "tool calls", "invalid calls"):
+        table.add_column(column, justify="left" if column in ("policy", "training") else "right")
+    _row(table, "warm start (SFT)", f"{sft_config.steps} SFT steps", start, None)
+    _row(table, "SFT-only arm", f"+{sft_steps} SFT steps", sft_only, start)
+    _row(table, "SFT -> GRPO arm", f"+{rl_config.steps} GRPO steps", grpo, start)
     console.print(table)
     sampled = " -> ".join(f"{row['rewards/total']:.2f}" for row in rl_rows)
-    console.print(
-        f"training reward of the GRPO steps (episodes sampled at temperature {config.temperature}, "
-        f"{config.tasks_per_step * config.group_size} per step): {sampled}; SFT steps: {len(sft_rows)}"
-    )
-    console.print(
-        f"{time.perf_counter() - start:.0f}s in all; run dir {out_dir} "
-        f"(metrics.jsonl, trajectories/, eval/, checkpoints/, policy/): `taskrl report {out_dir}`"
-    )
-    return {"before": before, "after_sft": after_sft, "after": after, "expert": reference}
+    console.print(f"GRPO training reward per step (temperature {rl_config.temperature}, partial credit included): "
+                  f"{sampled}")  # fmt: skip
+    console.print(f"{time.perf_counter() - began:.0f}s in all; run dir {out_dir} (sft/, grpo/, sft_only/: "
+                  f"metrics.jsonl, trajectories/; eval/): `taskrl report {out_dir / 'grpo'}`")  # fmt: skip
+    return {"start": start, "sft_only": sft_only, "sft_grpo": grpo, "grpo_rows": rl_rows, "sft_only_steps": sft_steps}

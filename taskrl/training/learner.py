@@ -6,12 +6,21 @@ reference logprobs, values), computes advantages (GRPO group-relative or PPO's G
 loss_mask = 1 tokens, each weighted 1 / (sampled tokens in the optimizer step), with truncated importance
 weights against the sampler's logprobs. Each call that changes the weights bumps ``version``; the trainer
 syncs that version into the rollout policy.
+
+Mixed precision (``learner_precision``) runs the forward/backward under autocast over the fp32 master weights;
+``losses/mismatch_kl`` measures how far the sampler's logprobs are from the learner's. An optimizer step whose
+loss or gradient is not finite is skipped (weights and AdamW state untouched), counted in
+``charts/nonfinite_skipped`` and logged as a one-line alert. With ``learner_backend="fsdp2"`` on several ranks
+the model is sharded (``taskrl.distributed.fsdp``); ``trainable_state`` then holds DTensors (this rank's shards)
+and ``gathered_state`` yields the whole tensors one at a time.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -19,11 +28,13 @@ import torch
 from taskrl.algos import cispo, grpo, kimi, ppo, sft
 from taskrl.algos.losses import approx_kl, kl_k1, kl_k3, truncated_is_weights
 from taskrl.algos.schedules import make_schedule
+from taskrl.distributed import fsdp
 from taskrl.distributed.ddp import DataParallel
 from taskrl.rollout import derive_seed
 from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, sequences_from
 from taskrl.training.config import TrainConfig
-from taskrl.training.model import Reference, forward, make_value_head
+from taskrl.training.model import LearnerGraph, Reference, decoder_layers, forward, make_value_head
+from taskrl.training.precision import learner_autocast
 from taskrl.types import Trajectory
 
 GROUP_ALGOS = ("grpo", "cispo", "kimi")
@@ -31,6 +42,10 @@ SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "cha
                      "charts/dropped_groups", "charts/trained_trajectories", "charts/trained_tokens",
                      "charts/forward_tokens")  # fmt: skip
 """Count metrics of a data-parallel update: each rank counts its own share, the update reports the total."""
+NONFINITE_ALERT = "nonfinite_update"
+"""Monitor name of the alert raised when an optimizer step is skipped for a non-finite loss or gradient."""
+
+logger = logging.getLogger(__name__)
 
 
 class _Scores:
@@ -87,12 +102,24 @@ class Learner:
         self.group = data_parallel or DataParallel()
         self.device = next(model.parameters()).device
         self.version = 0
+        self.autocast_dtype, self.precision_note = learner_autocast(config.learner_precision, self.device)
         self.value_head = make_value_head(model) if config.algo == "ppo" else None
-        self.reference = Reference(model) if config.kl != "none" else None
+        self.reference = Reference(model) if config.kl != "none" else None  # a full-FT copy is taken before sharding
+        self.graph = LearnerGraph(model)
+        self.ref_graph = LearnerGraph(self.reference.copy) if self.reference and self.reference.copy else None
+        self.sharded = config.learner_backend == "fsdp2" and self.group.active
+        if self.sharded:
+            fsdp.shard(self.graph, decoder_layers(model), self.group)
+            if self.ref_graph is not None:
+                fsdp.shard(self.ref_graph, decoder_layers(self.ref_graph.model), self.group)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.value_head is not None:
             self.params += list(self.value_head.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, weight_decay=config.weight_decay)
+        # Sharded and replicated (value head) parameters do not mix in one foreach kernel.
+        foreach = None if not self.sharded else False
+        self.optimizer = torch.optim.AdamW(self.params, lr=0.0, weight_decay=config.weight_decay, foreach=foreach)
+        self.nonfinite_skipped = 0
+        """Optimizer steps skipped so far because their loss or gradient was not finite."""
         self.lr = make_schedule(config.lr, field="TrainConfig.lr")
         self.sft_lr = make_schedule(config.sft_lr, field="TrainConfig.sft_lr")
         self.entropy_coef = make_schedule(config.entropy_coef, field="TrainConfig.entropy_coef")
@@ -126,7 +153,8 @@ class Learner:
         sampled = self.group.all_gather([s.num_sampled for s in sequences])  # every rank's, for global minibatches
         if any(sampled):
             metrics.update(self._optimize(sequences, scores, sampled, step=step, sft_mode=sft_mode))
-            self.version += 1  # only weights that changed make a new version (staleness counts real updates)
+            if metrics["charts/optimizer_steps"]:
+                self.version += 1  # only weights that changed make a new version (staleness counts real updates)
         summed = [name for name in SUMMED_OVER_RANKS if name in metrics]
         metrics.update(zip(summed, self.group.sum([metrics[name] for name in summed]), strict=True))
         metrics["charts/lr"] = self._lr(step, sft_mode)
@@ -134,11 +162,43 @@ class Learner:
         return metrics
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter the optimizer updates (LoRA adapters or the unfrozen weights) and the value head."""
+        """Every parameter the optimizer updates (LoRA adapters or the unfrozen weights) and the value head.
+
+        Sharded (fsdp2 on several ranks): this rank's DTensor shards; see ``gathered_state``."""
         state = {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
         if self.value_head is not None:
             state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
         return state
+
+    def named_trainable_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The optimizer's parameters under their ``trainable_state`` names."""
+        out = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        if self.value_head is not None:
+            out += [(f"value_head.{name}", p) for name, p in self.value_head.named_parameters()]
+        return out
+
+    def replicated_state(self) -> dict[str, torch.Tensor]:
+        """The trainable tensors every rank holds whole (all of them, unless sharded): what ranks compare/broadcast."""
+        return {name: t for name, t in self.trainable_state().items() if not fsdp.is_sharded(t)}
+
+    def gathered_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, whole tensor)`` of every trainable tensor, one at a time (a collective when sharded: every rank
+        must iterate it to the end, in the same order)."""
+        return fsdp.gathered(self.trainable_state())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict (frozen weights included) as full tensors on CPU, for an export; sharded,
+        every rank must call it and each parameter is gathered once, straight to CPU."""
+        if not self.sharded:
+            return {name: t.detach() for name, t in self.model.state_dict().items()}
+        return {name: fsdp.full_tensor(t).detach().cpu() for name, t in self.model.state_dict().items()}
+
+    def nonfinite_names(self) -> list[str]:
+        """Trainable tensors with a NaN or infinite entry (any rank's shard counts: the answer is the same on all)."""
+        local = [name for name, t in self.trainable_state().items() if not bool(torch.isfinite(fsdp.local(t)).all())]
+        if not self.sharded:
+            return local
+        return sorted({name for part in self.group.all_gather(local) for name in part})
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         expected = self.trainable_state()
@@ -150,7 +210,7 @@ class Learner:
             )
         with torch.no_grad():
             for name, tensor in expected.items():
-                tensor.copy_(state[name].to(tensor.device, tensor.dtype))
+                fsdp.copy_full_into(tensor, state[name])
 
     # -- internals ---------------------------------------------------------------------------------
     def _staleness(self, traj: Trajectory) -> int:
@@ -166,7 +226,8 @@ class Learner:
         return float(self.lr(step - self.config.sft_warmup_steps))
 
     def _micro_batches(self, sequences: Sequence[TokenSequence]) -> list[list[int]]:
-        return plan_micro_batches(sequences, self.config.micro_batch_tokens)
+        # Sharded, every rank must make the same decoder calls: the prefix pass would add a second one.
+        return plan_micro_batches(sequences, self.config.micro_batch_tokens, share_prefix=not self.sharded)
 
     @torch.no_grad()
     def _score(self, sequences: list[TokenSequence], scores: _Scores) -> None:
@@ -176,10 +237,19 @@ class Learner:
         if not (need_old or self.reference is not None):
             return
         self.model.eval()
-        for indices in self._micro_batches(sequences):
-            batch = collate([sequences[i] for i in indices], self.pad_id, self.device)
+        for indices in self._collective(self._micro_batches(sequences)):
+            if indices is None:  # a rank with fewer micro-batches joins the sharded forwards with a filler
+                batch = fsdp.filler_batch(self.pad_id, self.device)
+                if need_old:
+                    forward(self.graph, batch, value_head=self.value_head, autocast_dtype=self.autocast_dtype)
+                if self.reference is not None:
+                    with self.reference.model(self.model) as ref_model:
+                        forward(self._graph_of(ref_model), batch, autocast_dtype=self.autocast_dtype)
+                continue
+            batch = collate([sequences[i] for i in indices], self.pad_id, self.device, share_prefix=not self.sharded)
             if need_old:
-                out = forward(self.model, batch, temperature=self._temperature(), value_head=self.value_head)
+                out = forward(self.graph, batch, temperature=self._temperature(), value_head=self.value_head,
+                              autocast_dtype=self.autocast_dtype)  # fmt: skip
                 for i, piece in zip(indices, out.logprobs.split(batch.num_sampled), strict=True):
                     scores.old[i] = piece
                 if out.values is not None and out.last_values is not None:
@@ -188,9 +258,22 @@ class Learner:
                         scores.last_value[i] = float(out.last_values[row])
             if self.reference is not None:
                 with self.reference.model(self.model) as ref_model:
-                    ref = forward(ref_model, batch, temperature=self._temperature())
+                    ref = forward(self._graph_of(ref_model), batch, temperature=self._temperature(),
+                                  autocast_dtype=self.autocast_dtype)  # fmt: skip
                 for i, piece in zip(indices, ref.logprobs.split(batch.num_sampled), strict=True):
                     scores.ref[i] = piece
+
+    def _graph_of(self, model: Any) -> Any:
+        """What to run for ``model``: the learner's (sharded) graph, the sharded reference copy, or the model."""
+        if model is self.model:
+            return self.graph
+        if self.ref_graph is not None and model is self.ref_graph.model:
+            return self.ref_graph
+        return model
+
+    def _collective(self, batches: list[list[int]]) -> list[list[int] | None]:
+        """Sharded: the micro-batches padded with fillers (None) to the most any rank runs; else as they are."""
+        return fsdp.padded(batches, self.group) if self.sharded else list(batches)
 
     def _temperature(self) -> float:
         return self.config.temperature if self.config.temperature > 0 else 1.0
@@ -269,7 +352,7 @@ class Learner:
         entropy_coef = 0.0 if sft_mode else float(self.entropy_coef(step))
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
         epochs, minibatches = (1, 1) if sft_mode else (cfg.epochs_per_batch, cfg.minibatches)
-        computed = 0
+        computed = skipped = applied = 0
         self.model.train()
         try:
             for _ in range(epochs):
@@ -282,20 +365,61 @@ class Learner:
                     mine = [i - offset for i in chunk if offset <= i < offset + len(sequences)]
                     subset = [sequences[i] for i in mine]
                     self.optimizer.zero_grad(set_to_none=True)  # gradients left by anyone else must not leak in
-                    for local in self._micro_batches(subset):
+                    finite = True
+                    for local in self._collective(self._micro_batches(subset)):
+                        if local is None:
+                            self._filler_step()
+                            continue
                         ids = [mine[j] for j in local]
-                        computed += self._micro_step(sequences, ids, scores, tokens, entropy_coef, sft_mode, stats)
-                    self.group.all_reduce_gradients(self.params)
-                    norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm or float("inf"))
-                    stats.add_scalar("grad_norm", float(norm))
-                    self.optimizer.step()
+                        done, loss_finite = self._micro_step(
+                            sequences, ids, scores, tokens, entropy_coef, sft_mode, stats
+                        )
+                        computed, finite = computed + done, finite and loss_finite
+                    norm = self._reduce_and_clip()
+                    bad_loss = self.group.sum([0.0 if finite else 1.0])[0] > 0  # the same verdict on every rank
+                    if bad_loss or not math.isfinite(norm):
+                        skipped += 1
+                        self._alert_nonfinite(step, norm, bad_loss)
+                    else:
+                        stats.add_scalar("grad_norm", norm)
+                        self.optimizer.step()
+                        applied += 1
                     self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollouts
         finally:
             self.model.eval()
+        self.nonfinite_skipped += skipped
         out = {f"losses/{k}": v for k, v in stats.over_ranks(self.group).means().items()}
         out["charts/entropy_coef"] = entropy_coef
         out["charts/forward_tokens"] = float(computed)
+        out["charts/nonfinite_skipped"] = float(skipped)
+        out["charts/optimizer_steps"] = float(applied)
         return out
+
+    def _reduce_and_clip(self) -> float:
+        """Sum the gradients over ranks (FSDP2 already reduce-scattered the sharded ones), clip, return the norm."""
+        max_norm = self.config.max_grad_norm or float("inf")
+        if self.sharded:
+            self.group.all_reduce_gradients([p for p in self.params if not fsdp.is_sharded(p)])
+            return fsdp.clip_grad_norm(self.params, max_norm, self.group)
+        self.group.all_reduce_gradients(self.params)
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+
+    def _alert_nonfinite(self, step: int, norm: float, bad_loss: bool) -> None:
+        what = "loss" if bad_loss else "gradient"
+        logger.warning(
+            "ALERT %s: step %d: non-finite %s (grad norm %s): optimizer step skipped, weights and optimizer state "
+            "unchanged; look for NaN/inf sampler logprobs, rewards or an lr too high",
+            NONFINITE_ALERT, step, what, norm,
+        )  # fmt: skip
+
+    def _filler_step(self) -> None:
+        """A zero-weight forward/backward that joins the sharded collectives of a rank with no micro-batch left."""
+        batch = fsdp.filler_batch(self.pad_id, self.device)
+        out = forward(self.graph, batch, value_head=self.value_head, autocast_dtype=self.autocast_dtype)
+        loss = out.logprobs.sum() * 0.0
+        if out.values is not None and out.last_values is not None:
+            loss = loss + (out.values.sum() + out.last_values.sum()) * 0.0
+        loss.backward()
 
     def _micro_step(
         self,
@@ -306,19 +430,23 @@ class Learner:
         entropy_coef: float,
         sft_mode: bool,
         stats: _Stats,
-    ) -> int:
-        """Forward and backward one micro-batch; its loss is already divided by the optimizer step's tokens."""
+    ) -> tuple[int, bool]:
+        """Forward and backward one micro-batch; its loss is already divided by the optimizer step's tokens.
+
+        Returns (tokens computed, whether the loss was finite)."""
         cfg = self.config
         rows = [sequences[i] for i in ids]
-        batch = collate(rows, self.pad_id, self.device)
+        batch = collate(rows, self.pad_id, self.device, share_prefix=not self.sharded)
         temperature = 1.0 if sft_mode else self._temperature()
         out = forward(
-            self.model,
+            self.graph,
             batch,
             temperature=temperature,
+            row_temperatures=not sft_mode,  # SFT imitates at temperature 1, whatever the row was sampled at
             entropy=True,
             entropy_grad=entropy_coef > 0,
             value_head=None if sft_mode else self.value_head,
+            autocast_dtype=self.autocast_dtype,
         )
         logprobs = out.logprobs
         if out.entropy is not None:
@@ -326,8 +454,9 @@ class Learner:
         if sft_mode:
             per_token, _ = sft.nll_loss(logprobs)
             stats.add("sft_nll", per_token)
-            (per_token.sum() / total_tokens).backward()
-            return batch.computed_tokens
+            loss = per_token.sum() / total_tokens
+            loss.backward()
+            return batch.computed_tokens, bool(torch.isfinite(loss.detach()))
 
         def cat(table: dict[int, torch.Tensor]) -> torch.Tensor:
             return torch.cat([table[i] for i in ids]).to(self.device)
@@ -349,6 +478,10 @@ class Learner:
             )
         stats.add("policy_loss", per_token)
         stats.add("approx_kl", approx_kl(logprobs, old))
+        # KL(sampler || learner) by k3 on the sampler's tokens: the inference/training numerics gap (bf16 vs fp32,
+        # another engine) plus, for tokens of older versions, the policy lag; the truncated IS weights correct both.
+        log_ratio = old.detach() - sampler
+        stats.add("mismatch_kl", torch.exp(log_ratio) - 1.0 - log_ratio)
         stats.add("ratio", torch.exp(logprobs.detach() - old))
         for name, values in extra.items():
             stats.add(name, values)
@@ -368,8 +501,9 @@ class Learner:
             value_loss = ppo.value_loss(out.values, cat(scores.values), cat(scores.returns), clip=cfg.vf_clip)
             stats.add("value_loss", value_loss)
             loss = loss + cfg.vf_coef * value_loss.sum()
-        (loss / total_tokens).backward()
-        return batch.computed_tokens
+        loss = loss / total_tokens
+        loss.backward()
+        return batch.computed_tokens, bool(torch.isfinite(loss.detach()))
 
 
 def _reindex(scores: _Scores, kept: list[int]) -> _Scores:

@@ -1,9 +1,12 @@
 """The learner's view of a causal LM: trainable set-up (LoRA or full), the micro-batch forward, the reference.
 
 ``prepare_model`` wraps a transformers model with peft LoRA adapters (or freezes parameters by name for full
-fine-tuning); generation keeps working on the wrapped model, so an ``HFPolicy`` can hold it. ``forward``
-runs a ``MicroBatch``: the shared prefix once with a differentiable KV cache, then the suffix rows; the LM
-head only at positions that predict sampled tokens (prompt and tool-output logits are never materialised).
+fine-tuning) and, with ``gradient_checkpointing``, recomputes each decoder layer in the backward pass;
+generation keeps working on the wrapped model, so an ``HFPolicy`` can hold it. ``forward`` runs a
+``MicroBatch``: the shared prefix once with a differentiable KV cache, then the suffix rows; the LM head only
+at positions that predict sampled tokens (prompt and tool-output logits are never materialised). The caches
+are replay-safe (a layer recomputed in the backward pass sees exactly the states of its first run), which is
+what lets activation checkpointing and the shared-prompt KV path work together.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
+from transformers import DynamicCache
 
 from taskrl.algos.losses import token_entropy, token_logprobs
 from taskrl.training.batching import MicroBatch
@@ -36,7 +41,15 @@ def is_peft(model: Any) -> bool:
 
 
 def prepare_model(model: Any, config: TrainConfig) -> Any:
-    """LoRA-wrap (``finetune="lora"``) or freeze ``config.freeze`` parameters (full); returns the model to train."""
+    """LoRA-wrap (``finetune="lora"``) or freeze ``config.freeze`` parameters (full), then checkpoint the decoder
+    layers when ``config.gradient_checkpointing``; returns the model to train."""
+    model = _trainable(model, config)
+    if config.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    return model
+
+
+def _trainable(model: Any, config: TrainConfig) -> Any:
     if config.finetune == "lora":
         if is_peft(model):
             return model  # resumed or prepared by the caller
@@ -68,6 +81,44 @@ def prepare_model(model: Any, config: TrainConfig) -> Any:
     return model
 
 
+class _CheckpointedForward:
+    """A decoder layer's ``forward`` that keeps only its inputs for the backward pass and reruns itself there.
+
+    Installed per instance (``layer.forward``), so module hooks (FSDP2's all-gathers) stay outside the recompute,
+    parameter names do not change, and a deep copy of the model (the rollout copy) gets its own wrapper. Without
+    gradients (scoring, generation) the layer runs as is. Non-reentrant checkpointing: kwargs pass through, the
+    RNG state (LoRA dropout) is replayed, and a recompute that saw different tensors than the first run fails.
+    """
+
+    def __init__(self, layer_forward: Any) -> None:
+        self.layer_forward = layer_forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = getattr(self.layer_forward, "__self__", None)
+        if torch.is_grad_enabled() and (owner is None or owner.training):
+            return torch.utils.checkpoint.checkpoint(self.layer_forward, *args, use_reentrant=False, **kwargs)
+        return self.layer_forward(*args, **kwargs)
+
+
+def decoder_layers(model: Any) -> list[nn.Module]:
+    """The decoder's transformer blocks (``model.layers`` of a transformers decoder)."""
+    layers = getattr(base_model(model).get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers):
+        raise ModelSetupError("the model's decoder has no .layers list of blocks; checkpointing/sharding need one")
+    return list(layers)
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute every decoder layer in the backward pass instead of keeping its activations (idempotent)."""
+    for layer in decoder_layers(model):
+        if not isinstance(layer.__dict__.get("forward"), _CheckpointedForward):
+            layer.forward = _CheckpointedForward(layer.forward)
+
+
+def activation_checkpointing_enabled(model: Any) -> bool:
+    return any(isinstance(layer.__dict__.get("forward"), _CheckpointedForward) for layer in decoder_layers(model))
+
+
 def base_model(model: Any) -> Any:
     """The transformers model under a peft wrapper (its LoRA layers are injected in place)."""
     return model.get_base_model() if is_peft(model) else model
@@ -89,9 +140,79 @@ def _cache_kwarg(decoder: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
-def _cache_of(output: Any) -> Any:
-    cache = output.get("cache") if hasattr(output, "get") else None
-    return cache if cache is not None else output.past_key_values
+class _ReplayableCache(DynamicCache):
+    """A KV cache whose every ``update`` of a layer starts from the same state, so a recompute replays it exactly.
+
+    HF's cache appends on each call: a layer rerun by activation checkpointing would append its keys a second time
+    (and its saved tensors would change shape), which is why transformers drops the cache under checkpointing.
+    ``read_only=False`` (the prefix pass): each update of layer i first restores layer i's state from before its
+    first update, then stores the new keys (the prefix K/V). ``read_only=True`` (the suffix pass): the update
+    returns prefix + new keys and leaves the layer as it was, so nothing but the prefix is ever held.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read_only = False
+        self._snapshots: dict[int, dict[str, Any]] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        if layer_idx < len(self.layers):
+            layer = self.layers[layer_idx]
+            if self.read_only or layer_idx not in self._snapshots:
+                self._snapshots[layer_idx] = dict(layer.__dict__)
+            layer.__dict__.update(self._snapshots[layer_idx])
+        out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if self.read_only:
+            self.layers[layer_idx].__dict__.update(self._snapshots[layer_idx])
+        return out
+
+    def frozen_copy(self, rows: int) -> _ReplayableCache:
+        """A read-only cache holding this cache's states repeated for ``rows`` rows (this one stays as it is)."""
+        out = copy.copy(self)
+        out.layers = [copy.copy(layer) for layer in self.layers]
+        out.read_only, out._snapshots = False, {}
+        out.batch_repeat_interleave(rows)
+        out.read_only = True
+        return out
+
+
+class LearnerGraph(nn.Module):
+    """What one learner forward runs: the shared prefix (once, into a replay-safe KV cache), the suffix rows, and the
+    LM head at the positions that predict sampled tokens. A module of its own so that FSDP2 can make it the root
+    unit (embeddings, final norm, head) around the sharded decoder blocks; parameter names stay the model's."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        prefix_ids: torch.Tensor | None,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        rows: torch.Tensor,
+        columns: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(hidden states [n, S, H], the picked states [N, H], their logits [N, V])."""
+        base = base_model(self.model)
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+        kwargs: dict[str, Any] = {}
+        if prefix_ids is not None:
+            prefix_cache = _ReplayableCache(config=base.config)
+            decoder(input_ids=prefix_ids[None], use_cache=True, **{_cache_kwarg(decoder): prefix_cache})
+            kwargs[_cache_kwarg(decoder)] = prefix_cache.frozen_copy(input_ids.shape[0])
+        out = decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=prefix_ids is not None,
+            **kwargs,
+        )
+        hidden = out.last_hidden_state
+        picked = hidden[rows, columns]
+        return hidden, picked, head(picked)
 
 
 def forward(
@@ -99,38 +220,40 @@ def forward(
     batch: MicroBatch,
     *,
     temperature: float = 1.0,
+    row_temperatures: bool = True,
     entropy: bool = False,
     entropy_grad: bool = False,
     value_head: nn.Module | None = None,
+    autocast_dtype: torch.dtype | None = None,
 ) -> ForwardOutput:
     """Logprobs (at ``temperature``) of the batch's sampled tokens, optionally entropies and values.
+
+    Rows that carry their own sampling temperature (``batch.temperatures``, production traffic) are scored at
+    it instead, so an unchanged policy reproduces their sampler logprobs; ``row_temperatures=False`` ignores them.
+
+    ``model``: the (peft) causal LM or its ``LearnerGraph`` (the sharded learner passes its root).
+    ``autocast_dtype`` (e.g. ``torch.bfloat16``) runs the decoder and LM head under ``torch.autocast`` (weights
+    stay in their own dtype: fp32 master weights); logits, logprobs, entropies and values are float32.
 
     Gradients flow when the caller has them enabled; wrap in ``torch.no_grad()`` to score. Entropies carry a
     gradient only with ``entropy_grad`` (an entropy bonus): for logging, the [tokens x vocab] softmax is not
     kept for the backward pass.
     """
-    base = base_model(model)
-    decoder, head = base.get_decoder(), base.get_output_embeddings()
-    kwargs: dict[str, Any] = {}
-    if batch.prefix_ids is not None:
-        prefix_out = decoder(input_ids=batch.prefix_ids[None], use_cache=True)
-        cache = _cache_of(prefix_out)
-        cache.batch_repeat_interleave(batch.input_ids.shape[0])
-        kwargs[_cache_kwarg(decoder)] = cache
-    out = decoder(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=batch.prefix_ids is not None,
-        **kwargs,
-    )
-    hidden = out.last_hidden_state
-    picked = hidden[batch.rows, batch.columns]
-    logits = head(picked)
+    graph = model if isinstance(model, LearnerGraph) else LearnerGraph(model)
+    base = base_model(graph.model)
+    with _autocast(autocast_dtype, batch.input_ids.device):
+        hidden, picked, logits = graph(
+            batch.prefix_ids, batch.input_ids, batch.attention_mask, batch.position_ids, batch.rows, batch.columns
+        )
+    # The logprob and loss math runs in float32 whatever the autocast dtype (token_logprobs upcasts too).
+    logits = logits.float()
     softcap = getattr(base.config, "final_logit_softcapping", None)
     if softcap:  # Gemma-2 style heads; without it logprobs would not match the sampler's
         logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:  # x / 1.0 == x exactly: skip a [tokens x vocab] copy
+    if row_temperatures and batch.temperatures is not None:
+        per_token = torch.nan_to_num(batch.temperatures, nan=temperature).to(logits.dtype)
+        logits = logits / per_token[:, None]
+    elif temperature != 1.0:  # x / 1.0 == x exactly: skip a [tokens x vocab] copy
         logits = logits / temperature
     logprobs = token_logprobs(logits, batch.targets)
     ent = None
@@ -148,11 +271,22 @@ def forward(
     return ForwardOutput(logprobs, ent, values, last_values)
 
 
+def _autocast(dtype: torch.dtype | None, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 class Reference:
     """The KL reference policy: the adapter-free base under LoRA, or a frozen copy of the initial weights."""
 
     def __init__(self, model: Any) -> None:
         self._copy = None if is_peft(model) else copy.deepcopy(model).requires_grad_(False).eval()
+
+    @property
+    def copy(self) -> Any:
+        """The frozen copy of full fine-tuning (None under LoRA: the base with the adapter disabled)."""
+        return self._copy
 
     @contextlib.contextmanager
     def model(self, policy_model: Any) -> Iterator[Any]:

@@ -4,6 +4,10 @@
 rollout policy holds its own copy, so rollouts can run while the learner changes its weights) and
 ``ServerLoRASync`` (LoRA adapters pushed to an OpenAI-compatible server with ``/v1/load_lora_adapter``).
 ``rollout_setup(config, learner, learner_policy, run_dir)`` builds the rollout policy and its sync from a config.
+
+From a sharded (fsdp2) learner, ``CopySync`` gathers one parameter at a time and copies it into the rank's own
+rollout copy: beyond the copy itself (the one full model per rank that decodes), a sync holds one gathered
+parameter at once. A non-finite adapter is never pushed to a server (``WeightSyncError``).
 """
 
 from __future__ import annotations
@@ -65,11 +69,15 @@ class InProcessSync:
         self.policy.version = version
 
 
-def rollout_copy(policy: HFPolicy) -> HFPolicy:
-    """A second ``HFPolicy`` on a deep copy of ``policy.model`` (same peft adapter structure, same device)."""
+def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy:
+    """A second ``HFPolicy`` on a deep copy of ``policy.model`` (same peft adapter structure, same device), its
+    weights cast to ``dtype`` when given (a bf16 rollout of an fp32 learner). Take it before the learner shards
+    the model (fsdp2): the copy must be whole."""
     from taskrl.policies.hf import HFPolicy
 
     model = copy.deepcopy(policy.model).requires_grad_(False)
+    if dtype is not None:
+        model = model.to(dtype)
     return HFPolicy(
         model,
         policy.tokenizer,
@@ -108,12 +116,14 @@ class CopySync:
         self.targets = {n: targets[n] for n in names}
 
     def __call__(self, version: int) -> None:
-        state = self.learner.trainable_state()
-
         def copy_in() -> None:
             with torch.no_grad():
-                for name, target in self.targets.items():
-                    target.copy_(state[name])
+                # One whole tensor at a time (an all-gather per parameter when the learner is sharded; every rank
+                # syncs its own copy, so all ranks gather in the same order).
+                for name, full in self.learner.gathered_state():
+                    target = self.targets.get(name)
+                    if target is not None:
+                        target.copy_(full)
             self.policy.version = version
 
         _on_decode_thread(self.policy, copy_in)
@@ -188,6 +198,12 @@ class ServerLoRASync:
 
     def _save(self, version: int) -> Path:
         """The adapter of ``version``, written atomically (a killed run never leaves half an adapter to load)."""
+        from taskrl.training.checkpoint import NonFiniteWeightsError, check_finite
+
+        try:
+            check_finite(self.learner, f"adapter v{version} for the rollout server")
+        except NonFiniteWeightsError as exc:
+            raise WeightSyncError(f"{exc}; rollouts keep the previous adapter") from exc
         self.adapters_dir.mkdir(parents=True, exist_ok=True)
         final = self.adapters_dir / f"v{version}"
         tmp = self.adapters_dir / f".tmp-v{version}-{os.getpid()}"
@@ -262,12 +278,14 @@ def rollout_setup(
     run_dir: str | Path,
     *,
     server_policy: OpenAIPolicy | None = None,
+    copy_policy: HFPolicy | None = None,
 ) -> tuple[Any, WeightSync]:
-    """The rollout policy of ``config.rollout_policy`` and the sync that feeds it the learner's weights."""
+    """The rollout policy of ``config.rollout_policy`` and the sync that feeds it the learner's weights
+    (``copy_policy``: the rollout copy, taken before the learner was built, e.g. by ``rollout_copy``)."""
     if config.rollout_policy == "inprocess":
         return learner_policy, InProcessSync(learner_policy, learner.model)
     if config.rollout_policy == "copy":
-        rollout = rollout_copy(learner_policy)
+        rollout = copy_policy if copy_policy is not None else rollout_copy(learner_policy)
         return rollout, CopySync(learner, rollout)
     policy = server_policy if server_policy is not None else connect_server(config)
     sync = ServerLoRASync(

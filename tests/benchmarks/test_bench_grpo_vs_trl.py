@@ -43,6 +43,15 @@ def test_config_fixes_what_the_comparison_fixes(tmp_path: Path, mode: str) -> No
     assert (config.max_new_tokens, config.temperature, config.top_p, config.kl) == (64, 1.0, 1.0, "none")
     assert (config.epochs_per_batch, config.minibatches, config.dtype) == (1, 1, "float32")
     assert config.lora_targets == bench.LORA_TARGETS and not config.drop_zero_variance
+    assert (config.learner_precision, config.gradient_checkpointing) == ("float32", False)
+    best = bench.taskrl_config(_args(), mode, str(tmp_path), "best")  # bf16 where accelerated + checkpointing
+    assert (best.learner_precision, best.gradient_checkpointing, best.dtype) == ("auto", True, "float32")
+    assert best.to_dict() | {"learner_precision": "float32", "gradient_checkpointing": False} == config.to_dict()
+
+
+def test_cpu_line_names_the_model_and_the_bf16_flags() -> None:
+    line = bench.cpu_line()
+    assert line.startswith("CPU: ") and "amx_bf16" in line and "avx512_bf16" in line
 
 
 def test_in_order_sampler_walks_the_prompts_and_resumes() -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/learning_curve.py: its arms are valid demo-recipe configs and its plot renders from a record."""
+"""benchmarks/learning_curve.py: its arms are valid `price`-recipe configs and its plot renders from a record."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from taskrl.training.config import config_from_dict
-from taskrl.training.demo import DEMO_CONFIG
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import learning_curve as bench  # noqa: E402
@@ -24,7 +23,7 @@ def test_arms_are_the_demo_recipe_with_and_without_the_sft_warm_start(tmp_path: 
     assert configs["grpo"].sft_warmup_steps == 0 and configs["sft+grpo"].sft_warmup_steps == 3
     for config in configs.values():
         assert (config.env, config.finetune, config.algo, config.lr) == (
-            DEMO_CONFIG["env"], "lora", "grpo", DEMO_CONFIG["lr"],
+            "price", "lora", "grpo", bench.PRICE_RECIPE["lr"],
         )  # fmt: skip
         assert config.steps == 10_000 and config.eval_tasks == 32
 

@@ -152,3 +152,85 @@ def test_cli_mines_verified_tasks_that_the_env_can_play(tmp_path: Path) -> None:
 def test_config_errors_name_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"MineConfig.{field}"):
         MineConfig(**{field: value})
+
+
+LIB = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
+TESTS = (
+    "from mylib.core import clamp\n\n\nclass TestClamp:\n"
+    "    def test_inside(self):\n        assert clamp(5, 0, 10) == 5\n\n"
+    "    def test_low(self):\n        assert clamp(-1, 0, 10) == 0\n\n\n"
+    "def test_high():\n    assert clamp(11, 0, 10) == 10\n"
+)
+LAYOUTS = {  # (where the package lives, where the tests live)
+    "src": ("src/mylib", "tests/test_core.py"),
+    "flat": ("mylib", "test_core.py"),
+    "root package, tests in test/": ("mylib", "test/test_core.py"),
+    "root package, tests in tests/": ("mylib", "tests/test_core.py"),
+}
+
+
+def _sdist(tmp_path: Path, package: str, tests: str) -> Path:
+    import tarfile
+
+    root = tmp_path / "mylib-1.0"
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text("")
+    (root / package / "core.py").write_text(LIB)
+    (root / tests).parent.mkdir(parents=True, exist_ok=True)
+    (root / tests).write_text(TESTS)
+    sdist = tmp_path / "mylib-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(root, arcname="mylib-1.0")
+    return sdist
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+async def test_mines_every_common_layout_and_prompts_name_real_files(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import tempfile
+
+    from taskrl.datagen.codebugs import mine_bugs
+    from taskrl.envs.code.workspace import remove_tree
+
+    roots = Path(tempfile.mkdtemp(prefix="taskrl-mine-"))  # searchable by the sandbox uid (pytest's is 0700)
+    os.chmod(roots, 0o755)
+    request_cleanup = roots
+    workspace_config = WorkspaceConfig(root=str(roots / "ws"), pool_size=0)
+
+    monkeypatch.setenv("TASKRL_CACHE", str(tmp_path / "cache"))
+    package, tests = LAYOUTS[layout]
+    config = MineConfig(n=1, max_candidates=20, cpu_seconds=120, workspace=workspace_config)
+    meta, report = await mine_bugs(_sdist(tmp_path, package, tests), config)
+    assert meta["test_files"] == [tests] and report.baseline_passed == 3 and report.kept == 1, report
+    for spec in meta["tasks"]:
+        named = [w.strip("`,.") for w in spec["prompt"].split() if w.strip("`,.").endswith(".py")]
+        assert all(name == tests for name in named), spec["prompt"]
+        assert spec["fail_to_pass"] and spec["path"] == f"{package}/core.py"
+    remove_tree(request_cleanup)
+
+
+def test_a_test_file_is_named_only_when_it_exists() -> None:
+    from random import Random
+
+    from taskrl.datagen.codebugs import test_file_of
+
+    files = ["tests/test_core.py", "test_other.py"]
+    assert test_file_of("tests.test_core.TestClamp::test_low", files) == "tests/test_core.py"
+    assert test_file_of("test_other::test_x", files) == "test_other.py"
+    assert test_file_of("mylib.core::mylib.core.clamp", files) is None  # a doctest: no test file
+    (mutation,) = [m for m in candidate_mutations("pkg/core.py", SOURCE, {4}) if m.kind == "swap operator"]
+    for seed in range(20):
+        text = describe(mutation, ["pkg.core::pkg.core.f"], Random(seed), files)
+        assert ".py" not in text
+
+
+def test_cli_has_the_cpu_limit(tmp_path: Path) -> None:
+    from taskrl.cli import app
+
+    result = CliRunner().invoke(app, ["datagen", "codebugs", "--help"])
+    assert "--cpu-seconds" in result.output and "--test-timeout" in result.output
+    assert MineConfig(cpu_seconds=500).sandbox.cpu_seconds == 500
+    with pytest.raises(ValueError, match="MineConfig.cpu_seconds"):
+        MineConfig(cpu_seconds=0)

@@ -35,36 +35,70 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class Postgres:
+    """A throwaway PostgreSQL server in ``root`` on a Unix socket; ``stop()``/``start()`` simulate an outage."""
+
+    def __init__(self, root: Path) -> None:
+        initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        if initdb is None or self.pg_ctl is None:
+            message = "PostgreSQL binaries (initdb, pg_ctl) not found; `make sysdeps` installs them"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        pytest.importorskip("psycopg")
+        self.root = root
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(root, "postgres")
+        self.data, self.sock = root / "data", root / "sock"
+        for d in (self.data, self.sock):
+            d.mkdir()
+            if self.as_user:
+                shutil.chown(d, "postgres")
+        subprocess.run([*self.as_user, initdb, "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"],
+                       **_RUN)  # fmt: skip
+        self.port = _free_port()
+
+    def start(self) -> None:
+        options = f"-k {self.sock} -p {self.port} -h '' -c fsync=off"  # Unix socket only; fsync off: tests
+        log = str(self.root / "log")
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-o", options, "-w", "-l", log, "start"],
+                       **_RUN)  # fmt: skip
+
+    def stop(self, mode: str = "immediate") -> None:
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop"],
+                       capture_output=True, timeout=120)  # fmt: skip
+
+    def new_database(self) -> str:
+        return _new_database(str(self.sock), self.port)
+
+
+_RUN: dict = {"check": True, "capture_output": True, "timeout": 120}
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[tuple[str, int]]:
     """(socket directory, port) of a PostgreSQL server that lives for the test session."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        message = "PostgreSQL binaries (initdb, pg_ctl) not found; `make sysdeps` installs them"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    pytest.importorskip("psycopg")
-    root = Path(tempfile.mkdtemp(prefix="taskrl-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        as_user = ["runuser", "-u", "postgres", "--"]
-        shutil.chown(root, "postgres")
-    data, sock = root / "data", root / "sock"
-    for d in (data, sock):
-        d.mkdir()
-        if as_user:
-            shutil.chown(d, "postgres")
-    run = {"check": True, "capture_output": True, "timeout": 120}
-    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"], **run)
-    port = _free_port()
-    options = f"-k {sock} -p {port} -h '' -c fsync=off"  # Unix socket only; fsync off: tests, not durability
-    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-w", "-l", str(root / "log"), "start"], **run)
+    server = Postgres(Path(tempfile.mkdtemp(prefix="taskrl-pg-")))
+    server.start()
     try:
-        yield str(sock), port
+        yield str(server.sock), server.port
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Postgres]:
+    """A PostgreSQL server of this test alone (it may stop and restart it)."""
+    server = Postgres(Path(tempfile.mkdtemp(prefix="taskrl-pg-own-")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

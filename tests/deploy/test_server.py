@@ -108,16 +108,16 @@ def test_health_and_models(client: httpx.Client) -> None:
         ),
     ],
 )
-def test_bad_request_is_422_with_openai_error(client: httpx.Client, fields: dict, where: str) -> None:
+def test_bad_request_is_400_with_openai_error(client: httpx.Client, fields: dict, where: str) -> None:
     response = chat(client, **fields)
-    assert response.status_code == 422, response.text
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and where in error["message"]
 
 
-def test_missing_model_field_is_422(client: httpx.Client) -> None:
+def test_missing_model_field_is_400(client: httpx.Client) -> None:
     response = client.post("/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-    assert response.status_code == 422
+    assert response.status_code == 400
 
 
 def test_unknown_model_is_404_naming_served_models(client: httpx.Client) -> None:

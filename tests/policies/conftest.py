@@ -17,9 +17,10 @@ def tiny() -> tuple[Any, Any]:
     return tiny_model(seed=0)
 
 
-@pytest.fixture
-def hf_policy(tiny: tuple[Any, Any]) -> Iterator[HFPolicy]:
+@pytest.fixture(params=["continuous", "static"])
+def hf_policy(tiny: tuple[Any, Any], request: pytest.FixtureRequest) -> Iterator[HFPolicy]:
+    """A fresh policy per test, once per decode engine: both must keep every guarantee."""
     model, tokenizer = tiny
-    policy = HFPolicy(model, tokenizer, device="auto")
+    policy = HFPolicy(model, tokenizer, device="auto", engine=request.param)
     yield policy
     policy.close()

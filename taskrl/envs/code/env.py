@@ -18,11 +18,19 @@ from typing import Any
 
 from taskrl.chat import format_tool_call
 from taskrl.env import StepOutput, ToolEnv
-from taskrl.envs.code.reward import CodeRewardConfig, asked_a_question, effort_term, protect, score, tree_state
+from taskrl.envs.code.reward import (
+    CodeRewardConfig,
+    Score,
+    asked_a_question,
+    effort_term,
+    protect,
+    score,
+    tree_state,
+)
 from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
 from taskrl.envs.code.tasks import BUILTIN_BUGS, humaneval_tasks, load_bug_tasks
 from taskrl.envs.code.tools import CodeTools
-from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, pool_for
+from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, WorkspaceError, pool_for
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 SYSTEM_PROMPT = (
@@ -92,7 +100,10 @@ class CodeEnv(CodeTools, ToolEnv):
         results, terminated, truncated, info = await super().step(tool_calls)
         self.steps += 1
         if self.config.checkpoint_every_step and self.workspace is not None:
-            await asyncio.to_thread(self.workspace.snapshot, f"step-{self.steps}")
+            try:
+                await asyncio.to_thread(self.workspace.snapshot, f"step-{self.steps}")
+            except (OSError, WorkspaceError) as e:  # a tree too deep to copy: the episode goes on unchecked
+                info = {**info, "checkpoint_error": str(e)[:300]}
         return results, terminated, truncated, info
 
     def snapshot(self, name: str) -> None:
@@ -114,11 +125,15 @@ class CodeEnv(CodeTools, ToolEnv):
     async def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         if self.task is None or self.workspace is None or not self.workspace.alive:
             return {"tests": 0.0}
-        changed = tree_state(self.workspace.path) != self._initial
-        result = await score(
-            self.sandbox, self.workspace, self.task, self._protected, self._initial, self.config.reward
-        )
         metrics, info = trajectory.metrics, trajectory.info
+        try:
+            changed = tree_state(self.workspace.path) != self._initial
+            result = await score(
+                self.sandbox, self.workspace, self.task, self._protected, self._initial, self.config.reward
+            )
+        except (OSError, WorkspaceError) as e:  # a tree the host-side checks refuse (e.g. 1,200 levels deep)
+            changed, result = True, Score(failure=f"the workspace cannot be scored: {e}")
+            metrics["unscorable_workspace"] = 1.0
         metrics["tests_passed"] = result.tests
         metrics["tampering"] = float(bool(result.tampering))
         metrics["tests_failed_to_run"] = float(result.failure is not None and not result.tampering)

@@ -19,17 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from taskrl.envs.code.checks import run_function_check
 from taskrl.envs.code.sandbox import Sandbox
 from taskrl.envs.code.testrun import TestRun, line_coverage, run_pytest
-from taskrl.envs.code.workspace import Workspace
+from taskrl.envs.code.workspace import Workspace, walk_tree
 from taskrl.rewards.formulas import effort_penalty
 from taskrl.types import Task, Trajectory
 
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py")
 CONFIG_NAMES = frozenset(
-    {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
-     "usercustomize.py"}
+    {"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
+     "pyproject.toml", "sitecustomize.py", "usercustomize.py"}
 )  # fmt: skip
+"""Files pytest or Python read as configuration. The test runs read none of them from the workspace (see
+``testrun``); changing or adding one is flagged all the same, since it can only be meant for the tests."""
 _QUESTION_RE = re.compile(r"\?\s*(?:</answer>)?\s*$")
 
 
@@ -77,12 +80,8 @@ def is_protected(relpath: str) -> bool:
 
 
 def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
-    out = []
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            out.append((os.path.relpath(full, root), os.lstat(full)))
-    return out
+    """Every non-directory under ``root``, never following a link (``TreeTooDeepError`` on hostile depths)."""
+    return [(rel, st) for rel, st in walk_tree(root) if not stat.S_ISDIR(st.st_mode)]
 
 
 def _digest(path: Path, st: os.stat_result) -> str:
@@ -120,7 +119,11 @@ def tree_state(root: Path) -> dict[str, tuple[int, int, int]]:
 
 def new_test_files(root: Path, before: dict[str, tuple[int, int, int]], hidden: set[str]) -> list[str]:
     """Test files the agent wrote (present now, absent at reset, not a hidden test)."""
-    return sorted(rel for rel, _ in _walk(root) if is_test_file(rel) and rel not in before and rel not in hidden)
+    return sorted(
+        rel
+        for rel, st in _walk(root)
+        if stat.S_ISREG(st.st_mode) and is_test_file(rel) and rel not in before and rel not in hidden
+    )  # regular files only: a FIFO named test_x.py would hang the coverage run
 
 
 @dataclass
@@ -156,6 +159,7 @@ async def score(
             out.agent_tests,
             pythonpath=info.get("pythonpath", []),
             plugins=info.get("plugins", []),
+            conftest=info.get("conftest", False),
             timeout_s=config.test_timeout_s,
             coverage_of=info["code_files"],
         )
@@ -163,22 +167,30 @@ async def score(
     if out.tampering:
         out.failure = "tampering: " + "; ".join(out.tampering)
         return out
-    try:
-        for relpath, content in hidden_files.items():
-            workspace.write_file(relpath, content.encode("utf-8"))
-    except (OSError, ValueError) as e:  # e.g. the agent left a directory where a hidden test goes
-        out.failure = f"could not put the hidden tests in place: {e}"
-        return out
-    out.run, _ = await run_pytest(
-        sandbox,
-        workspace.path,
-        info["hidden_targets"],
-        pythonpath=info.get("pythonpath", []),
-        plugins=info.get("plugins", []),
-        timeout_s=config.test_timeout_s,
-    )
+    if "check" in info:  # HumanEval: the test runs in a sandbox of its own against the agent's function
+        out.run = await run_function_check(
+            sandbox, workspace.path, info["check"], info["fail_to_pass"][0], timeout_s=config.test_timeout_s
+        )
+    else:
+        try:
+            for relpath, content in hidden_files.items():
+                workspace.write_file(relpath, content.encode("utf-8"))
+        except (OSError, ValueError) as e:  # e.g. the agent left a directory where a hidden test goes
+            out.failure = f"could not put the hidden tests in place: {e}"
+            return out
+        out.run, _ = await run_pytest(
+            sandbox,
+            workspace.path,
+            info["hidden_targets"],
+            pythonpath=info.get("pythonpath", []),
+            plugins=info.get("plugins", []),
+            conftest=info.get("conftest", False),
+            timeout_s=config.test_timeout_s,
+        )
     fail_to_pass, pass_to_pass = info["fail_to_pass"], info.get("pass_to_pass", [])
-    if out.run.failure is not None:  # no tests, collection errors, timeouts: never a pass
+    if out.run.tampering:  # pytest patched from the code under test: tampering, like an edited test
+        out.tampering = list(out.run.tampering)
+    if out.run.failure is not None:  # no tests, collection errors, tampering, timeouts: never a pass
         out.failure = out.run.failure
         return out
     out.tests = out.run.fraction_passed(fail_to_pass) * (out.run.fraction_passed(pass_to_pass) if pass_to_pass else 1.0)

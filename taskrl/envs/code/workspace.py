@@ -1,10 +1,12 @@
 """Copy-on-write workspaces cloned from a base tree, with snapshots, a warm pool and cleanup on every exit path.
 
 ``pool_for(base).acquire()`` hands out a ``Workspace`` whose ``path`` looks like a private copy of ``base``.
-Two clone strategies: ``overlay`` (an overlayfs mount over the untouched base: true copy-on-write for every
-writer, about 1 ms per workspace; needs root) and ``hardlink`` (every file a hard link into a read-only frozen
-copy of the base; ``write_file`` breaks the link first, so the base is never changed; commands in the
-sandbox can replace files but not write into a file that is still shared). ``snapshot(name)``/``restore(name)``
+Three clone strategies: ``overlay`` (an overlayfs mount over a private copy of the base: true copy-on-write for
+every writer, about 1 ms per workspace; needs root), ``hardlink`` (root only: every file a hard link into a
+frozen copy of the base owned by root and read-only to the sandbox's unprivileged uid, which can therefore
+neither write nor chmod a shared inode; ``write_file`` replaces the link, and commands can replace files but
+get EACCES writing into one still shared) and ``copy`` (a full copy: what non-root users get, since there
+the sandbox uid owns every inode it could share). ``snapshot(name)``/``restore(name)``
 checkpoint a workspace mid-episode at the cost of the files it changed. Workspaces are removed by
 ``destroy()``, by ``atexit``, and, after a crash, by the next process's sweep of its workspace root.
 """
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-WorkspaceMode = Literal["auto", "overlay", "hardlink"]
+WorkspaceMode = Literal["auto", "overlay", "hardlink", "copy"]
+CloneMode = Literal["overlay", "hardlink", "copy"]
 _MNT_DETACH = 2
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -50,13 +53,19 @@ class WorkspaceConfig:
     root: str | None = None
     """Directory holding the workspaces; None = ``$TMPDIR/taskrl-workspaces``."""
     mode: WorkspaceMode = "auto"
-    """``overlay`` (root only), ``hardlink``, or ``auto`` (overlay when it works here, else hardlink)."""
+    """``overlay`` (root only), ``hardlink`` (root only), ``copy``, or ``auto`` (overlay when it works here,
+    else hardlink as root, else copy)."""
     pool_size: int = 2
     """Clean workspaces kept ready per base tree (the warm pool); 0 creates each one on demand."""
+    disk_quota_bytes: int = 1 << 30
+    """What the agent may add to a workspace: a size-limited tmpfs under the overlay's upper layer (writes
+    past it fail with ENOSPC), else enforced per command by the sandbox's watchdog."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("auto", "overlay", "hardlink"):
-            raise ValueError(f"WorkspaceConfig.mode must be auto, overlay or hardlink, got {self.mode!r}")
+        if self.mode not in ("auto", "overlay", "hardlink", "copy"):
+            raise ValueError(f"WorkspaceConfig.mode must be auto, overlay, hardlink or copy, got {self.mode!r}")
+        if self.disk_quota_bytes <= 0:
+            raise ValueError(f"WorkspaceConfig.disk_quota_bytes must be > 0, got {self.disk_quota_bytes}")
         if self.pool_size < 0:
             raise ValueError(f"WorkspaceConfig.pool_size must be >= 0, got {self.pool_size}")
         if self.root is not None and any(c in self.root for c in ",:\\"):
@@ -68,6 +77,7 @@ class WorkspaceConfig:
 
 # -- overlay mounts ------------------------------------------------------------------------------------------
 
+_ROOT = os.geteuid() == 0
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -76,6 +86,13 @@ def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, options) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount overlay on {target}: {os.strerror(err)}")
+
+
+def _mount_tmpfs(target: Path, size: int) -> None:
+    options = f"size={size},mode=0755".encode()
+    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", 0, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
 
 
 def _unmount(target: Path) -> None:
@@ -113,9 +130,18 @@ def _copy_entry(src: Path, dst: Path, st: os.stat_result) -> None:
     elif stat.S_ISCHR(st.st_mode):  # an overlay whiteout (a deleted file): char device 0/0
         os.mknod(dst, stat.S_IFCHR | stat.S_IMODE(st.st_mode), st.st_rdev)
     else:
-        shutil.copyfile(src, dst, follow_symlinks=False)
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f_src, open(dst, "xb") as f_dst:
+            shutil.copyfileobj(f_src, f_dst, 1 << 20)
         os.chmod(dst, stat.S_IMODE(st.st_mode))
     _copy_xattrs(src, dst)
+
+
+def _own(path: str | Path, st: os.stat_result, owner: int | None = None) -> None:
+    """As root, give a copy the owner of its original (or ``owner``): the sandbox uid keeps its own files."""
+    if _ROOT:
+        uid = st.st_uid if owner is None else owner
+        os.lchown(path, uid, st.st_gid if owner is None else owner)
 
 
 def _copy_xattrs(src: Path, dst: Path) -> None:
@@ -127,43 +153,109 @@ def _copy_xattrs(src: Path, dst: Path) -> None:
 
 
 def remove_tree(path: str | os.PathLike[str]) -> None:
-    """rm -rf that also gets through directories a command made read-only."""
+    """rm -rf of a tree an agent made: iterative over directory fds (any depth, any name, no path-length
+    limit), never following a link, getting through directories a command made read-only."""
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    # a stack of (dir fd, entries still to remove); a directory is removed once its fd is closed and empty
+    parent_fd = os.open(os.path.dirname(os.path.abspath(path)) or "/", os.O_RDONLY | os.O_DIRECTORY)
+    stack: list[tuple[int, str, int]] = []  # (fd, name in parent, parent fd)
+    try:
+        stack.append((_open_dir(os.path.basename(path), parent_fd), os.path.basename(path), parent_fd))
+        while stack:
+            fd, name, parent = stack[-1]
+            descended = False
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        with contextlib.suppress(OSError):
+                            os.chmod(entry.name, 0o700, dir_fd=fd, follow_symlinks=False)
+                        try:
+                            stack.append((_open_dir(entry.name, fd), entry.name, fd))
+                            descended = True
+                            break
+                        except OSError:
+                            continue
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.name, dir_fd=fd)
+            if descended:
+                continue
+            stack.pop()
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(name, dir_fd=parent)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+        os.close(parent_fd)
 
-    def unlock_and_retry(function, failed_path, _exc_info) -> None:  # type: ignore[no-untyped-def]
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed_path), 0o700)
-            if os.path.isdir(failed_path) and not os.path.islink(failed_path):
-                os.chmod(failed_path, 0o700)
-            function(failed_path)
 
-    shutil.rmtree(path, onerror=unlock_and_retry)  # noqa: B026 - onerror is the 3.11 spelling
-    if os.path.lexists(path):
-        shutil.rmtree(path, ignore_errors=True)
+def _open_dir(name: str, dir_fd: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
 
 
-def copy_tree(src: Path, dst: Path, *, link_inodes: frozenset[tuple[int, int]] = frozenset()) -> None:
+MAX_TREE_DEPTH = 256
+"""Deeper trees are refused by the host-side walks (snapshots, tampering checks), never followed into."""
+
+
+class TreeTooDeepError(WorkspaceError):
+    """An agent made a directory tree deeper than ``MAX_TREE_DEPTH``: snapshots and checks refuse it."""
+
+
+def walk_tree(root: str | os.PathLike[str]) -> list[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of everything under ``root``, iteratively, never following a link; directories
+    come before their contents. Raises ``TreeTooDeepError`` past ``MAX_TREE_DEPTH`` levels."""
+    out: list[tuple[str, os.stat_result]] = []
+    root = os.fspath(root)
+    todo: list[tuple[str, int]] = [("", 0)]
+    while todo:
+        rel, depth = todo.pop()
+        if depth > MAX_TREE_DEPTH:
+            raise TreeTooDeepError(f"the workspace has directories more than {MAX_TREE_DEPTH} levels deep: {rel[:80]}")
+        with os.scandir(os.path.join(root, rel) if rel else root) as entries:
+            for entry in entries:
+                child = f"{rel}/{entry.name}" if rel else entry.name
+                st = entry.stat(follow_symlinks=False)
+                out.append((child, st))
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append((child, depth + 1))
+    return out
+
+
+def copy_tree(
+    src: Path, dst: Path, *, link_inodes: frozenset[tuple[int, int]] = frozenset(), owner: int | None = None
+) -> None:
     """Copy ``src`` to ``dst`` (which must not exist) without following symlinks; files whose inode is in
-    ``link_inodes`` are hard-linked instead of copied (they are read-only and shared by design)."""
+    ``link_inodes`` are hard-linked instead of copied (they are read-only and shared by design). As root,
+    copies keep their original's owner, or all get ``owner``. FIFOs, sockets and devices other than overlay
+    whiteouts are left out (nothing a project needs; opening one could block)."""
+    entries = walk_tree(src)  # refuses hostile depths before anything is written
     os.mkdir(dst)
     _copy_xattrs(src, dst)
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        target_dir = dst if rel == "." else dst / rel
-        for name in dirnames:
-            source = Path(dirpath, name)
-            st = source.lstat()
-            if stat.S_ISLNK(st.st_mode):  # os.walk lists symlinks to directories here; copy the link
-                _copy_entry(source, target_dir / name, st)
-            else:
-                os.mkdir(target_dir / name, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
-                _copy_xattrs(source, target_dir / name)
-        for name in filenames:
-            source = Path(dirpath, name)
-            st = source.lstat()
-            if (st.st_dev, st.st_ino) in link_inodes:
-                os.link(source, target_dir / name)
-            else:
-                _copy_entry(source, target_dir / name, st)
+    root_st = os.lstat(src)
+    os.chmod(dst, stat.S_IMODE(root_st.st_mode) | stat.S_IRWXU)
+    _own(dst, root_st, owner)
+    for rel, st in entries:
+        source, target = Path(src, rel), Path(dst, rel)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(target, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+            _copy_xattrs(source, target)
+        elif stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) in link_inodes:
+            os.link(source, target)
+            continue
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0):
+            _copy_entry(source, target, st)
+        else:
+            continue
+        _own(target, st, owner)
 
 
 # -- the base tree -------------------------------------------------------------------------------------------
@@ -177,7 +269,19 @@ class BaseTree:
         if not self.path.is_dir():
             raise WorkspaceError(f"base tree {self.path} is not a directory")
         self._frozen: tuple[Path, list[str], list[str], frozenset[tuple[int, int]]] | None = None
+        self._lower: Path | None = None
         self._lock = threading.Lock()
+
+    def lower(self, root: Path) -> Path:
+        """The overlay's lower layer, made once: a private copy owned by the sandbox uid (as root), so that
+        the agent may change every file (overlay copies it up) while the base itself is never mounted."""
+        with self._lock:
+            if self._lower is None:
+                lower = root / f"base-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                copy_tree(self.path, lower, owner=agent_uid())
+                self._lower = lower
+                _TO_REMOVE.append(lower)
+            return self._lower
 
     def frozen(self, root: Path) -> tuple[Path, list[str], list[str], frozenset[tuple[int, int]]]:
         """(frozen copy, its directories, its files, its inodes), made once: files read-only so that a command
@@ -185,18 +289,16 @@ class BaseTree:
         with self._lock:
             if self._frozen is None:
                 frozen = root / f"base-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                copy_tree(self.path, frozen)
+                copy_tree(self.path, frozen, owner=0 if _ROOT else None)  # root's: the sandbox uid cannot chmod
                 dirs, files, inodes = [], [], set()
-                for dirpath, dirnames, filenames in os.walk(frozen):
-                    rel = os.path.relpath(dirpath, frozen)
-                    dirs += [os.path.normpath(os.path.join(rel, d)) for d in dirnames]
-                    for name in filenames:
-                        full = os.path.join(dirpath, name)
-                        st = os.lstat(full)
-                        if stat.S_ISREG(st.st_mode):
-                            os.chmod(full, stat.S_IMODE(st.st_mode) & ~0o222)
-                            inodes.add((st.st_dev, st.st_ino))
-                        files.append(os.path.normpath(os.path.join(rel, name)))
+                for rel, st in walk_tree(frozen):
+                    if stat.S_ISDIR(st.st_mode):
+                        dirs.append(rel)
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        os.chmod(frozen / rel, stat.S_IMODE(st.st_mode) & ~0o222)
+                        inodes.add((st.st_dev, st.st_ino))
+                    files.append(rel)
                 self._frozen = (frozen, dirs, files, frozenset(inodes))
                 _TO_REMOVE.append(frozen)
             return self._frozen
@@ -212,8 +314,12 @@ _counter = itertools.count()
 class Workspace:
     """One agent's working tree. ``path`` is what tools read and write and what the sandbox mounts."""
 
-    def __init__(self, base: BaseTree, root: Path, mode: Literal["overlay", "hardlink"]) -> None:
+    def __init__(self, base: BaseTree, root: Path, mode: CloneMode, disk_quota_bytes: int = 1 << 30) -> None:
         self.base, self.mode = base, mode
+        self.disk_quota_bytes = disk_quota_bytes
+        self._usage = 0
+        self.owner = agent_uid()
+        """Host uid owning the workspace's files (the sandbox's, as root); None: this process's own."""
         root = root.resolve()
         self.dir = root / f"{os.getpid()}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
         self.path = self.dir / "view"
@@ -224,13 +330,23 @@ class Workspace:
         try:
             if mode == "overlay":
                 self.path.mkdir()
+                self._layers = self.dir / "layers"
+                self._layers.mkdir()
+                _mount_tmpfs(self._layers, disk_quota_bytes)
                 self._mount(self._new_upper())
+            elif mode == "copy":
+                copy_tree(base.path, self.path, owner=self.owner)
             else:
                 frozen, dirs, files, _ = base.frozen(root)
                 self.path.mkdir()
                 source, target = f"{frozen}/", f"{self.path}/"  # str joins: this loop is the clone's cost
+                owner = self.owner
                 for d in dirs:
                     os.mkdir(target + d)
+                    if owner is not None:  # the agent may add and replace files, never write shared ones
+                        os.chown(target + d, owner, owner)
+                if owner is not None:
+                    os.chown(self.path, owner, owner)
                 for f in files:
                     os.link(source + f, target + f, follow_symlinks=False)
         except BaseException:
@@ -241,14 +357,18 @@ class Workspace:
     # can never see or share them
     def _new_upper(self) -> Path:
         self._layer += 1
-        upper = self.dir / f"upper{self._layer}"
+        upper = self._layers / f"upper{self._layer}"
         upper.mkdir()
         return upper
 
     def _mount(self, upper: Path) -> None:
-        work = self.dir / f"work{self._layer}"
+        work = self._layers / f"work{self._layer}"
         work.mkdir()
-        _mount_overlay(self.base.path, upper, work, self.path)
+        lower = self.base.lower(self.dir.parent)
+        if self.owner is not None:  # the merged root directory is the upper's: the agent's, like the rest
+            os.chown(upper, self.owner, self.owner)
+            os.chmod(upper, stat.S_IMODE(os.stat(lower).st_mode) | 0o700)
+        _mount_overlay(lower, upper, work, self.path)
         self._upper = upper
 
     def _discard(self, path: Path) -> None:
@@ -283,7 +403,7 @@ class Workspace:
     def write_file(self, relpath: str, data: bytes) -> Path:
         """Write a file without ever writing into a shared inode: a new file replaces the old one atomically."""
         target = self.resolve(relpath)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parents(target.parent)
         mode = 0o644
         with contextlib.suppress(FileNotFoundError):
             mode = stat.S_IMODE(target.stat().st_mode) | 0o200
@@ -292,12 +412,53 @@ class Workspace:
             with open(tmp, "xb") as f:
                 f.write(data)
             os.chmod(tmp, mode)
+            if self.owner is not None:
+                os.chown(tmp, self.owner, self.owner)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
         return target
+
+    def disk_usage(self) -> int:
+        """Bytes the agent added (overlay: its tmpfs layer; else the whole tree, walked: see ``disk_budget``)."""
+        if self.mode == "overlay":
+            st = os.statvfs(self._layers)
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
+        total = 0
+        with contextlib.suppress(OSError, WorkspaceError):
+            for _, st in walk_tree(self.path):
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:  # shared hard links cost nothing
+                    total += st.st_blocks * 512
+        self._usage = total
+        return total
+
+    def disk_budget(self) -> int | None:
+        """What the next command may still write: None when a mount enforces the quota itself (overlay)."""
+        if self.mode == "overlay":
+            return None
+        return self.disk_quota_bytes - self._usage
+
+    def quota_note(self) -> str | None:
+        """A line for the agent when the workspace is (nearly) full, refreshed after every command."""
+        used = self.disk_usage()
+        if used < 0.9 * self.disk_quota_bytes:
+            return None
+        return (
+            f"[workspace disk quota: {used >> 20} MiB of {self.disk_quota_bytes >> 20} MiB used; "
+            "delete files to write more]"
+        )
+
+    def _make_parents(self, directory: Path) -> None:
+        missing = []
+        while not directory.exists() and directory != self.path:
+            missing.append(directory)
+            directory = directory.parent
+        for path in reversed(missing):
+            path.mkdir()
+            if self.owner is not None:
+                os.chown(path, self.owner, self.owner)
 
     def snapshot(self, name: str) -> None:
         """Checkpoint the workspace as it is now (costs the files changed since the base)."""
@@ -309,6 +470,8 @@ class Workspace:
         target.parent.mkdir(exist_ok=True)
         if self.mode == "overlay":
             copy_tree(self._upper, target)
+        elif self.mode == "copy":
+            copy_tree(self.path, target)
         else:
             copy_tree(self.path, target, link_inodes=self.base.frozen(self.dir.parent)[3])
         self._snapshots[name] = target
@@ -321,15 +484,16 @@ class Workspace:
         source = self._snapshots[name]
         if self.mode == "overlay":
             _unmount(self.path)
-            self._discard(self._upper)
-            self._discard(self.dir / f"work{self._layer}")
-            upper = self.dir / f"upper{self._layer + 1}"
+            remove_tree(self._upper)  # deleted, not set aside: it would count against the quota
+            remove_tree(self._layers / f"work{self._layer}")
+            upper = self._layers / f"upper{self._layer + 1}"
             copy_tree(source, upper)
             self._layer += 1
             self._mount(upper)
         else:
             self._discard(self.path)
-            copy_tree(source, self.path, link_inodes=self.base.frozen(self.dir.parent)[3])
+            links = self.base.frozen(self.dir.parent)[3] if self.mode == "hardlink" else frozenset()
+            copy_tree(source, self.path, link_inodes=links)
 
     @property
     def snapshots(self) -> list[str]:
@@ -341,6 +505,8 @@ class Workspace:
         if self.mode == "overlay":
             with contextlib.suppress(OSError):
                 _unmount(self.path)
+            with contextlib.suppress(OSError):
+                _unmount(self.dir / "layers")
         with contextlib.suppress(FileNotFoundError):
             remove_tree(self.dir)
 
@@ -351,16 +517,52 @@ class Workspace:
         self.destroy()
 
 
-def _resolve_mode(config: WorkspaceConfig, root: Path, base: Path) -> Literal["overlay", "hardlink"]:
-    if config.mode == "hardlink":
-        return "hardlink"
+def agent_uid() -> int | None:
+    """The host uid the sandbox runs as when it differs from ours (we are root), else None."""
+    from taskrl.envs.code.sandbox import SANDBOX_HOST_UID
+
+    return SANDBOX_HOST_UID if _ROOT else None
+
+
+def _resolve_mode(config: WorkspaceConfig, root: Path, base: Path) -> CloneMode:
+    if config.mode in ("hardlink", "copy"):
+        if config.mode == "hardlink" and not _ROOT:
+            raise WorkspaceError(
+                "hardlink workspaces need root: as any other user the sandbox runs as this uid, owns the shared "
+                "inodes and could chmod and write them into every other workspace; use mode='copy' or 'auto'"
+            )
+        return config.mode
     unmountable = any(c in str(base) for c in ",:\\")  # overlay's option syntax cannot quote these
     if overlay_available(root) and not unmountable:
         return "overlay"
     if config.mode == "overlay":
         why = f"its path {base} contains ',', ':' or '\\'" if unmountable else f"mounting under {root} failed"
-        raise WorkspaceError(f"overlay workspaces need root and overlayfs ({why}); use mode='hardlink' or 'auto'")
-    return "hardlink"
+        raise WorkspaceError(f"overlay workspaces need root and overlayfs ({why}); use mode='copy' or 'auto'")
+    return "hardlink" if _ROOT else "copy"
+
+
+def private_root(path: Path) -> Path:
+    """Create (or check) a workspace root: ours, not writable by anyone else, searchable by the sandbox uid,
+    so another local user can neither plant files in it nor swap it for a link."""
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(path.parent, exist_ok=True)
+        os.mkdir(path, 0o711)
+        os.chmod(path, 0o711)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise WorkspaceError(
+            f"workspace root {path} is not a directory owned by uid {os.geteuid()} and writable only by it "
+            "(another user may have made it): remove it or set WorkspaceConfig.root to a private directory"
+        )
+    if _ROOT:
+        from taskrl.envs.code.sandbox import SANDBOX_HOST_UID, reachable_by
+
+        if not reachable_by(str(path / "x"), SANDBOX_HOST_UID):
+            raise WorkspaceError(
+                f"workspace root {path} is under a directory the sandbox uid {SANDBOX_HOST_UID} cannot search; "
+                "set WorkspaceConfig.root under a world-searchable directory (e.g. /tmp)"
+            )
+    return path.resolve()
 
 
 class WorkspacePool:
@@ -368,8 +570,7 @@ class WorkspacePool:
 
     def __init__(self, base: BaseTree, config: WorkspaceConfig) -> None:
         self.base, self.config = base, config
-        config.root_dir().mkdir(parents=True, exist_ok=True)
-        self.root = config.root_dir().resolve()
+        self.root = private_root(config.root_dir())
         sweep_stale(self.root)
         self.mode = _resolve_mode(config, self.root, base.path)
         self._ready: deque[Workspace] = deque()
@@ -381,7 +582,7 @@ class WorkspacePool:
 
     def create(self) -> Workspace:
         """A new workspace, bypassing the pool."""
-        return Workspace(self.base, self.root, self.mode)
+        return Workspace(self.base, self.root, self.mode, self.config.disk_quota_bytes)
 
     def acquire(self) -> Workspace:
         """A clean workspace: a warm one when ready, else one made now. The caller destroys it when done."""
@@ -423,14 +624,14 @@ class WorkspacePool:
                 self._ready.popleft().destroy()
 
 
-_POOLS: dict[tuple[Path, Path, str, int], WorkspacePool] = {}
+_POOLS: dict[tuple[Path, Path, str, int, int], WorkspacePool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
 def pool_for(base: str | os.PathLike[str], config: WorkspaceConfig | None = None) -> WorkspacePool:
     """The process-wide pool of one base tree (envs are made per episode; their workspaces come from here)."""
     config = config or WorkspaceConfig()
-    key = (Path(base).resolve(), config.root_dir().resolve(), config.mode, config.pool_size)
+    key = (Path(base).resolve(), config.root_dir().resolve(), config.mode, config.pool_size, config.disk_quota_bytes)
     with _POOLS_LOCK:
         if key not in _POOLS:
             _POOLS[key] = WorkspacePool(BaseTree(base), config)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
-from taskrl.envs.code.workspace import WorkspaceConfig
+from taskrl.envs.code.sandbox import Sandbox, SandboxConfig, host_uid
+from taskrl.envs.code.workspace import WorkspaceConfig, remove_tree
 
 SMALL_LIMITS = dict(
     timeout_s=5.0,
@@ -31,9 +33,32 @@ def sandbox(small_limits: SandboxConfig) -> Sandbox:
     return Sandbox(small_limits)
 
 
+def searchable(path: Path) -> Path:
+    """Let the sandbox uid (as root: an unprivileged one) pass through a test's temp directory."""
+    os.chmod(path, os.stat(path).st_mode | 0o755)
+    return path
+
+
+def agent_owned(path: Path) -> Path:
+    """A directory the sandboxed commands may write in, as their host uid."""
+    uid = host_uid()
+    for sub in [path, *path.rglob("*")]:
+        os.lchown(sub, uid, uid)
+    return path
+
+
 @pytest.fixture
-def workspace_config(tmp_path: Path) -> WorkspaceConfig:
-    return WorkspaceConfig(root=str(tmp_path / "workspaces"), pool_size=0)
+def agent_tmp() -> Path:
+    """A temp directory the sandbox uid can pass through (as root it is an unprivileged uid, and pytest's own
+    temp directories live under a 0700 /tmp/pytest-of-root that every pytest session resets)."""
+    path = Path(tempfile.mkdtemp(prefix="taskrl-test-"))
+    yield searchable(path)
+    remove_tree(path)
+
+
+@pytest.fixture
+def workspace_config(agent_tmp: Path) -> WorkspaceConfig:
+    return WorkspaceConfig(root=str(agent_tmp / "workspaces"), pool_size=0)
 
 
 @pytest.fixture

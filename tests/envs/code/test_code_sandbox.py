@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from taskrl.envs.code.sandbox import CommandResult, Sandbox, SandboxConfig, SandboxUnavailableError
+from taskrl.envs.code.sandbox import CommandResult, Sandbox, SandboxConfig, SandboxUnavailableError, host_uid
 
 
 @pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
+def workspace(agent_tmp: Path) -> Path:
+    ws = agent_tmp / "ws"
     ws.mkdir()
     (ws / "hello.txt").write_text("hello\n")
+    uid = host_uid()
+    for path in (ws, ws / "hello.txt"):
+        os.chown(path, uid, uid)
     return ws
 
 

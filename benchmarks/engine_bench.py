@@ -1,0 +1,363 @@
+"""Rollout engine benchmark (issue 13): HFPolicy's continuous engine vs its static engine vs transformers
+``generate`` one request at a time, side by side in one run, on SmolLM2-135M-Instruct.
+
+(a) ``grpo``: a GRPO step's rollouts on the ``shop`` env: 4 tasks x 4 samples = 16 episodes of up to 5 turns,
+    temperature 1, the same seeds for every engine. Prints episodes/s, sampled tokens/s, prompt tokens the
+    engine computed (prefill), p50/p95 seconds per turn, and whether the episodes equal the continuous engine's.
+(b) ``trace``: requests arriving every 100 ms, long (a ~300-token prompt, 48 new tokens) and short (a ~20-token
+    prompt, 6 new tokens) mixed; p50/p95 latency, and a short request's latency under load vs alone.
+(c) ``demo``: ``taskrl demo``'s training (its config: 3 SFT steps, then GRPO steps of 16 episodes) with each
+    engine; per-step time, rollout time and training reward (seeded: both engines should agree).
+
+    PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part grpo trace [--device auto]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part demo --demo-grpo-steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from taskrl.env import make
+from taskrl.policies.base import Completion, SamplingParams
+from taskrl.policies.hf import HFPolicy
+from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.types import Message
+
+
+def cpu_model() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
+    amx = "amx_bf16 present" if "amx_bf16" in Path("/proc/cpuinfo").read_text() else "no amx_bf16"
+    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    return f"{name}, {amx}, torch threads {torch.get_num_threads()}, load average {load}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Timed:
+    """Wraps a policy; records each turn's wall time."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name, self.version, self.chat_format = inner.name, inner.version, inner.chat_format
+        self.turn_s: list[float] = []
+
+    async def generate(self, **kwargs: Any) -> Completion:
+        start = time.perf_counter()
+        completion = await self.inner.generate(**kwargs)
+        self.turn_s.append(time.perf_counter() - start)
+        return completion
+
+
+class GeneratePolicy:
+    """transformers ``model.generate``, one request at a time (the baseline without our engine).
+
+    Seeds torch's global RNG per request and reports the logprobs of the temperature-scaled distribution
+    from ``output_logits``; it runs on the HFPolicy's decode thread (one OpenMP team, as the engines do).
+    """
+
+    def __init__(self, policy: HFPolicy) -> None:
+        self.policy = policy
+        self.name, self.version, self.chat_format = policy.name, 0, policy.chat_format
+        self.lock = asyncio.Lock()
+        self.prefill_tokens = 0
+
+    async def generate(self, *, token_ids: list[int], sampling: SamplingParams, **_: Any) -> Completion:
+        async with self.lock:
+            return await asyncio.to_thread(self.policy.run_exclusive, lambda: self._generate(token_ids, sampling))
+
+    @torch.inference_mode()
+    def _generate(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
+        policy = self.policy
+        torch.manual_seed(sampling.seed or 0)
+        ids = torch.tensor([token_ids], device=policy.device)
+        greedy = sampling.temperature == 0
+        out = policy.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy or not sampling.top_k else sampling.top_k,
+            eos_token_id=sorted(policy.chat_format.stop_token_ids) or None,
+            pad_token_id=policy._pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new = out.sequences[0, len(token_ids) :].tolist()
+        logits = torch.stack(out.logits)[:, 0].float() / (sampling.temperature or 1.0)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(new, device=logits.device)[:, None])
+        self.prefill_tokens += len(token_ids)
+        stopped = bool(new) and new[-1] in policy.chat_format.stop_token_ids
+        return Completion(
+            text=policy.chat_format.decode(new),
+            token_ids=new,
+            logprobs=logprobs[:, 0].tolist(),
+            finish_reason="stop" if stopped else "length",
+            prompt_token_ids=list(token_ids),
+        )
+
+
+# -- (a) a GRPO step's rollouts --------------------------------------------------------------------
+def grpo_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
+    env = make("shop")
+    tasks = list(env.tasks())[: args.tasks]
+    config = RolloutConfig(
+        max_turns=5,
+        group_size=args.group_size,
+        concurrency=args.tasks * args.group_size,
+        sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
+        seed=0,
+    )
+    rows: dict[str, dict[str, Any]] = {}
+    episodes: dict[str, list[list[int]]] = {}
+    for engine in args.engines:
+        run_tasks = tasks
+        if engine == "generate":
+            target: Any = GeneratePolicy(policy)
+            run_tasks = tasks[: max(1, args.generate_episodes // args.group_size)]  # it is slow: fewer episodes
+        else:
+            policy.engine = engine
+            policy.invalidate_kv_cache()  # every engine starts cold
+            target = policy
+        before = policy.engine_stats()
+        timed = Timed(target)
+        start = time.perf_counter()
+        trajs = asyncio.run(run_episodes(lambda: make("shop"), timed, run_tasks, config))
+        wall = time.perf_counter() - start
+        after = policy.engine_stats()
+        if engine == "generate":
+            prefill = target.prefill_tokens
+        else:
+            prefill = after.get("prefill_tokens", 0) - before.get("prefill_tokens", 0)
+        sampled = sum(t.num_sampled_tokens for t in trajs)
+        turns = [t.metrics["turns"] for t in trajs]
+        episodes[engine] = [[tok for s in t.segments for tok in s.token_ids] for t in trajs]
+        rows[engine] = {
+            "episodes": len(trajs),
+            "mean_turns": statistics.fmean(turns),
+            "wall_s": wall,
+            "episodes_per_s": len(trajs) / wall,
+            "sampled_tokens_per_s": sampled / wall,
+            "sampled_tokens": sampled,
+            "prefill_tokens": prefill,
+            "turns": len(timed.turn_s),
+            "turn_p50_s": percentile(timed.turn_s, 0.5),
+            "turn_p95_s": percentile(timed.turn_s, 0.95),
+            "mean_reward": statistics.fmean(t.reward for t in trajs),
+        }
+        print(f"  {engine}: {wall:.1f} s", flush=True)
+    reference = episodes.get("continuous")
+    for engine, row in rows.items():
+        if reference is not None:
+            row["episodes_equal_continuous"] = sum(a == b for a, b in zip(episodes[engine], reference, strict=False))
+    limits = f"<= 5 turns, <= {args.max_new_tokens} tokens/turn"
+    print(f"\n(a) shop env, {args.tasks} tasks x {args.group_size} samples, {limits}")
+    columns = [("episodes", 8), ("wall s", 7), ("ep/s", 6), ("tok/s", 6), ("prefill tok", 11), ("turns", 5)]
+    columns += [("p50 s", 6), ("p95 s", 6)]
+    print(f"{'engine':12} " + " ".join(f"{name:>{width}}" for name, width in columns) + f" {'same eps':>8}")
+    for engine, r in rows.items():
+        same = r.get("episodes_equal_continuous", "")
+        print(
+            f"{engine:12} {r['episodes']:8d} {r['wall_s']:7.1f} {r['episodes_per_s']:6.3f} "
+            f"{r['sampled_tokens_per_s']:6.1f} {r['prefill_tokens']:11d} {r['turns']:5d} "
+            f"{r['turn_p50_s']:6.2f} {r['turn_p95_s']:6.2f} {same!s:>8}"
+        )
+    if "continuous" in rows and "static" in rows:
+        ratio = rows["continuous"]["episodes_per_s"] / rows["static"]["episodes_per_s"]
+        print(f"continuous / static episodes/s: {ratio:.2f}x (target >= 3x: {'met' if ratio >= 3 else 'missed'})")
+    return rows
+
+
+# -- (b) an arrival trace --------------------------------------------------------------------------
+def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
+    fmt = policy.chat_format
+    long_text = "Here is a log of the shop's orders today. " + " ".join(
+        f"Order {i}: {i % 5 + 1} x apple, {i % 3 + 1} x pen." for i in range(24)
+    )
+    plan = []  # (arrival s, prompt ids, max_new_tokens, is_short)
+    for i in range(args.trace_requests):
+        short = i % 3 == 1
+        text = f"What is {i} + {i}?" if short else f"{long_text} Summarise order {i}."
+        plan.append((i * args.trace_gap_s, fmt.prompt_ids([Message("user", text)]), 6 if short else 48, short))
+    stop_ids = fmt.stop_token_ids
+    fmt.stop_token_ids = set()  # fixed lengths: every request decodes exactly its max_new_tokens
+    results: dict[str, Any] = {}
+    try:
+        for engine in [e for e in args.engines if e != "generate"]:
+            policy.engine = engine
+            policy.invalidate_kv_cache()
+
+            async def one(prompt: list[int], n: int, seed: int) -> float:
+                start = time.perf_counter()
+                await policy.generate(token_ids=prompt, sampling=SamplingParams(max_new_tokens=n, seed=seed))
+                return time.perf_counter() - start
+
+            async def trace() -> list[float]:
+                async def arrive(at: float, prompt: list[int], n: int, seed: int) -> float:
+                    await asyncio.sleep(at)
+                    return await one(prompt, n, seed)
+
+                return await asyncio.gather(*(arrive(at, p, n, i) for i, (at, p, n, _) in enumerate(plan)))
+
+            shorts = [(p, n, i) for i, (_, p, n, s) in enumerate(plan) if s]
+            policy.invalidate_kv_cache()
+            alone = [asyncio.run(one(p, n, i + 1000)) for p, n, i in shorts[:3]]  # other seeds: no cache help
+            policy.invalidate_kv_cache()
+            start = time.perf_counter()
+            latencies = asyncio.run(trace())
+            wall = time.perf_counter() - start
+            short_lat = [lat for lat, (_, _, _, s) in zip(latencies, plan, strict=True) if s]
+            row = {
+                "wall_s": wall,
+                "p50_s": percentile(latencies, 0.5),
+                "p95_s": percentile(latencies, 0.95),
+                "short_p50_s": percentile(short_lat, 0.5),
+                "short_p95_s": percentile(short_lat, 0.95),
+                "short_alone_s": statistics.median(alone),
+            }
+            row["short_ratio"] = row["short_p50_s"] / row["short_alone_s"]
+            results[engine] = row
+            print(f"  {engine}: {wall:.1f} s", flush=True)
+    finally:
+        fmt.stop_token_ids = stop_ids
+    n_short = sum(s for *_, s in plan)
+    print(
+        f"\n(b) arrival trace: {len(plan)} requests every {args.trace_gap_s * 1000:.0f} ms "
+        f"({n_short} short: ~20-token prompt, 6 tokens; the rest ~300-token prompt, 48 tokens)"
+    )
+    columns = [("wall s", 7), ("p50 s", 6), ("p95 s", 6), ("short p50", 9), ("short p95", 9)]
+    columns += [("alone", 6), ("ratio", 6)]
+    print(f"{'engine':12} " + " ".join(f"{name:>{width}}" for name, width in columns))
+    for engine, r in results.items():
+        print(
+            f"{engine:12} {r['wall_s']:7.1f} {r['p50_s']:6.2f} {r['p95_s']:6.2f} {r['short_p50_s']:9.2f} "
+            f"{r['short_p95_s']:9.2f} {r['short_alone_s']:6.2f} {r['short_ratio']:6.2f}"
+        )
+    if "continuous" in results:
+        ratio = results["continuous"]["short_ratio"]
+        verdict = "met" if ratio <= 2 else "missed"
+        print(f"continuous: short request p50 under load / alone = {ratio:.2f}x (target <= 2x: {verdict})")
+    return results
+
+
+# -- (c) the demo's GRPO steps ---------------------------------------------------------------------
+def demo_part(args: argparse.Namespace) -> dict[str, Any]:
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+    from taskrl.training.demo import DEMO_CONFIG
+
+    steps = DEMO_CONFIG["sft_warmup_steps"] + args.demo_grpo_steps
+    out: dict[str, Any] = {}
+    for engine in [e for e in args.engines if e != "generate"]:
+        with tempfile.TemporaryDirectory() as run_dir:
+            overrides = {"run_dir": run_dir, "device": args.device, "resume": False, "steps": steps}
+            config = config_from_dict({**DEMO_CONFIG, **overrides})
+            policy = HFPolicy.from_pretrained(config.model, device=args.device, engine=engine)
+            trainer = Trainer(config, policy=policy)
+            try:
+                rows = trainer.train()
+            finally:
+                trainer.close()
+                policy.close()
+        grpo = rows[DEMO_CONFIG["sft_warmup_steps"] :]
+        out[engine] = {
+            "step_s": [r["charts/step_time_s"] for r in grpo],
+            "rollout_s": [r["charts/rollout_time_s"] for r in grpo],
+            "update_s": [r["charts/update_time_s"] for r in grpo],
+            "reward": [r["rewards/total"] for r in grpo],
+            "sampled_tokens": [r.get("charts/trained_tokens") for r in grpo],
+        }
+        print(f"  {engine}: {out[engine]}", flush=True)
+    print(f"\n(c) taskrl demo config, {args.demo_grpo_steps} GRPO steps after the SFT warm start")
+    print(f"{'engine':12} {'GRPO step s':>24} {'rollout s':>24} {'training reward':>28}")
+    for engine, r in out.items():
+        steps_s, rollout_s = " ".join(f"{x:.1f}" for x in r["step_s"]), " ".join(f"{x:.1f}" for x in r["rollout_s"])
+        print(f"{engine:12} {steps_s:>24} {rollout_s:>24} {' '.join(f'{x:.3f}' for x in r['reward']):>28}")
+    if "continuous" in out and "static" in out:
+        ratio = sum(out["static"]["step_s"]) / sum(out["continuous"]["step_s"])
+        print(f"GRPO step time static / continuous: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'})")
+        print(f"same training rewards: {out['static']['reward'] == out['continuous']['reward']}")
+    return out
+
+
+def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
+    """A few SFT steps on the shop env's expert (the demo's recipe): the base model never calls a tool, so
+    its episodes would end after one turn; after this it plays multi-turn tool episodes, as in a GRPO step."""
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+    from taskrl.training.demo import DEMO_CONFIG
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        fields = {**DEMO_CONFIG, "env": "shop", "steps": args.warm_start_steps, "max_turns": 5}
+        fields.update(sft_warmup_steps=args.warm_start_steps, run_dir=run_dir, device=str(policy.device), resume=False)
+        trainer = Trainer(config_from_dict(fields), policy=policy)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    policy.model.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", nargs="+", default=["grpo", "trace"], choices=["grpo", "trace", "demo"])
+    ap.add_argument("--engines", nargs="+", default=["continuous", "static", "generate"])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--trace-requests", type=int, default=18)
+    ap.add_argument("--trace-gap-s", type=float, default=0.1)
+    ap.add_argument("--demo-grpo-steps", type=int, default=2)
+    ap.add_argument("--warm-start-steps", type=int, default=3, help="SFT steps on shop's expert before (a)")
+    ap.add_argument("--generate-episodes", type=int, default=4, help="episodes the one-at-a-time baseline plays")
+    ap.add_argument("--threads", type=int, help="torch threads (1 is far faster on an oversubscribed machine)")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"SmolLM2-135M-Instruct; {cpu_model()}", flush=True)
+    results: dict[str, Any] = {"machine": cpu_model()}
+    if "grpo" in args.part or "trace" in args.part:
+        policy = HFPolicy.from_pretrained("smollm2", device=args.device)
+        print(f"device {policy.device}", flush=True)
+        try:
+            if args.warm_start_steps:
+                started = time.perf_counter()
+                warm_start(policy, args)
+                print(f"warm start: {args.warm_start_steps} SFT steps in {time.perf_counter() - started:.0f} s")
+            if "grpo" in args.part:
+                results["grpo"] = grpo_part(policy, args)
+            if "trace" in args.part:
+                results["trace"] = trace_part(policy, args)
+        finally:
+            policy.close()
+    if "demo" in args.part:
+        results["demo"] = demo_part(args)
+    print(f"machine at the end: {cpu_model()}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

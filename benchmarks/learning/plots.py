@@ -1,0 +1,79 @@
+"""Plots of the learning recipes (issue 14): curves per arm and seed, and the final held-out comparison.
+
+``plot_tool_use(data, path)`` draws docs/learning_tool_use.png from the JSON that tool_use.py writes
+(``{"seeds": {"0": {...}, ...}}``): training reward, held-out greedy success during training, invalid calls
+per episode and policy entropy, each against training minutes, then the final held-out success with 95% CIs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLORS = {"sft_only": "tab:blue", "grpo": "tab:red"}
+LINES = ("-", "--", ":", "-.")
+
+
+def _curve(ax: Any, xs: list[float], ys: list[Any], **style: Any) -> None:
+    points = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], **style)
+
+
+def plot_tool_use(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted(data["seeds"].items(), key=lambda item: int(item[0]))
+    fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
+    reward_ax, curve_ax, invalid_ax, entropy_ax, bars_ax = axes
+    names, values, errors, colors = [], [], [], []
+    for index, (seed, result) in enumerate(seeds):
+        line = LINES[index % len(LINES)]
+        start = result["start"]["greedy"]
+        names.append(f"start\ngreedy\ns{seed}")
+        values.append(start["success"]["value"])
+        errors.append((start["success"]["value"] - start["success"]["low"],
+                       start["success"]["high"] - start["success"]["value"]))  # fmt: skip
+        colors.append("tab:gray")
+        for arm, record in result["arms"].items():
+            color, label = COLORS.get(arm, "gray"), f"{arm} seed {seed}"
+            minutes = [s["train_s"] / 60 for s in record["steps"]]
+            if arm != "sft_only":  # SFT steps play the expert: their reward is the expert's, not the policy's
+                _curve(reward_ax, minutes, [s["rewards/total"] for s in record["steps"]], color=color, ls=line,
+                       marker=".", label=label)  # fmt: skip
+                _curve(invalid_ax, minutes, [s["tools/invalid_tool_calls"] for s in record["steps"]], color=color,
+                       ls=line, marker=".", label=f"{label} (training samples)")  # fmt: skip
+            _curve(entropy_ax, minutes, [s["losses/entropy"] for s in record["steps"]], color=color, ls=line,
+                   label=label)  # fmt: skip
+            n = record["curve"][0]["tasks"] if record["curve"] else len(start["per_task"])
+            xs = [0.0] + [c["train_s"] / 60 for c in record["curve"]] + [record.get("train_s", 0.0) / 60]
+            ys = [sum(start["per_task"][:n]) / n] + [c["success"]["value"] for c in record["curve"]]
+            final = record.get("final")
+            ys.append(sum(final["greedy"]["per_task"][:n]) / n if final else None)
+            _curve(curve_ax, xs, ys, color=color, ls=line, marker="o", label=label)
+            if final:
+                for kind, key in (("greedy", "success"), ("sampled", "pass@1")):
+                    estimate = final[kind][key]
+                    names.append(f"{arm}\n{kind}\ns{seed}")
+                    values.append(estimate["value"])
+                    errors.append((estimate["value"] - estimate["low"], estimate["high"] - estimate["value"]))
+                    colors.append(color if kind == "greedy" else matplotlib.colors.to_rgba(color, 0.45))
+    minutes = seeds[0][1]["minutes"] if seeds else 0
+    reward_ax.set(title="GRPO training reward (T=1 samples)", xlabel="training minutes", ylabel="mean reward")
+    curve_ax.set(title="held-out greedy success", xlabel="training minutes", ylabel="success", ylim=(-0.05, 1.05))
+    invalid_ax.set(title="invalid tool calls per episode", xlabel="training minutes")
+    entropy_ax.set(title="policy entropy (learner, nats/token)", xlabel="training minutes")
+    for ax in (reward_ax, curve_ax, invalid_ax, entropy_ax):
+        ax.legend(fontsize=7)
+    if values:
+        bars_ax.bar(range(len(values)), values, yerr=list(zip(*errors, strict=True)), capsize=3, color=colors)
+        bars_ax.set_xticks(range(len(values)), names, fontsize=6)
+    bars_ax.set(title="held-out multi-item orders (95% CI)", ylim=(0, 1.05))
+    fig.suptitle(f"SmolLM2-135M LoRA: SFT on single-item orders, then {minutes:g} min per arm of more SFT vs "
+                 "GRPO on multi-item orders (shop env)", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

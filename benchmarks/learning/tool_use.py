@@ -1,0 +1,355 @@
+"""Tool-use learning recipe (issue 14): does GRPO teach SmolLM2-135M a skill its SFT warm start never showed?
+
+Not run in CI. One seed's run, every stage a normal ``Trainer`` run in RUN_DIR/seed_N/:
+1. ``sft``: LoRA behaviour cloning on the ``shop`` expert's **single-item** orders (lookup_price -> calculator ->
+   answer); merged into the base and saved as the common starting checkpoint of both arms, which is
+   evaluated here ("start").
+2. Two arms from that checkpoint, run at once as child processes with one torch thread each (so they face the
+   same machine load), each for ``--minutes`` of training wall-clock (evaluations excluded):
+   ``sft_only`` keeps cloning the single-item demonstrations; ``grpo`` runs GRPO on **multi-item** orders
+   (two items: two lookups and a sum, a skill no demonstration shows).
+3. Held-out evaluation of each arm on multi-item orders from the held-out (item, quantity) pairs (no pair is
+   shared with any training task): greedy success and sampled success (T=1, pass@1 over 4 samples) with
+   percentile-bootstrap CIs over tasks, plus curve points (greedy, a task subset) during training.
+
+Writes docs/learning_tool_use.json (every seed run so far) and docs/learning_tool_use.png. ``--resume``
+continues an interrupted seed from its checkpoints and records; without it the seed's run directory starts over.
+
+    python benchmarks/learning/tool_use.py --seed 0 --minutes 12 [--resume] [--pilot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
+ARMS = ("sft_only", "grpo")
+SFT_ENV = {"min_items": 1, "max_items": 1}
+"""The demonstrations: single-item orders (the format of the task, without the multi-item skill)."""
+EVAL_ENV = {"min_items": 2, "max_items": 2}
+"""Held-out evaluation: two-item orders (two lookups and a sum); the reward is correctness alone (no shaping)."""
+
+
+def rl_env(args: argparse.Namespace) -> dict[str, Any]:
+    """The GRPO arm's training tasks: multi-item orders, with the (optional) lookup partial credit."""
+    return {**EVAL_ENV, "lookup_credit": args.lookup_credit}
+
+
+def base_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Fields every stage shares: the model format, episode limits and the seed."""
+    return {
+        "finetune": "lora",
+        "lora_rank": 16,
+        "lora_alpha": 32.0,
+        "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": 1.0,
+        "device": args.device,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "progress": False,
+        "env": "shop",
+        "split": "train",
+    }
+
+
+def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig of ``sft`` (the warm start), ``sft_only`` or ``grpo``; arms start from ``start``."""
+    config = {**base_config(args), "run_dir": str(run_dir), "resume": True}
+    if stage == "sft":
+        config["seed"] = args.sft_seed
+        # algo=sft trains at ``lr`` (``sft_lr`` is the warm-up's rate of an RL run)
+        return {**config, "model": "smollm2", "algo": "sft", "steps": args.sft_steps, "sft_data": "expert",
+                "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1, "env_kwargs": SFT_ENV,
+                "checkpoint_every": 0}  # fmt: skip
+    assert start is not None
+    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1})
+    if stage == "sft_only":
+        return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": SFT_ENV,
+                "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
+    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": rl_env(args), "tasks_per_step": args.tasks,
+            "group_size": args.group_size, "entropy_coef": args.entropy_coef,
+            # std-normalised advantages: partial-credit rewards differ by ~0.1, and ~10 updates must count
+            "normalize_std": True}  # fmt: skip
+
+
+def eval_tasks(n: int) -> list[Any]:
+    from taskrl.env import make
+
+    return list(make("shop", num_tasks=n, **EVAL_ENV).tasks("test"))
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The numbers a report needs from one ``taskrl.eval`` result."""
+    stats = result["policies"]["policy"]
+
+    def est(key: str) -> dict[str, float | None]:
+        return {k: stats[key][k] for k in ("value", "low", "high")}
+
+    return {"success": est("success_rate"), "pass@1": est("pass@1") if "pass@1" in stats else None,
+            "tool_calls": stats["tool_calls"], "invalid_tool_calls": stats["invalid_tool_calls"],
+            "tasks": result["tasks"], "samples_per_task": result["samples_per_task"],
+            "wall_time_s": result["wall_time_s"],
+            "per_task": [row["policies"]["policy"]["successes"] / max(row["policies"]["policy"]["n"], 1)
+                         for row in result["per_task"]]}  # fmt: skip
+
+
+def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool) -> dict[str, Any]:
+    """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on held-out multi-item orders."""
+    from taskrl.env import make
+    from taskrl.eval import EvalConfig, evaluate
+
+    config = EvalConfig(
+        samples_per_task=4 if sampled else 1, temperature=1.0 if sampled else 0.0, max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
+    )  # fmt: skip
+    factory = lambda: make("shop", num_tasks=args.eval_tasks, **EVAL_ENV)  # noqa: E731
+    policies = {"policy": trainer.learner_policy}
+    job = evaluate(factory, policies, eval_tasks(n), config, run_log=trainer.run, name=name, step=0)
+    return summary(trainer.rollouts.run(job))
+
+
+def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False),
+        "sampled": held_out(trainer, "heldout_sampled", args, n=args.eval_tasks, sampled=True),
+    }
+
+
+def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
+    """Child: the common warm start; merged into the base model at sft_dir/start, then evaluated."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+
+    start, record_path = sft_dir / "start", sft_dir / "start.json"
+    config = stage_config("sft", sft_dir / "sft", None, args)
+    if record_path.exists():
+        if json.loads(record_path.read_text())["config"] != config:
+            sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
+        return
+    trainer = Trainer(config_from_dict(dict(config)))
+    try:
+        began = time.monotonic()
+        rows = trainer.train()
+        record = {"config": config, "sft_steps": args.sft_steps, "sft_s": time.monotonic() - began,
+                  "sft_nll": [r.get("losses/sft_nll") for r in rows]}  # fmt: skip
+        if not (start / "config.json").exists():
+            merged = trainer.learner.model.merge_and_unload()
+            merged.save_pretrained(str(start))
+            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
+    finally:
+        trainer.close()
+    # The start is evaluated as the arms will load it: the merged checkpoint (a fresh LoRA adds nothing yet).
+    trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
+    try:
+        record.update(final_evals(trainer, args))
+        record_path.write_text(json.dumps(record, indent=1))
+    finally:
+        trainer.close()
+
+
+def step_row(trainer: Any, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    keep = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "tools/tool_calls",
+            "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups",
+            "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
+    return {"step": trainer.completed, "train_s": elapsed, **{k: metrics.get(k) for k in keep}}
+
+
+def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> None:
+    """Child: one arm, trained for the budget (resuming its checkpoint and record), then evaluated."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+
+    record_path = seed_dir / f"{arm}.json"
+    if record_path.exists() and "final" in json.loads(record_path.read_text()):
+        return  # finished: a --resume only rebuilds the results
+    config = config_from_dict(stage_config(arm, seed_dir / arm, start, args))
+    trainer = Trainer(config)
+    try:
+        trainer.train(until=0)  # resume: loads the latest checkpoint, if any
+        record: dict[str, Any] = {"arm": arm, "config": config.to_dict(), "threads": args.threads, "steps": [],
+                                  "curve": []}  # fmt: skip
+        if record_path.exists():
+            record = json.loads(record_path.read_text())
+            record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
+        save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
+        budget = args.minutes * 60
+        curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
+        done_curve = {round(c["at_s"]) for c in record["curve"]}
+        elapsed = record["steps"][-1]["train_s"] if record["steps"] else 0.0
+        while elapsed < budget:
+            began = time.monotonic()
+            (metrics,) = trainer.train(until=(trainer.completed or 0) + 1)
+            elapsed += time.monotonic() - began
+            record["steps"].append(step_row(trainer, metrics, elapsed))
+            for at in curve_at:
+                if elapsed >= at and round(at) not in done_curve:
+                    point = held_out(trainer, f"curve_{round(at)}", args, n=args.curve_tasks, sampled=False)
+                    record["curve"].append({"at_s": at, "train_s": elapsed, "step": trainer.completed, **point})
+                    done_curve.add(round(at))
+            save()
+        record["train_s"] = elapsed
+        record["final"] = final_evals(trainer, args)
+        save()
+    finally:
+        trainer.close()
+
+
+def paired_delta(a: list[float], b: list[float], seed: int) -> dict[str, float | None]:
+    """Mean of b - a over the same tasks, with a percentile-bootstrap 95% CI (tasks resampled together)."""
+    from taskrl.eval import bootstrap_ci
+
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    ci = bootstrap_ci(diffs, seed=seed)
+    return {"value": sum(diffs) / len(diffs), "low": ci[0] if ci else None, "high": ci[1] if ci else None}
+
+
+def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """One seed's results from its records: start, both arms, and grpo - sft_only paired over tasks."""
+    start = json.loads((sft_dir / "start.json").read_text())
+    arms = {arm: json.loads((seed_dir / f"{arm}.json").read_text()) for arm in ARMS}
+    deltas = {
+        kind: paired_delta(arms["sft_only"]["final"][kind]["per_task"], arms["grpo"]["final"][kind]["per_task"],
+                           args.seed)
+        for kind in ("greedy", "sampled")
+    }  # fmt: skip
+    for arm, record in arms.items():  # the monitors' alerts during training, counted per monitor
+        alerts = seed_dir / arm / "alerts.jsonl"
+        rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
+        record["alerts"] = {m: sum(r["monitor"] == m for r in rows) for m in sorted({r["monitor"] for r in rows})}
+    return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
+            "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "start": start, "arms": arms,
+            "grpo_minus_sft_only": deltas}  # fmt: skip
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+    return f"{name}; amx_bf16 {'present' if 'amx_bf16' in out else 'absent'}"
+
+
+def child(stage: str, log_dir: Path, threads: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", stage, "--threads", str(threads)]
+    log = open(log_dir / f"{stage}.log", "a")  # noqa: SIM115 - the child writes it until it exits
+    # A session of its own: with the kernel's autogroup scheduling each arm then gets its own fair CPU share.
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            start_new_session=True)  # fmt: skip
+
+
+def wait(processes: dict[str, subprocess.Popen[bytes]], seed_dir: Path) -> None:
+    failed = [stage for stage, process in processes.items() if process.wait() != 0]
+    if failed:
+        sys.exit(f"stage(s) {failed} failed; see {seed_dir}/<stage>.log (rerun with --resume to continue)")
+
+
+def fmt(estimate: dict[str, Any] | None) -> str:
+    if not estimate:
+        return "-"
+    ci = f" [{estimate['low']:.2f}, {estimate['high']:.2f}]" if estimate.get("low") is not None else ""
+    return f"{estimate['value']:.2f}{ci}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
+    ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
+    ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
+    ap.add_argument("--dtype", default="bfloat16", help="weights dtype of every stage (LoRA adapters stay float32)")
+    ap.add_argument("--minutes", type=float, default=15.0, help="training wall-clock budget per arm")
+    ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")
+    ap.add_argument("--pilot", action="store_true", help="only the SFT warm start and its held-out evaluation")
+    ap.add_argument("--sft-steps", type=int, default=4, help="SFT steps of the common warm start")
+    ap.add_argument("--sft-tasks", type=int, default=8, help="expert episodes per SFT step")
+    ap.add_argument("--sft-lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
+    ap.add_argument("--tasks", type=int, default=3, help="GRPO tasks per step")
+    ap.add_argument("--group-size", type=int, default=4, help="GRPO samples per task")
+    ap.add_argument("--entropy-coef", type=float, default=0.0)
+    ap.add_argument("--lookup-credit", type=float, default=0.3, help="partial credit weight of a wrong answer")
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--eval-tasks", type=int, default=24, help="held-out tasks of the final evaluations")
+    ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
+    ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
+    ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--run-dir", default="runs/learning_tool_use")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "learning_tool_use.png"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per process (1: no OpenMP stalls on a shared machine)"
+    )
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.minutes <= 0 or min(args.sft_steps, args.eval_tasks, args.curve_tasks, args.group_size) < 1:
+        ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks, --group-size >= 1")
+    if args.group_size < 2:
+        ap.error("--group-size must be >= 2 (GRPO compares samples of one task)")
+    seed_dir = Path(args.run_dir) / f"seed_{args.seed}"
+    sft_dir = Path(args.run_dir) / f"sft_seed_{args.sft_seed}"
+    if args.child == "sft":
+        return run_sft(sft_dir, args)
+    if args.child in ARMS:
+        return run_arm(args.child, seed_dir, sft_dir / "start", args)
+    out = Path(args.out)
+    data_path = out.with_suffix(".json")
+    if args.plot_only:
+        from benchmarks.learning.plots import plot_tool_use
+
+        return plot_tool_use(json.loads(data_path.read_text()), out)
+    for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):
+        if directory.exists() and fresh:
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python", "benchmarks/learning/tool_use.py", *sys.argv[1:]])
+    (seed_dir / "commands.txt").open("a").write(command + "\n")
+    began = time.monotonic()
+    wait({"sft": child("sft", sft_dir, threads=args.threads)}, sft_dir)
+    start = json.loads((sft_dir / "start.json").read_text())
+    print(f"start (SFT, {start['sft_steps']} steps, {start['sft_s']:.0f}s): held-out greedy "
+          f"{fmt(start['greedy']['success'])}, sampled pass@1 {fmt(start['sampled']['pass@1'])}, invalid calls "
+          f"{start['sampled']['invalid_tool_calls']:.2f}/episode")  # fmt: skip
+    if args.pilot:
+        return None
+    wait({arm: child(arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    result = seed_result(seed_dir, sft_dir, args, command)
+    result["wall_s"] = time.monotonic() - began
+    data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
+    data["seeds"][str(args.seed)] = result
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_text(json.dumps(data, indent=1))
+    from benchmarks.learning.plots import plot_tool_use
+
+    plot_tool_use(data, out)
+    print(f"{'arm':9} {'steps':>5}  held-out greedy        sampled pass@1 (T=1, 4 samples)")
+    print(f"{'start':9} {'-':>5}  {fmt(start['greedy']['success']):22} {fmt(start['sampled']['pass@1'])}")
+    for arm, record in result["arms"].items():
+        final = record["final"]
+        print(f"{arm:9} {len(record['steps']):5d}  {fmt(final['greedy']['success']):22} "
+              f"{fmt(final['sampled']['pass@1'])}")  # fmt: skip
+    deltas = result["grpo_minus_sft_only"]
+    print(f"grpo - sft_only (paired over tasks): greedy {fmt(deltas['greedy'])}, sampled {fmt(deltas['sampled'])}")
+    print(f"plot: {out}; numbers: {data_path}")
+    return None
+
+
+if __name__ == "__main__":
+    main()

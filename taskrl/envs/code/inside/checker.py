@@ -1,0 +1,67 @@
+"""Runs a HumanEval ``check`` against the agent's function, in a sandbox of its own (trusted harness script).
+
+``python -I checker.py PROGRAM_FD VERDICT_FD``: reads the problem's prompt and test from PROGRAM_FD, calls
+``check(candidate)`` where ``candidate`` forwards each call over stdin/stdout to ``candidate.py`` in the
+agent's sandbox, and writes one JSON verdict to VERDICT_FD. Results arrive as plain data, so every comparison
+in the test is between built-in values: a returned object cannot rig ``__eq__``.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wire  # noqa: E402
+
+del sys.path[0]
+
+
+class CandidateError(Exception):
+    """The agent's function raised, returned something that is not plain data, or its process ended."""
+
+
+def main() -> None:
+    with os.fdopen(int(sys.argv[1]), "rb") as f:
+        program = json.loads(f.read())
+    verdict = os.fdopen(int(sys.argv[2]), "w")
+    requests = os.fdopen(os.dup(1), "wb")
+    replies = os.fdopen(os.dup(0), "rb")
+    os.dup2(2, 1)
+
+    def candidate(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs:
+            raise CandidateError("keyword arguments are not forwarded")
+        requests.write(json.dumps({"args": wire.encode(list(args))}).encode() + b"\n")
+        requests.flush()
+        line = replies.readline()
+        if not line:
+            raise CandidateError("the solution's process ended")
+        reply = json.loads(line)
+        if reply.get("rigged_eq"):
+            rigged.append(str(reply["error"])[:200])
+        if "error" in reply:
+            raise CandidateError(reply["error"])
+        return wire.decode(reply["ok"])
+
+    rigged: list[str] = []
+    scope: dict = {"__name__": "__check__"}
+    try:
+        exec(compile(program["prompt"], "prompt.py", "exec"), scope)  # helpers the test uses (e.g. poly)
+        scope[program["entry_point"]] = candidate  # tests that call the function by name (HumanEval/33)
+        exec(compile(program["test"], "test.py", "exec"), scope)
+        scope["check"](candidate)
+        result = {"passed": True, "message": ""}
+    except AssertionError as e:
+        result = {"passed": False, "message": f"AssertionError: {e}"[:300] if str(e) else "AssertionError"}
+    except CandidateError as e:
+        result = {"passed": False, "message": f"the solution failed: {e}"[:300]}
+    except BaseException as e:  # noqa: BLE001
+        result = {"passed": False, "message": f"{type(e).__name__}: {e}"[:300]}
+    if rigged:  # an object that defines its own equality, returned where a plain value was expected
+        result["tampering"] = [f"returned an object with its own __eq__: {rigged[0]}"]
+    verdict.write(json.dumps(result))
+    verdict.close()
+
+
+if __name__ == "__main__":
+    main()

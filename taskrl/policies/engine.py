@@ -1,0 +1,431 @@
+"""The continuous-batching decode engine behind ``HFPolicy(engine="continuous")``.
+
+Requests from any event loop land in an inbox; each *step* (one job on the policy's single decode thread,
+so ``run_exclusive`` work runs between two steps) admits queued requests, prefills up to
+``prefill_chunk_tokens`` prompt tokens, and decodes one token for every running row. A new request joins at
+the next step, a finished or cancelled row leaves at once, and a prompt that extends cached KV (the previous
+turn of its episode, or a prompt a GRPO group shares) prefills only its new tokens. Any weight change (the
+policy's version or KV epoch moves, or a parameter is modified in place) empties the prefix cache and
+restarts in-flight rows from scratch, so no sample is ever drawn from stale KV.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from taskrl.policies.base import Completion, PolicyError
+from taskrl.policies.kvcache import PrefixCache, RowKV
+from taskrl.policies.sampling import Request, sample
+
+if TYPE_CHECKING:
+    from taskrl.policies.hf import HFPolicy
+
+_STATS = (
+    "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
+    "completed", "failed", "cancelled", "restarts",
+)  # fmt: skip
+_STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
+
+
+@dataclass
+class _Row:
+    """A request in the engine: its prompt, how much of it has KV, and what the Completion will report."""
+
+    request: Request
+    prompt: torch.Tensor
+    version: int
+    fed: int = 0
+    """Prompt tokens whose KV the row holds (prefill progress)."""
+    cached: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
+    pending: int = -1
+    """The last sampled token, fed at the next decode step."""
+    started: float = 0.0
+    batch_size: int = 1
+    """Most rows this request shared a forward pass with."""
+
+
+class ContinuousEngine:
+    """Schedules ``Request``s of one ``HFPolicy`` step by step on its decode thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: HFPolicy,
+        *,
+        max_batch_size: int,
+        prefill_chunk_tokens: int,
+        prefix_cache_bytes: int,
+        share_min_tokens: int = 32,
+    ) -> None:
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.share_min_tokens = share_min_tokens
+        self.prefix = PrefixCache(prefix_cache_bytes)
+        config = policy.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = int(text_config.num_hidden_layers)
+        eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        mask_dtype = next(policy.model.parameters()).dtype if eager else None
+        self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype)
+        self.decoding = RowKV(layers, float_mask_dtype=mask_dtype)
+        self.queue: list[Request] = []
+        # Every key exists from the start: other threads read the counters while this one updates them.
+        self.stats: Counter[str] = Counter(dict.fromkeys(_STATS, 0))
+        self._inbox: list[Request] = []
+        self._lock = threading.RLock()  # _fail_all may run under it
+        self._scheduled = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._weights: Any = None
+
+    # -- any thread --------------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        with self._lock:
+            self._inbox.append(request)
+            if not self._scheduled:
+                self._scheduled = True
+                self._idle.clear()
+                self._schedule()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is queued or running; False on timeout."""
+        return self._idle.wait(timeout)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and current occupancy (for benchmarks and tests; read without locking)."""
+        return {
+            **self.stats,
+            **{f"prefix_{k}": v for k, v in self.prefix.stats.items()},
+            "prefix_entries": len(self.prefix),
+            "prefix_bytes": self.prefix.bytes,
+            "queued": len(self.queue) + len(self._inbox),
+            "prefilling": self.prefilling.rows,
+            "running": self.decoding.rows,
+            "kv_bytes": self.prefilling.nbytes + self.decoding.nbytes,
+        }
+
+    def _schedule(self) -> None:
+        """Queue the next step on the decode thread (called with the lock held)."""
+        try:
+            self.policy._executor.submit(self._tick)
+        except RuntimeError as exc:  # the policy was closed under us: nobody will run the step
+            self._scheduled = False
+            self._idle.set()
+            self._fail_all(PolicyError(f"HFPolicy is closed ({exc})"))
+
+    # -- decode thread -----------------------------------------------------------------------------
+    def _tick(self) -> None:
+        try:
+            with torch.inference_mode():
+                self.step()
+        except Exception as exc:  # an engine bug: fail what is in flight rather than hang its callers
+            self._fail_all(PolicyError(f"HFPolicy decode step failed: {type(exc).__name__}: {exc}"))
+        with self._lock:
+            if self._inbox or self.queue or self.prefilling.rows or self.decoding.rows:
+                self._schedule()
+            else:
+                self._scheduled = False
+                self._idle.set()
+
+    def step(self) -> None:
+        """One scheduling step: admit, prefill a chunk, decode one token per running row."""
+        with self._lock:
+            self.queue.extend(self._inbox)
+            self._inbox = []
+        self._check_weights()
+        self._drop_cancelled()
+        self._admit()
+        if self.prefilling.rows:
+            self._prefill_step()
+        if self.decoding.rows:
+            self._decode_step()
+        self.stats["steps"] += 1
+
+    def _check_weights(self) -> None:
+        key = self.policy._weights_key()
+        if key == self._weights:
+            return
+        if self._weights is not None:
+            self.prefix.clear()
+            rows = [*self.prefilling.owners, *self.decoding.owners]
+            self.prefilling.clear()
+            self.decoding.clear()
+            if rows:  # sampled under the old weights: start over, in arrival order, under the new ones
+                self.stats["restarts"] += len(rows)
+                restarted = sorted((row.request for row in rows), key=lambda r: r.submitted)
+                self.queue[:0] = restarted
+        self._weights = key
+
+    def _drop_cancelled(self) -> None:
+        def gone(request: Request) -> bool:
+            return request.cancelled or request.loop.is_closed()
+
+        kept = [r for r in self.queue if not gone(r)]
+        self.stats["cancelled"] += len(self.queue) - len(kept)
+        self.queue = kept
+        for kv in (self.prefilling, self.decoding):
+            rows = {i for i, row in enumerate(kv.owners) if gone(row.request)}
+            if rows:
+                self.stats["cancelled"] += len(rows)
+                kv.remove_rows(rows)  # its slot and KV are free for the next row
+
+    def _admit(self) -> None:
+        """Start prefilling queued requests while rows and the step's padded prefill budget allow."""
+        limit = self._prefill_budget()
+        while self.queue and self.prefilling.rows + self.decoding.rows < self.max_batch_size:
+            chosen = None
+            for index, request in enumerate(self.queue[: self.max_batch_size]):
+                prompt = request.prompt_tensor
+                if not self.prefilling.rows:
+                    chosen = index, prompt, 0
+                    break
+                cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
+                if not self._shares_inflight(prompt, cached):  # else wait, then reuse the in-flight KV
+                    chosen = index, prompt, cached
+                    break
+            if chosen is None:
+                return
+            index, prompt, cached = chosen
+            if self.prefilling.rows:
+                window = max(self._chunk(row) for row in self.prefilling.owners)
+                chunk = min(len(prompt) - cached, limit)
+                if (self.prefilling.rows + 1) * max(window, chunk) > limit:
+                    return
+            self._start(self.queue.pop(index), prompt)
+
+    def _shares_inflight(self, prompt: torch.Tensor, cached: int) -> bool:
+        for row in self.prefilling.owners:
+            n = min(len(row.prompt), len(prompt)) - 1
+            if n - cached < self.share_min_tokens:
+                continue
+            same = row.prompt[:n] == prompt[:n]
+            common = n if bool(same.all()) else int((~same).to(torch.uint8).argmax())
+            if common - cached >= self.share_min_tokens:
+                return True
+        return False
+
+    def _start(self, request: Request, prompt: torch.Tensor) -> None:
+        cached, kv = self.prefix.match(prompt, len(prompt) - 1)  # at least one token left to prefill
+        request.start(self.policy.device)
+        row = _Row(request, prompt, version=self.policy.version, fed=cached, cached=cached)
+        row.started = time.perf_counter()
+        self.prefilling.add_row(row, kv)
+        self.stats["cached_tokens"] += cached
+
+    def _prefill_budget(self) -> int:
+        """Padded prompt tokens per step: ``prefill_chunk_tokens`` while rows decode (each step's prefill delays
+        every running row), four times that when none does (nobody waits, bigger chunks run faster)."""
+        return self.prefill_chunk_tokens * (1 if self.decoding.rows else 4)
+
+    def _chunk(self, row: _Row) -> int:
+        return min(len(row.prompt) - row.fed, self._prefill_budget())
+
+    def _prefill_step(self) -> None:
+        kv = self.prefilling
+        rows: list[_Row] = list(kv.owners)
+        queries = [self._chunk(row) for row in rows]
+        window = max(queries)
+        ids = torch.full((len(rows), window), self.policy._pad_id, dtype=torch.long)
+        for i, (row, q) in enumerate(zip(rows, queries, strict=True)):
+            ids[i, window - q :] = row.prompt[row.fed : row.fed + q]
+        logits, failed = self._forward(kv, ids, queries)
+        kv.advance(queries)
+        self.stats["prefill_tokens"] += sum(queries)
+        self.stats["prefill_padded_tokens"] += window * len(rows)
+        done: list[int] = []
+        scrub = set(failed)
+        for i, (row, q) in enumerate(zip(rows, queries, strict=True)):
+            row.batch_size = max(row.batch_size, len(rows))
+            if i in failed:
+                continue
+            row.fed += q
+            if row.fed == len(row.prompt):
+                done.append(i)
+        leaving = set(failed) | set(done)
+        for i, exc in failed.items():
+            self._fail(rows[i], exc)
+        if done:
+            for i in done:  # the prompt's KV, for requests that share it (a GRPO group) or extend it
+                if torch.isfinite(logits[i]).all():
+                    self.prefix.insert(rows[i].prompt, kv.row_kv(i))
+            for i, token, logprob in self._sample_rows(rows, done, logits):
+                row = rows[i]
+                if token is None:
+                    scrub.add(i)
+                elif not self._accept(row, token, logprob):
+                    row.pending = token
+                    self.decoding.add_row(row, kv.row_kv(i))
+        kv.remove_rows(leaving, scrub)
+
+    def _decode_step(self) -> None:
+        kv = self.decoding
+        rows: list[_Row] = list(kv.owners)
+        ids = torch.tensor([[row.pending] for row in rows], dtype=torch.long)
+        logits, failed = self._forward(kv, ids, [1] * len(rows))
+        kv.advance([1] * len(rows))
+        self.stats["decode_tokens"] += len(rows)
+        self.stats["max_running"] = max(self.stats["max_running"], len(rows))
+        for row in rows:
+            row.batch_size = max(row.batch_size, len(rows))
+        for i, exc in failed.items():
+            self._fail(rows[i], exc)
+        leaving, scrub = set(failed), set(failed)
+        alive = [i for i in range(len(rows)) if i not in failed]
+        for i, token, logprob in self._sample_rows(rows, alive, logits):
+            row = rows[i]
+            if token is None:
+                leaving.add(i)
+                scrub.add(i)
+            elif self._accept(row, token, logprob, kv_row=i):
+                leaving.add(i)
+            else:
+                row.pending = token
+        kv.remove_rows(leaving, scrub)
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _forward(self, kv: RowKV, ids: torch.Tensor, queries: list[int]) -> tuple[torch.Tensor, dict[int, Exception]]:
+        """Last-position logits of every row; a row whose forward fails alone is reported, not raised."""
+        try:
+            return self._run(kv, ids, queries), {}
+        except Exception as exc:
+            if kv.rows == 1:
+                return torch.empty(0), {0: exc}
+        # Someone in the batch broke it: run each row alone to find who. The batch's writes are all past each
+        # row's length, so re-running a row recomputes exactly its own new columns.
+        window = ids.shape[1]
+        logits: list[torch.Tensor | None] = []
+        failed: dict[int, Exception] = {}
+        for i, q in enumerate(queries):
+            alone = RowKV(kv.num_layers, float_mask_dtype=kv.float_mask_dtype)
+            alone.add_row(None, kv.row_kv(i) if kv.lengths[i] else None)
+            try:
+                logits.append(self._run(alone, ids[i : i + 1, window - q :], [q])[0])
+                alone.advance([q])
+                kv.write_row(i, alone.row_kv(0))  # the caller advances every row
+            except Exception as exc:
+                logits.append(None)
+                failed[i] = exc
+        template = next((t for t in logits if t is not None), None)
+        if template is None:
+            return torch.empty(0), failed
+        return torch.stack([t if t is not None else torch.zeros_like(template) for t in logits]), failed
+
+    def _run(self, kv: RowKV, ids: torch.Tensor, queries: list[int]) -> torch.Tensor:
+        policy = self.policy
+        mask, positions = kv.plan(queries, policy.device)
+        out = policy.model(
+            input_ids=ids.to(policy.device),
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,  # every row's last query is the window's last column
+            **{policy._cache_kwarg: kv},
+        )
+        return out.logits[:, -1, :].float()
+
+    def _sample_rows(
+        self, rows: list[_Row], indices: list[int], logits: torch.Tensor
+    ) -> list[tuple[int, int | None, float]]:
+        """(row index, token or None if that row failed, logprob) for each of ``indices``."""
+        if not indices:
+            return []
+        picked = logits[indices]
+        finite = torch.isfinite(picked).all(dim=-1).tolist()
+        out: list[tuple[int, int | None, float]] = []
+        good = [i for i, ok in zip(indices, finite, strict=True) if ok]
+        for i, ok in zip(indices, finite, strict=True):
+            if not ok:
+                self._fail(rows[i], PolicyError("the model produced non-finite logits for this request"))
+                out.append((i, None, 0.0))
+        if not good:
+            return out
+        try:
+            tokens, logprobs = sample(logits[good], [rows[i].request for i in good])
+            out.extend(zip(good, tokens.tolist(), logprobs.tolist(), strict=True))
+        except Exception:  # find the row that cannot be sampled; the others carry on
+            for i in good:
+                try:
+                    token, logprob = sample(logits[i : i + 1], [rows[i].request])
+                    out.append((i, int(token[0]), float(logprob[0])))
+                except Exception as exc:
+                    self._fail(rows[i], exc)
+                    out.append((i, None, 0.0))
+        return out
+
+    def _accept(self, row: _Row, token: int, logprob: float, kv_row: int | None = None) -> bool:
+        """Record a sampled token; True when the row is finished (its Completion, or its error, is delivered)."""
+        request = row.request
+        try:
+            request.token_ids.append(token)
+            request.logprobs.append(logprob)
+            if token in self.policy.chat_format.stop_token_ids or (request.sampling.stop and self._hit_stop(request)):
+                request.finish_reason = "stop"
+            elif len(request.token_ids) >= request.max_new_tokens:
+                request.finish_reason = "length"
+            else:
+                return False
+            if kv_row is not None:  # this turn's KV, for the episode's next turn (which extends it)
+                fed = torch.tensor(request.prompt_ids + request.token_ids[:-1], dtype=torch.long)
+                self.prefix.insert(fed, self.decoding.row_kv(kv_row))
+            self._complete(row)
+        except Exception as exc:
+            self._fail(row, exc)
+        return True
+
+    def _hit_stop(self, request: Request) -> bool:
+        longest = max(len(s) for s in request.sampling.stop)
+        tail = self.policy.chat_format.decode(request.token_ids[-(longest * _STOP_TAIL_TOKENS_PER_CHAR + 1) :])
+        for stop in request.sampling.stop:
+            if stop and stop in tail:
+                request.stop = stop
+                return True
+        return False
+
+    def _complete(self, row: _Row) -> None:
+        request = row.request
+        now = time.perf_counter()
+        completion = Completion(
+            text=self.policy.chat_format.decode(request.token_ids),
+            token_ids=request.token_ids,
+            logprobs=request.logprobs,
+            finish_reason=request.finish_reason or "length",
+            policy_version=row.version,
+            prompt_token_ids=request.prompt_ids,
+            info={
+                "seed": request.seed,
+                "batch_size": row.batch_size,
+                "stop": request.stop,
+                "decode_s": now - row.started,
+                "queue_s": row.started - request.submitted,
+                "cached_tokens": row.cached,
+                "prefill_tokens": len(row.prompt) - row.cached,
+                "engine": "continuous",
+            },
+        )
+        self.stats["completed"] += 1
+        request.deliver(completion)
+
+    def _fail(self, row: _Row, exc: BaseException) -> None:
+        self.stats["failed"] += 1
+        error = exc if isinstance(exc, PolicyError) else PolicyError(f"generation failed: {type(exc).__name__}: {exc}")
+        if error is not exc:
+            error.__cause__ = exc
+        row.request.deliver(error)
+
+    def _fail_all(self, error: PolicyError) -> None:
+        requests = [*self.queue, *(row.request for row in (*self.prefilling.owners, *self.decoding.owners))]
+        with self._lock:
+            requests += self._inbox
+            self._inbox = []
+        self.queue = []
+        self.prefilling.clear()
+        self.decoding.clear()
+        for request in requests:
+            request.deliver(error)

@@ -1,0 +1,122 @@
+"""Per-request sampling shared by both HFPolicy engines: the request record and the seeded Gumbel-max sampler.
+
+Each request owns a ``torch.Generator`` seeded with its seed and draws one uniform per vocabulary entry per
+token, so what it samples never depends on its batch neighbours, on when it joined a batch, or on where its
+KV came from. Logprobs are those of the temperature-scaled distribution before top-p/top-k truncation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from taskrl.policies.base import Completion, SamplingParams
+
+
+@dataclass
+class Request:
+    """One ``generate`` call as a decode engine sees it; the engine fills the sampled fields."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    max_new_tokens: int
+    future: asyncio.Future[Completion]
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop: str | None = None
+    cancelled: bool = False
+    """Set (on the event loop) when the caller stopped waiting; the engine drops the request at its next step."""
+    submitted: float = field(default_factory=time.perf_counter)
+    prompt_tensor: torch.Tensor = field(init=False)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
+
+    def start(self, device: torch.device) -> None:
+        """(Re)start sampling from scratch: a fresh generator at the seed, nothing sampled yet."""
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(self.seed)
+        self.token_ids, self.logprobs, self.finish_reason, self.stop = [], [], None, None
+
+    def deliver(self, outcome: Completion | BaseException) -> None:
+        """Hand the result to the awaiting caller; safe from any thread, a no-op once the caller is gone."""
+
+        def settle() -> None:
+            if self.future.done():
+                return
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
+
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody is waiting
+            self.loop.call_soon_threadsafe(settle)
+
+
+def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row with each request's own generator; logprobs before top-p/top-k truncation."""
+    temperatures = torch.tensor(
+        [r.sampling.temperature if r.sampling.temperature > 0 else 1.0 for r in requests],
+        dtype=logits.dtype,
+        device=logits.device,
+    )
+    logp = torch.log_softmax(logits / temperatures[:, None], dim=-1)
+    picks = [
+        logits[row].argmax().view(1) if r.sampling.temperature == 0 else sample_row(logp[row], r)
+        for row, r in enumerate(requests)
+    ]
+    tokens = torch.cat(picks)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sample_row(logp: torch.Tensor, request: Any) -> torch.Tensor:
+    """Gumbel-max sample over the top-k / nucleus support, drawing one uniform per vocabulary entry.
+
+    Gumbel-max rather than an inverse CDF: the winner only changes when two perturbed scores are within
+    float noise, so a row samples the same token whether it was decoded alone or padded into a batch.
+    The generator draws the same amount every step, so a request's stream never depends on its support.
+    """
+    uniform = torch.rand(logp.shape, generator=request.generator, device=logp.device, dtype=logp.dtype)
+    scores = logp - torch.log(-torch.log(uniform))
+    support = _support(logp, request.sampling)
+    if support is None:
+        return scores.argmax().view(1)
+    return support[scores[support].argmax()].view(1)
+
+
+def _support(logp: torch.Tensor, sampling: SamplingParams) -> torch.Tensor | None:
+    """Token ids kept by top-k then top-p (most likely first), or None when neither truncates.
+
+    A full-vocabulary sort costs milliseconds per token on CPU and a trained model's nucleus is small,
+    so the top-p candidates come from a ``topk`` that grows until it holds the top_p mass.
+    """
+    vocab = logp.numel()
+    top_k = sampling.top_k if 0 < sampling.top_k < vocab else vocab
+    if top_k == vocab and sampling.top_p >= 1.0:
+        return None
+    if top_k < vocab:
+        values, order = torch.topk(logp, top_k)
+        total = values.exp().sum()  # top-p applies to the top-k-renormalised distribution
+    else:
+        size, total = min(vocab, 64), 1.0
+        while True:
+            values, order = torch.topk(logp, size)
+            if size == vocab or float(values.exp().sum()) >= sampling.top_p:
+                break
+            size = min(vocab, size * 4)
+    if sampling.top_p < 1.0:
+        probs = values.exp()
+        # Keep a token while the mass before it is under top_p; the most likely token always stays.
+        kept = int(((probs.cumsum(-1) - probs) < sampling.top_p * total).sum())
+        order = order[: max(1, kept)]
+    return order

@@ -1,0 +1,71 @@
+"""benchmarks/learning/tool_use.py: valid stage configs, held-out tasks that share nothing, the plot, the deltas."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskrl.envs.builtin import ShopEnv
+from taskrl.training.config import config_from_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.learning import tool_use as bench  # noqa: E402
+from benchmarks.learning.plots import plot_tool_use  # noqa: E402
+
+
+def _args(**changes: object) -> argparse.Namespace:
+    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 96, "sft_steps": 4,
+              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 2e-4, "tasks": 4, "group_size": 6, "entropy_coef": 0.0,
+              "lookup_credit": 0.3, "max_steps": 10_000, "dtype": "bfloat16"}  # fmt: skip
+    return argparse.Namespace(**{**values, **changes})
+
+
+def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp_path: Path) -> None:
+    args = _args()
+    start = tmp_path / "start"
+    sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
+    assert (sft.algo, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, bench.SFT_ENV, "smollm2")
+    arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
+    assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
+    assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs == bench.SFT_ENV
+    assert arms["grpo"].algo == "grpo" and arms["grpo"].env_kwargs["min_items"] >= 2
+    shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "temperature", "seed", "dtype", "env")
+    assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
+
+
+def test_held_out_orders_share_no_item_quantity_pair_with_any_training_task() -> None:
+    held_out = {pair for t in bench.eval_tasks(64) for pair in t.info["order"].items()}
+    train = {pair for kwargs in (bench.SFT_ENV, bench.EVAL_ENV)
+             for t in ShopEnv(num_tasks=256, **kwargs).tasks("train") for pair in t.info["order"].items()}  # fmt: skip
+    assert held_out and train and not held_out & train
+    assert all(2 <= len(t.info["order"]) <= 3 for t in bench.eval_tasks(64))
+
+
+def test_paired_delta_is_the_mean_difference_with_a_ci() -> None:
+    delta = bench.paired_delta([0, 0, 1, 1], [1, 1, 1, 1], seed=0)
+    assert delta["value"] == 0.5 and 0 <= delta["low"] <= 0.5 <= delta["high"] <= 1
+
+
+def _estimate(value: float) -> dict[str, float]:
+    return {"value": value, "low": max(value - 0.1, 0.0), "high": min(value + 0.1, 1.0)}
+
+
+def _evals(value: float) -> dict[str, dict[str, object]]:
+    per_task = [value] * 4
+    return {"greedy": {"success": _estimate(value), "per_task": per_task},
+            "sampled": {"success": _estimate(value), "pass@1": _estimate(value), "per_task": per_task}}  # fmt: skip
+
+
+def test_plot_writes_a_png_from_seed_records(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    steps = [{"step": i + 1, "train_s": 30.0 * (i + 1), "rewards/total": i / 10, "tools/invalid_tool_calls": 0.1,
+              "losses/entropy": 0.5} for i in range(5)]  # fmt: skip
+    curve = [{"train_s": 60.0, "tasks": 4, "success": _estimate(0.25)}]
+    arms = {arm: {"steps": steps, "curve": curve, "train_s": 150.0, "final": _evals(0.5)} for arm in bench.ARMS}
+    data = {"seeds": {"0": {"minutes": 2.5, "start": _evals(0.0), "arms": arms}}}
+    path = tmp_path / "tool_use.png"
+    plot_tool_use(data, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
