@@ -70,11 +70,11 @@ async def test_token_mode_segment_is_prompt_plus_samples_plus_observations(fmt: 
 
 
 async def test_invalid_calls_are_observations_counted_and_capped(fmt: ChatFormat) -> None:
-    turns = [call("nope"), "<tool_call>{broken</tool_call>", call("lookup_price", item=3), "The total is 48."]
+    task = shop_task()
+    answer = f"The total is {task.answer}."
+    turns = [call("nope"), "<tool_call>{broken</tool_call>", call("lookup_price", item=3), answer]
     env = make("shop")
-    traj = await run_episode(
-        env, ScriptedPolicy.from_turns(turns, chat_format=fmt), shop_task(), RolloutConfig(), seed=0
-    )
+    traj = await run_episode(env, ScriptedPolicy.from_turns(turns, chat_format=fmt), task, RolloutConfig(), seed=0)
     assert traj.metrics["invalid_tool_calls"] == 3
     errors = [m.content for m in traj.messages if m.role == "tool"]
     assert "Unknown tool 'nope'" in errors[0]

@@ -112,10 +112,11 @@ class ProductionCycle:
                 scores[f"{suite_name}/{metric}"] = list(values)
         return scores
 
-    def _log(self, kind: str, to_version: int | None, evidence: dict[str, Any]) -> None:
+    async def _log(self, kind: str, to_version: int | None, evidence: dict[str, Any]) -> None:
+        """Record a decision and wait until it is durable: the cycle reports nothing the store does not hold."""
         decision = Decision(self.router.model, kind, self.router.stable, to_version, evidence)
         self.router.decisions.append(decision)
-        self.store.submit("decisions", decision)
+        await self.store.add("decisions", decision)
 
     async def run_once(self) -> dict[str, Any]:
         """One cycle: train on fresh feedback, gate, deploy. Returns what happened (also logged)."""
@@ -150,7 +151,7 @@ class ProductionCycle:
             candidate.close()
             reason = f"candidate has non-finite weights in {len(poisoned)} tensors (e.g. {poisoned[0]})"
             report["gate"] = {"promote": False, "reason": reason, "evidence": {"non_finite_tensors": poisoned[:20]}}
-            self._log("block", None, {"reason": reason, "non_finite_tensors": poisoned[:20]})
+            await self._log("block", None, {"reason": reason, "non_finite_tensors": poisoned[:20]})
             report["outcome"] = "blocked"
             report["seconds"] = time.perf_counter() - started
             self.step += 1
@@ -169,7 +170,7 @@ class ProductionCycle:
             report["outcome"], report["version"] = self.config.rollout, version
         else:
             candidate.close()
-            self._log("block", None, {"reason": verdict.reason, **verdict.evidence})
+            await self._log("block", None, {"reason": verdict.reason, **verdict.evidence})
             report["outcome"] = "blocked"
         report["seconds"] = time.perf_counter() - started
         self.step += 1

@@ -79,8 +79,9 @@ for _o in _gc.get_objects():
 FORGE_REPORT = """
 import atexit as _atexit, json as _json, os as _os
 def _forge():
-    outcomes = {}
-    for fd in range(3, 64):
+    # every open descriptor, whatever its number (the report pipe keeps the number it had in the parent, which
+    # is above 63 when the parent holds many files: a fixed range made this attack miss the pipe, and pass)
+    for fd in sorted(int(name) for name in _os.listdir("/proc/self/fd") if int(name) > 2):
         try:
             _os.write(fd, _json.dumps({"exit_code": 0, "outcomes": {}, "messages": {}, "tampering": []}).encode())
         except OSError:
