@@ -253,6 +253,60 @@ def score(
         traj.rewards = weighted
 
 
+def is_adjustment(name: str) -> bool:
+    """A term ``score`` writes itself (clamp, gate caps, the invalid-call cap), never a measurement."""
+    return name in (CLAMP, INVALID_CALL_CAP) or name.endswith(CAP_SUFFIX)
+
+
+MeasureFn = Callable[[int, list[Trajectory]], None]
+"""Extra measurements over a batch: ``fn(step, trajectories)`` adds terms (reward models, shaping) in place."""
+
+
+def score_collected(
+    trajectories: list[Trajectory],
+    env: Any,
+    clock: Clock,
+    *,
+    rubric: Rubric | None = None,
+    reward_weights: Mapping[str, float | Schedule] | None = None,
+    task_of: Callable[[str], Task | None] | None = None,
+    measure: MeasureFn | None = None,
+) -> None:
+    """The one scoring path of a collected batch, shared by the trainer and ``taskrl eval`` (so one trajectory
+    gets one reward in both): the env's group measurements (a legacy ``finalize_group`` hook on the env or an
+    object it holds, per group of two samples or more, at ``clock``), ``measure``, then ``score``.
+
+    ``env`` is a probe env of the run, used only for its hooks and rubric; ``rubric`` defaults to its rubric.
+    """
+    from taskrl.env import step_hooks  # the env contract sits above the scoring leaf
+
+    rubric = rubric if rubric is not None else rubric_of(env)
+    for traj in trajectories:
+        measured_terms(traj)  # hand-built or schema-1 trajectories: their reward terms are the measurements
+    finalizers = step_hooks(env, "finalize_group")
+    groups: dict[str, list[Trajectory]] = {}
+    for traj in trajectories:
+        groups.setdefault(_group_key(traj), []).append(traj)
+    for group in groups.values():  # one order however the episodes finished: order-dependent hooks agree
+        group.sort(key=lambda t: (t.seed if t.seed is not None else -1, t.id))
+    if finalizers and any(len(g) > 1 for g in groups.values()):
+        for set_step in step_hooks(env, "set_step"):  # the group terms' weights at this batch's clock
+            set_step(clock.step, clock.epoch)
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            task = task_of(group[0].task_id) if task_of is not None else None
+            for finalize in finalizers:
+                finalize(group, task)
+    if measure is not None:
+        measure(clock.step, trajectories)
+    for traj in trajectories:  # reward keys a hook added (measure, a legacy finalize_group) are measurements
+        for name, value in traj.rewards.items():
+            if not is_adjustment(name):
+                traj.terms.setdefault(name, value)
+    score(trajectories, rubric, clock, reward_weights=reward_weights, task_of=task_of)
+
+
 def rubric_of(env: Any) -> Rubric:
     """The env's declared ``rubric``, or ``Rubric(failure_reward=env.failure_reward)`` when it declares none."""
     rubric = getattr(env, "rubric", None)

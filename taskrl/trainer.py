@@ -40,8 +40,7 @@ from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards import set_training_step
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import RunLog
-from taskrl.scoring import CAP_SUFFIX, CLAMP, INVALID_CALL_CAP, Clock, batch_metrics, measured_terms, rubric_of
-from taskrl.scoring import score as score_batch
+from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
@@ -215,32 +214,21 @@ class Trainer:
             policy = self.expert if expert else self.policy
             factory = self.env_factory_at(step, epoch)
             trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
-        for hook in step_hooks(self.probe, "set_step"):
-            hook(step, epoch)
-        finalizers = step_hooks(self.probe, "finalize_group") if rollout.group_size > 1 else []
-        if finalizers:
-            for group in _groups(trajectories).values():
-                task = self.tasks_by_id.get(group[0].task_id)
-                for finalize in finalizers:
-                    finalize(group, task)
         self._rollout_times[step] = (started, time.monotonic())
         return trajectories
 
     def score(self, step: int, trajectories: list[Trajectory]) -> None:
-        """Extra measurements (``score_fn``), then ``taskrl.scoring.score`` at this step's clock: term weights
-        (the rubric's times ``reward_weights``), group terms, clamp, gates, invalid-call cap, once and in order."""
-        for traj in trajectories:
-            measured_terms(traj)  # hand-built or schema-1 trajectories: their reward terms are the measurements
-        if self.score_fn is not None:
-            self.score_fn(step, trajectories)
-        for traj in trajectories:  # reward keys a hook added (score_fn, a legacy finalize_group) are measurements
-            for name, value in traj.rewards.items():
-                if not _is_adjustment(name):
-                    traj.terms.setdefault(name, value)
-        clock = self._clocks.pop(step, None) or Clock(step, int(getattr(self.sampler, "epoch", 0)))
-        score_batch(
-            trajectories, self.rubric, clock, reward_weights=self.reward_weights, task_of=self.tasks_by_id.get
-        )
+        """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): the env's
+        group measurements, extra measurements (``score_fn``), then term weights (the rubric's times
+        ``reward_weights``), group terms, clamp, gates, invalid-call cap, once and in order."""
+        score_collected(
+            trajectories, self.probe, self.clock_of(step), rubric=self.rubric, reward_weights=self.reward_weights,
+            task_of=self.tasks_by_id.get, measure=self.score_fn,
+        )  # fmt: skip
+
+    def clock_of(self, step: int) -> Clock:
+        """The training position of ``step``: fixed when its tasks were drawn (a batch played ahead keeps its own)."""
+        return self._clocks.pop(step, None) or Clock(step, int(getattr(self.sampler, "epoch", 0)))
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Collect, score, update, sync, log one step; returns its metrics (also appended to metrics.jsonl)."""
@@ -311,8 +299,9 @@ class Trainer:
         # (a sharded learner cannot decode alone: its rollout copy holds the same weights, synced after each update).
         policies = {"policy": self.policy if self.learner.sharded else self.learner_policy}
         return self.rollouts.run(
-            evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step)
-        )
+            evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step,
+                     clock=Clock(step, int(getattr(self.sampler, "epoch", 0))), reward_weights=self.reward_weights)
+        )  # fmt: skip
 
     # -- overlap and sync --------------------------------------------------------------------------
     def _on_model_thread(self, work: Callable[[], Any]) -> Any:
@@ -501,11 +490,6 @@ def _groups(trajectories: Sequence[Trajectory], by: str = "group_id") -> dict[st
         key = getattr(t, by)
         out[key if key is not None else t.id].append(t)
     return out
-
-
-def _is_adjustment(name: str) -> bool:
-    """A term ``taskrl.scoring.score`` writes itself (clamp, gate caps, the invalid-call cap), never a measurement."""
-    return name in (CLAMP, INVALID_CALL_CAP) or name.endswith(CAP_SUFFIX)
 
 
 async def _ready(trajectories: list[Trajectory]) -> list[Trajectory]:
