@@ -6,8 +6,8 @@
     engine computed (prefill), p50/p95 seconds per turn, and whether the episodes equal the continuous engine's.
 (b) ``trace``: requests arriving every 100 ms, long (a ~300-token prompt, 48 new tokens) and short (a ~20-token
     prompt, 6 new tokens) mixed; p50/p95 latency, and a short request's latency under load vs alone.
-(c) ``demo``: ``taskrl demo``'s training (its config: 3 SFT steps, then GRPO steps of 16 episodes) with each
-    engine; per-step time, rollout time and training reward (seeded: both engines should agree).
+(c) ``demo``: ``make demo``'s GRPO arm (``recipes/demo.toml`` from the ``recipes/demo_sft.toml`` warm start, as
+    the demo runs it) with each engine; per-step time, rollout time and training reward (seeded).
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part grpo trace [--device auto]
     PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part demo --demo-grpo-steps 2
@@ -262,40 +262,58 @@ def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
 
 # -- (c) the demo's GRPO steps ---------------------------------------------------------------------
 def demo_part(args: argparse.Namespace) -> dict[str, Any]:
+    """``make demo``'s two recipes as the demo runs them: the SFT warm start (``recipes/demo_sft.toml``) once,
+    merged into a checkpoint, then ``args.demo_grpo_steps`` steps of ``recipes/demo.toml`` from it with each
+    engine (same tasks, same seeds: only the engine differs)."""
     from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
-    from taskrl.training.demo import DEMO_CONFIG
+    from taskrl.training.demo import RL_RECIPE, SFT_RECIPE, load_recipe
 
-    steps = DEMO_CONFIG["sft_warmup_steps"] + args.demo_grpo_steps
+    common = {"device": args.device, "resume": False, "progress": False}
+    sft_recipe, rl_recipe = {**load_recipe(SFT_RECIPE), **common}, {**load_recipe(RL_RECIPE), **common}
+    print(f"demo recipes: {SFT_RECIPE.name} {json.dumps(sft_recipe, default=str)}", flush=True)
+    print(f"              {RL_RECIPE.name} {json.dumps(rl_recipe, default=str)}", flush=True)
     out: dict[str, Any] = {}
-    for engine in [e for e in args.engines if e != "generate"]:
-        with tempfile.TemporaryDirectory() as run_dir:
-            overrides = {"run_dir": run_dir, "device": args.device, "resume": False, "steps": steps}
-            config = config_from_dict({**DEMO_CONFIG, **overrides})
-            policy = HFPolicy.from_pretrained(config.model, device=args.device, engine=engine)
+    with tempfile.TemporaryDirectory() as tmp:
+        start_dir = Path(tmp) / "start"
+        started = time.perf_counter()
+        trainer = Trainer(config_from_dict({**sft_recipe, "run_dir": str(Path(tmp) / "sft")}))
+        try:
+            trainer.train()
+            trainer.learner.model.merge_and_unload().save_pretrained(str(start_dir))
+            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start_dir))
+        finally:
+            trainer.close()
+        print(f"warm start ({sft_recipe['steps']} SFT steps): {time.perf_counter() - started:.0f} s", flush=True)
+        for engine in [e for e in args.engines if e != "generate"]:
+            fields = {**rl_recipe, "model": str(start_dir), "run_dir": str(Path(tmp) / engine)}
+            fields["steps"] = args.demo_grpo_steps
+            config = config_from_dict(fields)
+            dtype = getattr(torch, config.dtype)
+            policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype, engine=engine)
             trainer = Trainer(config, policy=policy)
             try:
                 rows = trainer.train()
             finally:
                 trainer.close()
                 policy.close()
-        grpo = rows[DEMO_CONFIG["sft_warmup_steps"] :]
-        out[engine] = {
-            "step_s": [r["charts/step_time_s"] for r in grpo],
-            "rollout_s": [r["charts/rollout_time_s"] for r in grpo],
-            "update_s": [r["charts/update_time_s"] for r in grpo],
-            "reward": [r["rewards/total"] for r in grpo],
-            "sampled_tokens": [r.get("charts/trained_tokens") for r in grpo],
-        }
-        print(f"  {engine}: {out[engine]}", flush=True)
-    print(f"\n(c) taskrl demo config, {args.demo_grpo_steps} GRPO steps after the SFT warm start")
+            out[engine] = {
+                "step_s": [r["charts/step_time_s"] for r in rows],
+                "rollout_s": [r["charts/rollout_time_s"] for r in rows],
+                "update_s": [r["charts/update_time_s"] for r in rows],
+                "reward": [r["rewards/total"] for r in rows],
+            }
+            print(f"  {engine}: {out[engine]}", flush=True)
+    print(f"\n(c) make demo's GRPO arm ({RL_RECIPE.name}), {args.demo_grpo_steps} GRPO steps from its SFT warm start")
     print(f"{'engine':12} {'GRPO step s':>24} {'rollout s':>24} {'training reward':>28}")
     for engine, r in out.items():
         steps_s, rollout_s = " ".join(f"{x:.1f}" for x in r["step_s"]), " ".join(f"{x:.1f}" for x in r["rollout_s"])
         print(f"{engine:12} {steps_s:>24} {rollout_s:>24} {' '.join(f'{x:.3f}' for x in r['reward']):>28}")
     if "continuous" in out and "static" in out:
         ratio = sum(out["static"]["step_s"]) / sum(out["continuous"]["step_s"])
-        print(f"GRPO step time static / continuous: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'})")
+        rollout = sum(out["static"]["rollout_s"]) / sum(out["continuous"]["rollout_s"])
+        print(f"GRPO step time static / continuous: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
+              f"rollout time: {rollout:.2f}x")
         print(f"same training rewards: {out['static']['reward'] == out['continuous']['reward']}")
     return out
 
@@ -305,16 +323,19 @@ def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
     its episodes would end after one turn; after this it plays multi-turn tool episodes, as in a GRPO step."""
     from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
-    from taskrl.training.demo import DEMO_CONFIG
+    from taskrl.training.demo import SFT_RECIPE, load_recipe
 
     with tempfile.TemporaryDirectory() as run_dir:
-        fields = {**DEMO_CONFIG, "env": "shop", "steps": args.warm_start_steps, "max_turns": 5}
-        fields.update(sft_warmup_steps=args.warm_start_steps, run_dir=run_dir, device=str(policy.device), resume=False)
+        fields = {**load_recipe(SFT_RECIPE), "env": "shop", "env_kwargs": {}, "max_turns": 5}
+        fields.update(steps=args.warm_start_steps, run_dir=run_dir, device=str(policy.device), resume=False)
+        fields.update(progress=False)
         trainer = Trainer(config_from_dict(fields), policy=policy)
         try:
             trainer.train()
         finally:
             trainer.close()
+    if hasattr(policy.model, "merge_and_unload"):  # a LoRA warm start: decode the merged weights
+        policy.model = policy.model.merge_and_unload()
     policy.model.eval()
 
 

@@ -225,8 +225,8 @@ def demo(
     out_dir: Annotated[Path, typer.Option(help="run directory (replaced on every demo)")] = Path("runs/demo"),
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
 ) -> None:
-    """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on single-item shop orders, then an SFT-only arm
-    and an SFT -> GRPO arm on multi-item orders, side by side on held-out tasks (recipes/demo*.toml)."""
+    """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on 1-2 item price listings, then an SFT-only arm
+    and an SFT -> GRPO arm on 3-item listings, side by side on held-out tasks (recipes/demo*.toml)."""
     from taskrl.runlog import read_trajectories
     from taskrl.training.demo import run_demo
 

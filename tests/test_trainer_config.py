@@ -91,4 +91,4 @@ def test_the_demo_reads_its_settings_from_the_recipes() -> None:
     assert (recipes / "demo_sft.toml", recipes / "demo.toml") == (SFT_RECIPE, RL_RECIPE)
     sft, rl = load_config(SFT_RECIPE), load_config(RL_RECIPE)
     assert load_recipe(RL_RECIPE)["lr"] == rl.lr and (sft.algo, rl.algo) == ("sft", "grpo")
-    assert sft.env == rl.env == "shop" and sft.env_kwargs["max_items"] < rl.env_kwargs["min_items"]
+    assert sft.env == rl.env == "prices" and sft.env_kwargs["max_items"] < rl.env_kwargs["min_items"]

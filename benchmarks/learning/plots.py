@@ -11,6 +11,14 @@ from pathlib import Path
 from typing import Any
 
 COLORS = {"sft_only": "tab:blue", "grpo": "tab:red"}
+DESIGN_TITLES = {
+    "prices3": ("held-out 3-item price listings", "SFT on 1-2 item price listings, then {m:g} min per arm of more SFT "
+                "vs GRPO on 3-item listings (prices env)"),
+    "prices": ("held-out 2-3 item price listings", "SFT on 1-item price listings, then {m:g} min per arm of more SFT "
+               "vs GRPO on 2-3 item listings (prices env)"),
+    "shop": ("held-out multi-item orders", "SFT on single-item orders, then {m:g} min per arm of more SFT vs GRPO on "
+             "multi-item orders (shop env)"),
+}  # fmt: skip
 LINES = ("-", "--", ":", "-.")
 
 
@@ -71,9 +79,10 @@ def plot_tool_use(data: dict[str, Any], path: Path) -> None:
     if values:
         bars_ax.bar(range(len(values)), values, yerr=list(zip(*errors, strict=True)), capsize=3, color=colors)
         bars_ax.set_xticks(range(len(values)), names, fontsize=6)
-    bars_ax.set(title="held-out multi-item orders (95% CI)", ylim=(0, 1.05))
-    fig.suptitle(f"SmolLM2-135M LoRA: SFT on single-item orders, then {minutes:g} min per arm of more SFT vs "
-                 "GRPO on multi-item orders (shop env)", fontsize=10)  # fmt: skip
+    design = seeds[0][1].get("design", "shop") if seeds else "shop"
+    bars_title, title = DESIGN_TITLES.get(design, DESIGN_TITLES["shop"])
+    bars_ax.set(title=f"{bars_title} (95% CI)", ylim=(0, 1.05))
+    fig.suptitle(f"SmolLM2-135M LoRA: {title.format(m=minutes)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

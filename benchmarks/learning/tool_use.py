@@ -33,15 +33,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
 ARMS = ("sft_only", "grpo")
-SFT_ENV = {"min_items": 1, "max_items": 1}
-"""The demonstrations: single-item orders (the format of the task, without the multi-item skill)."""
-EVAL_ENV = {"min_items": 2, "max_items": 2}
-"""Held-out evaluation: two-item orders (two lookups and a sum); the reward is correctness alone (no shaping)."""
+DESIGNS: dict[str, dict[str, Any]] = {
+    # The default (issue 14, second design): copy-only listing of looked-up prices, per-item credit (dense).
+    "prices": {"env": "prices", "sft": {"min_items": 1, "max_items": 1}, "eval": {"min_items": 2, "max_items": 3},
+               "rl": {"min_items": 2, "max_items": 3}},
+    # Length generalisation: demonstrations list one or two items, RL and evaluation three.
+    "prices3": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
+                "rl": {"min_items": 3, "max_items": 3}},
+    # The first design: order totals (lookups and a sum), sparse reward plus lookup credit; kept for comparison.
+    "shop": {"env": "shop", "sft": {"min_items": 1, "max_items": 1}, "eval": {"min_items": 2, "max_items": 2},
+             "rl": {"min_items": 2, "max_items": 2}},
+}  # fmt: skip
+"""Per design: the env, the demonstrations' tasks (single items: the format without the multi-item skill), the
+GRPO arm's training tasks and the held-out evaluation tasks (test split: no combination shared with training)."""
 
 
 def rl_env(args: argparse.Namespace) -> dict[str, Any]:
-    """The GRPO arm's training tasks: multi-item orders, with the (optional) lookup partial credit."""
-    return {**EVAL_ENV, "lookup_credit": args.lookup_credit}
+    """The GRPO arm's training tasks: multi-item tasks (``shop`` adds the optional lookup partial credit)."""
+    extra = {"lookup_credit": args.lookup_credit} if args.design == "shop" else {}
+    return {**DESIGNS[args.design]["rl"], **extra}
 
 
 def base_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,7 +67,7 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "seed": args.seed,
         "progress": False,
-        "env": "shop",
+        "env": DESIGNS[args.design]["env"],
         "split": "train",
     }
 
@@ -69,12 +79,13 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         config["seed"] = args.sft_seed
         # algo=sft trains at ``lr`` (``sft_lr`` is the warm-up's rate of an RL run)
         return {**config, "model": "smollm2", "algo": "sft", "steps": args.sft_steps, "sft_data": "expert",
-                "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1, "env_kwargs": SFT_ENV,
-                "checkpoint_every": 0}  # fmt: skip
+                "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1,
+                "env_kwargs": DESIGNS[args.design]["sft"], "checkpoint_every": 0}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1})
     if stage == "sft_only":
-        return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": SFT_ENV,
+        return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr,
+                "env_kwargs": DESIGNS[args.design]["sft"],
                 "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
     return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": rl_env(args), "tasks_per_step": args.tasks,
             "group_size": args.group_size, "entropy_coef": args.entropy_coef,
@@ -82,10 +93,11 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
             "normalize_std": True}  # fmt: skip
 
 
-def eval_tasks(n: int) -> list[Any]:
+def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
     from taskrl.env import make
 
-    return list(make("shop", num_tasks=n, **EVAL_ENV).tasks("test"))
+    design = DESIGNS[args.design]
+    return list(make(design["env"], num_tasks=n, **design["eval"]).tasks("test"))
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -112,9 +124,10 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
         samples_per_task=4 if sampled else 1, temperature=1.0 if sampled else 0.0, max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
     )  # fmt: skip
-    factory = lambda: make("shop", num_tasks=args.eval_tasks, **EVAL_ENV)  # noqa: E731
+    design = DESIGNS[args.design]
+    factory = lambda: make(design["env"], num_tasks=args.eval_tasks, **design["eval"])  # noqa: E731
     policies = {"policy": trainer.learner_policy}
-    job = evaluate(factory, policies, eval_tasks(n), config, run_log=trainer.run, name=name, step=0)
+    job = evaluate(factory, policies, eval_tasks(n, args), config, run_log=trainer.run, name=name, step=0)
     return summary(trainer.rollouts.run(job))
 
 
@@ -161,7 +174,8 @@ def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
 
 
 def step_row(trainer: Any, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    keep = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "tools/tool_calls",
+    keep = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "rewards/items_right",
+            "tools/tool_calls",
             "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups",
             "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
     return {"step": trainer.completed, "train_s": elapsed, **{k: metrics.get(k) for k in keep}}
@@ -232,7 +246,8 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
         alerts = seed_dir / arm / "alerts.jsonl"
         rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
         record["alerts"] = {m: sum(r["monitor"] == m for r in rows) for m in sorted({r["monitor"] for r in rows})}
-    return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
+    return {"design": args.design, "seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes,
+            "command": command,
             "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "start": start, "arms": arms,
             "grpo_minus_sft_only": deltas}  # fmt: skip
 
@@ -269,6 +284,7 @@ def fmt(estimate: dict[str, Any] | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="prices3", help="env design (see DESIGNS)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
     ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
@@ -291,7 +307,7 @@ def main() -> None:
     ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--run-dir", default="runs/learning_tool_use")
+    ap.add_argument("--run-dir", default=None, help="default: runs/learning_tool_use/DESIGN")
     ap.add_argument("--out", default=str(ROOT / "docs" / "learning_tool_use.png"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
     ap.add_argument(
@@ -303,6 +319,7 @@ def main() -> None:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks, --group-size >= 1")
     if args.group_size < 2:
         ap.error("--group-size must be >= 2 (GRPO compares samples of one task)")
+    args.run_dir = args.run_dir or f"runs/learning_tool_use/{args.design}"
     seed_dir = Path(args.run_dir) / f"seed_{args.seed}"
     sft_dir = Path(args.run_dir) / f"sft_seed_{args.sft_seed}"
     if args.child == "sft":

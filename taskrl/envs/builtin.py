@@ -13,6 +13,7 @@ import ast
 import operator
 import random
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,10 @@ _OPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos,
 }  # fmt: skip
+_PARSE_LOCK = threading.Lock()
+"""CPython 3.11 keeps ast.parse's recursion-depth check in interpreter state, so two tool threads parsing at
+once can fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI with parallel
+calculator calls); one parse at a time avoids it and costs microseconds."""
 
 
 def safe_eval(expression: str) -> float:
@@ -50,7 +55,9 @@ def safe_eval(expression: str) -> float:
 
     if len(expression) > 200:
         raise ValueError("expression longer than 200 characters")
-    return ev(ast.parse(expression, mode="eval"))
+    with _PARSE_LOCK:
+        tree = ast.parse(expression, mode="eval")
+    return ev(tree)
 
 
 def lookup(item: str) -> str:
@@ -89,7 +96,8 @@ def _quantities(split: str, max_quantity: int) -> dict[str, list[int]]:
     return {item: qs for item, qs in allowed.items() if qs}
 
 
-def _split_seed(split: str) -> int:
+def split_seed(split: str) -> int:
+    """The task-generation seed of a split: train 0, test 1, any other split 2."""
     return {"train": 0, "test": 1}.get(split, 2)
 
 
@@ -114,7 +122,20 @@ def make_shop_tasks(
     return tasks
 
 
-class ShopEnv(ToolEnv):
+class PriceLookup:
+    """The ``lookup_price`` tool of every price env (``shop``, ``price``, ``prices``): one definition, one schema."""
+
+    @tool
+    def lookup_price(self, item: str) -> str:
+        """Look up the unit price of an item, in dollars.
+
+        Args:
+            item: the item's name, singular, e.g. "apple".
+        """
+        return lookup(item)
+
+
+class ShopEnv(PriceLookup, ToolEnv):
     """Order totals from looked-up prices; reward 1 for the right total."""
 
     name = "shop"
@@ -138,16 +159,7 @@ class ShopEnv(ToolEnv):
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         bounds = {"min_items": self.min_items, "max_items": self.max_items}
-        return make_shop_tasks(self.num_tasks, seed=_split_seed(split), split=split, **bounds)
-
-    @tool
-    def lookup_price(self, item: str) -> str:
-        """Look up the unit price of an item, in dollars.
-
-        Args:
-            item: the item's name, singular, e.g. "apple".
-        """
-        return lookup(item)
+        return make_shop_tasks(self.num_tasks, seed=split_seed(split), split=split, **bounds)
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -208,7 +220,7 @@ def make_price_tasks(n: int, seed: int, *, split: str = "train", max_quantity: i
     return tasks
 
 
-class PriceEnv(ToolEnv):
+class PriceEnv(PriceLookup, ToolEnv):
     """Look up one unit price and answer quantity x price; reward 1 for the right total."""
 
     name = "price"
@@ -219,16 +231,7 @@ class PriceEnv(ToolEnv):
         self.num_tasks = num_tasks
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
-        return make_price_tasks(self.num_tasks, seed=_split_seed(split), split=split)
-
-    @tool
-    def lookup_price(self, item: str) -> str:
-        """Look up the unit price of an item, in dollars.
-
-        Args:
-            item: the item's name, singular, e.g. "apple".
-        """
-        return lookup(item)
+        return make_price_tasks(self.num_tasks, seed=split_seed(split), split=split)
 
     @staticmethod
     def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:

@@ -220,7 +220,7 @@ def _assignments(trajectory: Trajectory, tasks: Sequence[SubTask], created_key: 
 @dataclass(frozen=True)
 class UsefulFinish:
     """r_finish = distinct useful sub-tasks / max(assignments, sub-agents created): a trivial reply, a repeat, a
-    dummy or an idle sub-agent earns nothing and dilutes the rest. 0 for a truncated or failed episode."""
+    placeholder or an idle sub-agent earns nothing and dilutes the rest. 0 for a truncated or failed episode."""
 
     created_key: str = "subagents_created"
     """``trajectory.info`` key of the number of sub-agents created."""

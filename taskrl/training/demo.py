@@ -1,13 +1,13 @@
-"""`make demo` / `taskrl demo`: what RL adds to an SFT warm start, on SmolLM2-135M-Instruct and the `shop` env.
+"""`make demo` / `taskrl demo`: what RL adds to an SFT warm start, on SmolLM2-135M-Instruct and the `prices` env.
 
 Every setting comes from two recipes (one source; ``taskrl train`` runs each alone):
-1. ``recipes/demo_sft.toml``: LoRA SFT on the expert's single-item orders (the task's format, not the
-   multi-item skill), merged into the base model: the common starting checkpoint.
-2. ``recipes/demo.toml``: the **SFT -> GRPO** arm, GRPO from that checkpoint on multi-item orders.
+1. ``recipes/demo_sft.toml``: LoRA SFT on the expert's one- and two-item price listings (the task's format, not
+   a three-item listing), merged into the base model: the common starting checkpoint.
+2. ``recipes/demo.toml``: the **SFT -> GRPO** arm, GRPO from that checkpoint on three-item listings.
 3. The **SFT-only** arm continues recipe 1 from the same checkpoint for as long as the GRPO arm trained.
-The start and both arms are played greedily on the same held-out multi-item orders (no item/quantity pair shared
-with any training task); the table shows success with bootstrap CIs and each arm's paired difference from the
-start. Results go to ``RUN_DIR/eval/{start,sft_only,sft_grpo}.json``.
+The start and both arms are played greedily on the same held-out tasks of the RL recipe's shape (no item
+combination shared with any training task); the table shows success with bootstrap CIs and each arm's paired
+difference from the start. Results go to ``RUN_DIR/eval/{start,sft_only,sft_grpo}.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ def load_recipe(path: Path) -> dict[str, Any]:
             f"demo recipe {str(path)!r} not found: `taskrl demo` runs from a source checkout (recipes/ beside taskrl/)"
         )
     return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def _shape(env_kwargs: dict[str, Any]) -> str:
+    """The task size a recipe asks for, e.g. "(1-2 items)" (empty when the env takes no item bounds)."""
+    low, high = env_kwargs.get("min_items"), env_kwargs.get("max_items")
+    if low is None or high is None:
+        return ""
+    return f"({low} items)" if low == high else f"({low}-{high} items)"
 
 
 def _estimate(e: dict[str, Any]) -> str:
@@ -97,7 +105,8 @@ def run_demo(
     began = time.perf_counter()
     console.print("loading SmolLM2-135M-Instruct (the first run converts the bundled GGUF and caches it) ...")
     console.print(
-        f"1/4 warm start: {sft_config.steps} SFT steps on the expert's single-item orders ({SFT_RECIPE.name})"
+        f"1/4 warm start: {sft_config.steps} SFT steps on the expert's '{sft_config.env}' demonstrations "
+        f"{_shape(sft_config.env_kwargs)} ({SFT_RECIPE.name})"
     )
     trainer = Trainer(sft_config, console=console)
     try:
@@ -108,8 +117,9 @@ def run_demo(
         trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start_dir))
     finally:
         trainer.close()
-    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.tasks_per_step} multi-item orders x "
-                  f"{rl_config.group_size} samples each) from the warm start ({RL_RECIPE.name})")  # fmt: skip
+    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.tasks_per_step} tasks "
+                  f"{_shape(rl_config.env_kwargs)} x {rl_config.group_size} samples each) from the warm start "
+                  f"({RL_RECIPE.name})")  # fmt: skip
     trainer = Trainer(config_from_dict({**rl_recipe, "model": str(start_dir)}), console=console)
     try:
         rl_began = time.perf_counter()
@@ -118,7 +128,7 @@ def run_demo(
         grpo = held_out(trainer, "sft_grpo")
     finally:
         trainer.close()
-    console.print(f"3/4 SFT-only: more SFT on the single-item demonstrations for the same {budget:.0f}s of training")
+    console.print(f"3/4 SFT-only: more SFT on the same demonstrations for the same {budget:.0f}s of training")
     sft_only_recipe = {**sft_recipe, "model": str(start_dir), "run_dir": str(out_dir / "sft_only"), "steps": 10_000}
     trainer = Trainer(config_from_dict(sft_only_recipe), console=console)
     try:
@@ -128,8 +138,9 @@ def run_demo(
         sft_only = held_out(trainer, "sft_only")
     finally:
         trainer.close()
-    console.print(f"4/4 held-out evaluation: {len(tasks)} multi-item orders, greedy")
-    table = Table(title=f"'{rl_config.env}' held-out multi-item orders, {len(tasks)} tasks, greedy (95% bootstrap CI)")
+    console.print(f"4/4 held-out evaluation: {len(tasks)} tasks {_shape(eval_kwargs)}, greedy")
+    table = Table(title=f"'{rl_config.env}' held-out tasks {_shape(eval_kwargs)}, {len(tasks)} tasks, greedy "
+                  "(95% bootstrap CI)")  # fmt: skip
     for column in ("policy", "training", "success", "vs start", "tool calls", "invalid calls"):
         table.add_column(column, justify="left" if column in ("policy", "training") else "right")
     _row(table, "warm start (SFT)", f"{sft_config.steps} SFT steps", start, None)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from taskrl.envs.builtin import ShopEnv
+from taskrl.envs.prices import PricesEnv
 from taskrl.training.config import config_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -19,29 +20,43 @@ from benchmarks.learning.plots import plot_tool_use  # noqa: E402
 def _args(**changes: object) -> argparse.Namespace:
     values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 96, "sft_steps": 4,
               "sft_tasks": 8, "sft_lr": 1e-3, "lr": 2e-4, "tasks": 4, "group_size": 6, "entropy_coef": 0.0,
-              "lookup_credit": 0.3, "max_steps": 10_000, "dtype": "bfloat16"}  # fmt: skip
+              "lookup_credit": 0.3, "max_steps": 10_000, "dtype": "bfloat16", "design": "prices3"}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})
 
 
-def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp_path: Path) -> None:
-    args = _args()
+@pytest.mark.parametrize("design", sorted(bench.DESIGNS))
+def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp_path: Path, design: str) -> None:
+    args = _args(design=design)
+    shape = bench.DESIGNS[design]
     start = tmp_path / "start"
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
-    assert (sft.algo, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, bench.SFT_ENV, "smollm2")
+    assert (sft.algo, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, shape["sft"], "smollm2")
     arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
-    assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs == bench.SFT_ENV
-    assert arms["grpo"].algo == "grpo" and arms["grpo"].env_kwargs["min_items"] >= 2
+    assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs == shape["sft"]
+    assert arms["grpo"].algo == "grpo" and arms["grpo"].env_kwargs["min_items"] > shape["sft"]["max_items"]
+    assert arms["grpo"].env == sft.env == shape["env"]
     shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "temperature", "seed", "dtype", "env")
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
 
 
 def test_held_out_orders_share_no_item_quantity_pair_with_any_training_task() -> None:
-    held_out = {pair for t in bench.eval_tasks(64) for pair in t.info["order"].items()}
-    train = {pair for kwargs in (bench.SFT_ENV, bench.EVAL_ENV)
+    shop, args = bench.DESIGNS["shop"], _args(design="shop")
+    held_out = {pair for t in bench.eval_tasks(64, args) for pair in t.info["order"].items()}
+    train = {pair for kwargs in (shop["sft"], shop["rl"])
              for t in ShopEnv(num_tasks=256, **kwargs).tasks("train") for pair in t.info["order"].items()}  # fmt: skip
     assert held_out and train and not held_out & train
-    assert all(2 <= len(t.info["order"]) <= 3 for t in bench.eval_tasks(64))
+    assert all(2 <= len(t.info["order"]) <= 3 for t in bench.eval_tasks(64, args))
+
+
+@pytest.mark.parametrize("design", ["prices", "prices3"])
+def test_held_out_listings_share_no_item_combination_with_any_training_task(design: str) -> None:
+    shape, args = bench.DESIGNS[design], _args(design=design)
+    held_out = {frozenset(t.info["items"]) for t in bench.eval_tasks(64, args)}
+    train = {frozenset(t.info["items"]) for kwargs in (shape["sft"], shape["rl"])
+             for t in PricesEnv(num_tasks=256, **kwargs).tasks("train")}  # fmt: skip
+    assert held_out and train and not held_out & train
+    assert min(len(c) for c in held_out) > shape["sft"]["max_items"], "evaluation needs more items than any demo"
 
 
 def test_paired_delta_is_the_mean_difference_with_a_ci() -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from price_episodes import episode
 
 from taskrl.envs.builtin import PRICES, PriceEnv, ShopEnv, held_out_pair, make_shop_tasks
-from taskrl.types import Message, Task, Trajectory
+from taskrl.types import Task
 
 
 def _pairs(tasks: list[Task]) -> set[tuple[str, int]]:
@@ -37,16 +38,6 @@ def test_item_bounds_and_bad_bounds() -> None:
         ShopEnv(lookup_credit=1.0)
 
 
-def _episode(task: Task, looked_up: list[str], answer: str) -> Trajectory:
-    messages = [Message("system", ""), Message("user", task.prompt)]
-    for item in looked_up:
-        known = item in PRICES
-        messages.append(Message("tool", f"{item}: ${PRICES[item]}" if known else f"KeyError: no item '{item}'"))
-    traj = Trajectory(task_id=task.id, messages=messages, terminated=True)
-    traj.info["final_answer"] = answer
-    return traj
-
-
 def test_lookup_credit_pays_the_right_lookups_and_never_reaches_a_right_answer() -> None:
     env = ShopEnv(num_tasks=4, min_items=2, max_items=2, lookup_credit=0.3)
     task = env.tasks("train")[0]
@@ -55,7 +46,7 @@ def test_lookup_credit_pays_the_right_lookups_and_never_reaches_a_right_answer()
     others = [item for item in PRICES if item not in task.info["order"]]
 
     def reward(looked_up: list[str], answer: str = "0") -> float:
-        return sum(v for v in env.reward(_episode(task, looked_up, answer)).values() if v is not None)
+        return sum(v for v in env.reward(episode(task, looked_up, answer)).values() if v is not None)
 
     assert reward([first, second], str(task.answer)) == 1.0
     assert reward([first, second]) == pytest.approx(0.3)
@@ -64,4 +55,4 @@ def test_lookup_credit_pays_the_right_lookups_and_never_reaches_a_right_answer()
     assert reward(sorted(PRICES)) < reward([first]), "looking everything up pays less than one right lookup"
     plain = ShopEnv(num_tasks=1, min_items=2, max_items=2)
     plain.reset(task)
-    assert plain.reward(_episode(task, [first, second], "0")) == {"correct": 0.0}, "no credit unless asked for"
+    assert plain.reward(episode(task, [first, second], "0")) == {"correct": 0.0}, "no credit unless asked for"

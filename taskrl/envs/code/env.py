@@ -93,6 +93,7 @@ class CodeEnv(CodeTools, ToolEnv):
         self._protected = protect(workspace.path)
         self._initial = tree_state(workspace.path)
         self.edits = self.commands = self.test_runs = self.steps = 0
+        self.checkpoint_errors: list[str] = []
         info = {"workspace_mode": workspace.mode, "sandbox": "bubblewrap" if self.sandbox.isolated else "none"}
         return [Message("system", self.system_prompt), Message("user", task.prompt)], info
 
@@ -103,6 +104,8 @@ class CodeEnv(CodeTools, ToolEnv):
             try:
                 await asyncio.to_thread(self.workspace.snapshot, f"step-{self.steps}")
             except (OSError, WorkspaceError) as e:  # a tree too deep to copy: the episode goes on unchecked
+                # the rollout loop reads only its own keys of a step's info: the reward records these
+                self.checkpoint_errors.append(f"step {self.steps}: {str(e)[:300]}")
                 info = {**info, "checkpoint_error": str(e)[:300]}
         return results, terminated, truncated, info
 
@@ -141,6 +144,10 @@ class CodeEnv(CodeTools, ToolEnv):
         metrics["clarifying_question"] = float(asked_a_question(trajectory))
         metrics["edits"], metrics["commands"] = float(self.edits), float(self.commands)
         metrics["test_runs"] = float(self.test_runs)
+        if self.config.checkpoint_every_step:
+            metrics["checkpoint_failed"] = float(bool(getattr(self, "checkpoint_errors", [])))
+        if getattr(self, "checkpoint_errors", []):
+            info["checkpoint_errors"] = self.checkpoint_errors[:10]
         if result.tampering:
             info["tampering"] = result.tampering
         if result.failure:

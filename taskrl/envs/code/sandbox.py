@@ -116,7 +116,9 @@ class Bind:
 
 @dataclass
 class CommandResult:
-    """What a sandboxed command did. ``killed`` says why it was stopped, if it was."""
+    """What a sandboxed command did. ``killed`` says why it was stopped, if it was; ``note`` what a limit did
+    to it without stopping it (e.g. the kernel killed one of its processes at the memory limit, and the
+    command went on and exited by itself)."""
 
     returncode: int
     stdout: str
@@ -124,6 +126,7 @@ class CommandResult:
     duration_s: float
     killed: str | None = None
     truncated: bool = False
+    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -132,6 +135,7 @@ class CommandResult:
     def format(self) -> str:
         """The result as the model sees it: exit status, then the (capped) output of each stream."""
         head = f"exit code {self.returncode}" + (f" ({self.killed})" if self.killed else "")
+        head += f" [{self.note}]" if self.note else ""
         parts = [head]
         if self.stdout:
             parts.append("[stdout]\n" + self.stdout.rstrip("\n"))
@@ -285,7 +289,7 @@ def reachable_path(path: str) -> str:
     if os.geteuid() != 0 or reachable_by(path, SANDBOX_HOST_UID):
         return path
     if path not in _STAGED:
-        from taskrl.envs.code.workspace import _libc, _unmount
+        from taskrl.envs.code.mounts import _libc, _unmount
 
         stage = tempfile.mkdtemp(prefix="taskrl-sandbox-bind-")
         os.chmod(stage, 0o755)
@@ -557,8 +561,13 @@ class Sandbox:
                 pumps.cancel()
             await proc.wait()
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # type: ignore[operator]
+        note = None
         if killed is None and Cgroups.oom_killed(cgroups):  # the kernel killed one of its processes
-            killed = f"memory limit: the sandbox's processes reached {cfg.memory_bytes >> 20} MiB together (cgroup)"
+            oom = f"memory limit: the sandbox's processes reached {cfg.memory_bytes >> 20} MiB together (cgroup)"
+            if code == 128 + signal.SIGKILL:  # the command itself was killed
+                killed = oom
+            else:  # another of its processes was; the command lived on and chose its exit code itself
+                note = oom + ", the kernel killed one of its processes"
         if killed is None and code > 128 and code - 128 in _SIGNAL_REASONS:
             killed = _SIGNAL_REASONS[signal.Signals(code - 128)]
         return CommandResult(
@@ -568,4 +577,5 @@ class Sandbox:
             duration_s=time.perf_counter() - start,
             killed=killed,
             truncated=out.total > out.kept or err.total > err.kept,
+            note=note,
         )

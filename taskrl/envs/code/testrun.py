@@ -9,14 +9,22 @@ only where pytest's rootdir logic or the task's ``pythonpath`` puts it), only ta
 conftest files only where the task allows them, and sends its report over an inherited pipe it closes before
 exit. No report, a malformed one, no tests collected, collection errors, patched pytest internals and
 timeouts are all reported as such; none of them counts as a pass.
+
+The report is authenticated (``read_report``): it must be the pipe's only content, sealed with an HMAC under a
+key sent to the runner on a second pipe, and the process must have exited with the exit code the report
+states. A forged report (written by the code under test to the runner's pipe, with or without ending the
+process), a second document, an exit status that contradicts the report and a runner that lost its pipe are
+all flagged as tampering.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -31,6 +39,8 @@ HARNESS_TARGET = "/taskrl-harness"
 HARNESS_DIR = Path(__file__).parent / "inside"
 MAX_REPORT_BYTES = 64 << 20
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
+PIPE_LOST, RUNNER_ERROR = 113, 70  # the runner's own exit codes, see inside/pytest_runner.py
+FORGED = "the report pipe carried something other than the runner's one sealed report (forged?)"
 
 
 @dataclass
@@ -135,6 +145,7 @@ def pytest_argv(
     targets: Sequence[str],
     *,
     report_fd: int,
+    key_fd: int,
     pythonpath: Sequence[str] = (),
     plugins: Sequence[str] = (),
     doctest_modules: bool = False,
@@ -143,7 +154,7 @@ def pytest_argv(
     workdir: str = SANDBOX_WORKDIR,
 ) -> list[str]:
     """The isolated pytest command line (through the trusted runner) used everywhere in the code env."""
-    argv = [sys.executable, "-I", "-B", f"{HARNESS_TARGET}/pytest_runner.py", str(report_fd)]
+    argv = [sys.executable, "-I", "-B", f"{HARNESS_TARGET}/pytest_runner.py", str(report_fd), str(key_fd)]
     argv += ["/tmp/taskrl-coverage.json" if coverage else "-", "--"]
     argv += ["-c", f"{HARNESS_TARGET}/pytest.ini", f"--rootdir={workdir}", f"--confcutdir={workdir}"]
     argv += ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "console_output_style=classic"]
@@ -200,9 +211,14 @@ async def run_pytest(
     workdir = sandbox.workdir(workspace)
     bind = harness_bind(sandbox)
     read_end, write_end = os.pipe()
+    key = secrets.token_bytes(32)
+    key_r, key_w = os.pipe()
+    os.write(key_w, key)  # 32 bytes: always fits the pipe's buffer
+    os.close(key_w)
     argv = pytest_argv(
         targets,
         report_fd=write_end,
+        key_fd=key_r,
         pythonpath=pythonpath,
         plugins=plugins,
         doctest_modules=doctest_modules,
@@ -216,25 +232,21 @@ async def run_pytest(
     if coverage_of:
         env["TASKRL_COVERAGE_INCLUDE"] = ",".join(f"{workdir}/{path}" for path in coverage_of)
     reading = asyncio.ensure_future(read_pipe(read_end))
-    command = await sandbox.run(  # closes write_end, started or not
+    command = await sandbox.run(  # closes write_end and key_r, started or not
         argv,
         workspace,
         binds=[bind],
         timeout_s=timeout_s,
         env=env,
-        pass_fds=(write_end,),
+        pass_fds=(write_end, key_r),
         disk_quota_bytes=disk_quota_bytes,
     )
     data = await reading
     run = TestRun(command=command)
-    report: dict[str, Any] | None = None
-    if data and command.killed is None:
-        with contextlib.suppress(ValueError):
-            report = json.loads(data)
-    if data and command.killed is None and not isinstance(report, dict):
-        # the runner writes exactly one JSON document: anything else was written by the code under test
-        run.tampering = ["the report pipe carried something other than the runner's one report (forged?)"]
-    if isinstance(report, dict) and isinstance(report.get("outcomes"), dict):
+    report, problem = read_report(data, key, command)
+    if problem is not None:
+        run.tampering = [problem]
+    if report is not None:
         run.outcomes = {str(k): str(v) for k, v in report["outcomes"].items()}
         run.messages = {str(k): str(v) for k, v in dict(report.get("messages") or {}).items()}
         run.tampering = [str(t) for t in report.get("tampering") or []]
@@ -243,6 +255,34 @@ async def run_pytest(
     if coverage_of and run.report_found and isinstance(report, dict):
         coverage = _relative_coverage(report, workdir)
     return run, coverage
+
+
+def read_report(data: bytes | None, key: bytes, command: CommandResult) -> tuple[dict[str, Any] | None, str | None]:
+    """(the runner's report, None) if ``data`` is its one sealed report and the exit status agrees, else
+    (None, why it is tampering) or (None, None) for no report at all (a crash, a kill, a timeout)."""
+    if command.killed is not None:  # stopped from outside: nothing it wrote is trusted, and it is no pass
+        return None, None
+    if not data:
+        if command.returncode == PIPE_LOST:
+            return None, "the runner's report pipe was closed or replaced by the code under test"
+        return None, None
+    try:
+        sealed = json.loads(data)
+        body, mac = sealed["body"], sealed["mac"]
+        expected = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        if not (isinstance(mac, str) and hmac.compare_digest(mac, expected)):
+            return None, FORGED
+        report = json.loads(body)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None, FORGED
+    if not isinstance(report, dict) or not isinstance(report.get("outcomes"), dict):
+        return None, FORGED
+    if report.get("exit_code") != command.returncode:
+        return None, (
+            f"the runner reported exit code {report.get('exit_code')} but its process ended with "
+            f"{command.returncode}: the code under test ended it"
+        )
+    return report, None
 
 
 def _relative_coverage(report: dict[str, Any], workdir: str) -> dict[str, Any] | None:

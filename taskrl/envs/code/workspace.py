@@ -9,19 +9,16 @@ get EACCES writing into one still shared) and ``copy`` (a full copy: what non-ro
 the sandbox uid owns every inode it could share). ``snapshot(name)``/``restore(name)``
 checkpoint a workspace mid-episode at the cost of the files it changed. Workspaces are removed by
 ``destroy()``, by ``atexit``, and, after a crash, by the next process's sweep of its workspace root.
+Mounts are in ``mounts``, the host-side tree walks, copies and removal in ``trees``.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import itertools
 import os
 import re
-import shutil
 import stat
 import tempfile
 import threading
@@ -32,18 +29,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from taskrl.envs.code.mounts import _mount_overlay, _mount_tmpfs, _mounts_under, _unmount, overlay_available
+from taskrl.envs.code.trees import (
+    _ROOT,
+    MAX_TREE_DEPTH,
+    PathOutsideWorkspaceError,
+    TreeTooDeepError,
+    WorkspaceError,
+    copy_tree,
+    remove_tree,
+    walk_tree,
+)
+
+__all__ = [
+    "MAX_TREE_DEPTH", "BaseTree", "PathOutsideWorkspaceError", "TreeTooDeepError", "Workspace", "WorkspaceConfig",
+    "WorkspaceError", "WorkspaceMode", "WorkspacePool", "agent_uid", "copy_tree", "overlay_available", "pool_for",
+    "private_root", "remove_tree", "sweep_stale", "walk_tree",
+]  # fmt: skip
+
 WorkspaceMode = Literal["auto", "overlay", "hardlink", "copy"]
 CloneMode = Literal["overlay", "hardlink", "copy"]
-_MNT_DETACH = 2
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-class WorkspaceError(RuntimeError):
-    """A workspace could not be created, checkpointed or restored."""
-
-
-class PathOutsideWorkspaceError(ValueError):
-    """A path given by the agent points outside its workspace (absolute, '..', or a symlink out)."""
 
 
 @dataclass
@@ -73,189 +79,6 @@ class WorkspaceConfig:
 
     def root_dir(self) -> Path:
         return Path(self.root) if self.root else Path(tempfile.gettempdir()) / "taskrl-workspaces"
-
-
-# -- overlay mounts ------------------------------------------------------------------------------------------
-
-_ROOT = os.geteuid() == 0
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
-    if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, options) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount overlay on {target}: {os.strerror(err)}")
-
-
-def _mount_tmpfs(target: Path, size: int) -> None:
-    options = f"size={size},mode=0755".encode()
-    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", 0, options) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
-
-
-def _unmount(target: Path) -> None:
-    if _libc.umount2(str(target).encode(), _MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
-        err = ctypes.get_errno()
-        raise OSError(err, f"umount {target}: {os.strerror(err)}")
-
-
-_OVERLAY_WORKS: dict[Path, bool] = {}
-
-
-def overlay_available(root: Path) -> bool:
-    """Whether an overlay can be mounted under ``root`` (root privileges, kernel support); probed once."""
-    if root not in _OVERLAY_WORKS:
-        probe = root / f".probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        try:
-            for name in ("lower", "upper", "work", "view"):
-                (probe / name).mkdir(parents=True)
-            _mount_overlay(probe / "lower", probe / "upper", probe / "work", probe / "view")
-            _unmount(probe / "view")
-            _OVERLAY_WORKS[root] = True
-        except OSError:
-            _OVERLAY_WORKS[root] = False
-        finally:
-            shutil.rmtree(probe, ignore_errors=True)
-    return _OVERLAY_WORKS[root]
-
-
-# -- tree copies that keep overlay metadata and hard links to a frozen base --------------------------------
-
-
-def _copy_entry(src: Path, dst: Path, st: os.stat_result) -> None:
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(src), dst)
-    elif stat.S_ISCHR(st.st_mode):  # an overlay whiteout (a deleted file): char device 0/0
-        os.mknod(dst, stat.S_IFCHR | stat.S_IMODE(st.st_mode), st.st_rdev)
-    else:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f_src, open(dst, "xb") as f_dst:
-            shutil.copyfileobj(f_src, f_dst, 1 << 20)
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
-    _copy_xattrs(src, dst)
-
-
-def _own(path: str | Path, st: os.stat_result, owner: int | None = None) -> None:
-    """As root, give a copy the owner of its original (or ``owner``): the sandbox uid keeps its own files."""
-    if _ROOT:
-        uid = st.st_uid if owner is None else owner
-        os.lchown(path, uid, st.st_gid if owner is None else owner)
-
-
-def _copy_xattrs(src: Path, dst: Path) -> None:
-    """Overlay keeps opaque-directory and redirect marks in trusted.overlay.* attributes."""
-    with contextlib.suppress(OSError):
-        for name in os.listxattr(src, follow_symlinks=False):
-            if name.startswith("trusted.overlay."):
-                os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
-
-
-def remove_tree(path: str | os.PathLike[str]) -> None:
-    """rm -rf of a tree an agent made: iterative over directory fds (any depth, any name, no path-length
-    limit), never following a link, getting through directories a command made read-only."""
-    path = os.fspath(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    # a stack of (dir fd, entries still to remove); a directory is removed once its fd is closed and empty
-    parent_fd = os.open(os.path.dirname(os.path.abspath(path)) or "/", os.O_RDONLY | os.O_DIRECTORY)
-    stack: list[tuple[int, str, int]] = []  # (fd, name in parent, parent fd)
-    try:
-        stack.append((_open_dir(os.path.basename(path), parent_fd), os.path.basename(path), parent_fd))
-        while stack:
-            fd, name, parent = stack[-1]
-            descended = False
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        with contextlib.suppress(OSError):
-                            os.chmod(entry.name, 0o700, dir_fd=fd, follow_symlinks=False)
-                        try:
-                            stack.append((_open_dir(entry.name, fd), entry.name, fd))
-                            descended = True
-                            break
-                        except OSError:
-                            continue
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.name, dir_fd=fd)
-            if descended:
-                continue
-            stack.pop()
-            os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(name, dir_fd=parent)
-    finally:
-        for fd, _, _ in stack:
-            os.close(fd)
-        os.close(parent_fd)
-
-
-def _open_dir(name: str, dir_fd: int) -> int:
-    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-
-
-MAX_TREE_DEPTH = 256
-"""Deeper trees are refused by the host-side walks (snapshots, tampering checks), never followed into."""
-
-
-class TreeTooDeepError(WorkspaceError):
-    """An agent made a directory tree deeper than ``MAX_TREE_DEPTH``: snapshots and checks refuse it."""
-
-
-def walk_tree(root: str | os.PathLike[str]) -> list[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of everything under ``root``, iteratively, never following a link; directories
-    come before their contents. Raises ``TreeTooDeepError`` past ``MAX_TREE_DEPTH`` levels."""
-    out: list[tuple[str, os.stat_result]] = []
-    root = os.fspath(root)
-    todo: list[tuple[str, int]] = [("", 0)]
-    while todo:
-        rel, depth = todo.pop()
-        if depth > MAX_TREE_DEPTH:
-            raise TreeTooDeepError(f"the workspace has directories more than {MAX_TREE_DEPTH} levels deep: {rel[:80]}")
-        with os.scandir(os.path.join(root, rel) if rel else root) as entries:
-            for entry in entries:
-                child = f"{rel}/{entry.name}" if rel else entry.name
-                st = entry.stat(follow_symlinks=False)
-                out.append((child, st))
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append((child, depth + 1))
-    return out
-
-
-def copy_tree(
-    src: Path, dst: Path, *, link_inodes: frozenset[tuple[int, int]] = frozenset(), owner: int | None = None
-) -> None:
-    """Copy ``src`` to ``dst`` (which must not exist) without following symlinks; files whose inode is in
-    ``link_inodes`` are hard-linked instead of copied (they are read-only and shared by design). As root,
-    copies keep their original's owner, or all get ``owner``. FIFOs, sockets and devices other than overlay
-    whiteouts are left out (nothing a project needs; opening one could block)."""
-    entries = walk_tree(src)  # refuses hostile depths before anything is written
-    os.mkdir(dst)
-    _copy_xattrs(src, dst)
-    root_st = os.lstat(src)
-    os.chmod(dst, stat.S_IMODE(root_st.st_mode) | stat.S_IRWXU)
-    _own(dst, root_st, owner)
-    for rel, st in entries:
-        source, target = Path(src, rel), Path(dst, rel)
-        if stat.S_ISDIR(st.st_mode):
-            os.mkdir(target, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
-            _copy_xattrs(source, target)
-        elif stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) in link_inodes:
-            os.link(source, target)
-            continue
-        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0):
-            _copy_entry(source, target, st)
-        else:
-            continue
-        _own(target, st, owner)
 
 
 # -- the base tree -------------------------------------------------------------------------------------------
@@ -652,13 +475,6 @@ def sweep_stale(root: Path) -> int:
         remove_tree(entry.path)
         removed += 1
     return removed
-
-
-def _mounts_under(root: Path) -> list[str]:
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-        return [line.split()[4] for line in lines if line.split()[4].startswith(str(root.resolve()) + "/")]
-    return []
 
 
 def _pid_alive(pid: int) -> bool:

@@ -17,7 +17,7 @@ from taskrl.envs.code.sandbox import SandboxConfig
 from taskrl.envs.code.tasks import humaneval_tasks, load_bug_tasks
 from taskrl.envs.code.workspace import WorkspaceConfig
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, run_episode
+from taskrl.rollout import RolloutConfig, run_episode, run_episodes
 from taskrl.types import Message, Task, Trajectory
 
 call = ScriptedPolicy.call
@@ -167,6 +167,35 @@ async def test_checkpoints_every_step_and_restore(config: CodeEnvConfig) -> None
     env.snapshot("mine")
     assert "mine" in env.workspace.snapshots
     env.close()
+
+
+async def test_a_hostile_tree_in_one_episode_leaves_the_rest_of_the_batch_whole(config: CodeEnvConfig) -> None:
+    """Issue 19: a 1,200-level tree crashed reward, snapshot and close on the host and failed all of run_episodes."""
+    config.checkpoint_every_step = True
+    envs: list[HumanEvalEnv] = []
+    expert = HumanEvalEnv(config)
+    tasks = expert.tasks("all")[:2]
+    hostile = call("run_command", command="mkdir -p $(python -c \"print('/'.join(['d'] * 1200))\")")
+
+    def rule(messages: list[Message], tools: Any) -> str:
+        if next(m.content for m in messages if m.role == "user") != tasks[0].prompt:
+            return expert.scripted_rule(messages, tools)
+        return hostile if not any(m.role == "tool" for m in messages) else "Done."
+
+    def factory() -> HumanEvalEnv:
+        envs.append(HumanEvalEnv(config))
+        return envs[-1]
+
+    try:
+        trajs = await run_episodes(factory, ScriptedPolicy(rule), tasks, RolloutConfig(max_turns=6, concurrency=2))
+    finally:
+        for env in [*envs, expert]:
+            env.close()
+    assert [t.task_id for t in trajs] == [t.id for t in tasks]
+    bad, good = trajs
+    assert bad.error is None and bad.rewards == {"tests": 0.0} and bad.metrics["unscorable_workspace"] == 1.0
+    assert bad.metrics["checkpoint_failed"] == 1.0
+    assert good.error is None and good.rewards == {"tests": 1.0}
 
 
 async def test_workspaces_are_destroyed_by_close_and_by_garbage_collection(config: CodeEnvConfig) -> None:

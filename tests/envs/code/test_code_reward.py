@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import math
 from pathlib import Path
 
@@ -19,8 +22,8 @@ from taskrl.envs.code.reward import (
     score,
     tree_state,
 )
-from taskrl.envs.code.sandbox import Sandbox
-from taskrl.envs.code.testrun import TestRun, parse_junit, run_pytest
+from taskrl.envs.code.sandbox import CommandResult, Sandbox
+from taskrl.envs.code.testrun import FORGED, PIPE_LOST, TestRun, parse_junit, read_report, run_pytest
 from taskrl.envs.code.workspace import WorkspaceConfig, pool_for
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
@@ -191,6 +194,47 @@ async def test_run_pytest_reports_outcomes_per_test(sandbox: Sandbox, agent_tmp:
     }
     assert coverage is None and run.failure is None
     assert run.summary().startswith("1 passed, 1 failed, 1 skipped\nFAILED test_mix::test_p[2]: assert 2 == 1")
+
+
+def _sealed(report: dict, key: bytes) -> bytes:
+    body = json.dumps(report)
+    return json.dumps({"body": body, "mac": hmac.new(key, body.encode(), hashlib.sha256).hexdigest()}).encode()
+
+
+def test_only_the_runners_one_sealed_report_with_a_matching_exit_status_is_read() -> None:
+    key, other = b"k" * 32, b"o" * 32
+    report = {"exit_code": 1, "outcomes": {"t::a": "failed"}, "messages": {}, "tampering": []}
+    exited = CommandResult(returncode=1, stdout="", stderr="", duration_s=0.1)
+    assert read_report(_sealed(report, key), key, exited) == (report, None)
+    forged = json.dumps({k: v for k, v in report.items()}).encode()
+    assert read_report(forged, key, exited) == (None, FORGED)  # not sealed
+    assert read_report(_sealed(report, other), key, exited) == (None, FORGED)  # sealed under another key
+    assert read_report(forged + _sealed(report, key), key, exited) == (None, FORGED)  # a second document
+    assert read_report(_sealed(report, key) + b"{}", key, exited) == (None, FORGED)
+    assert read_report(b"\xff" * 10, key, exited) == (None, FORGED)
+    ended = CommandResult(returncode=0, stdout="", stderr="", duration_s=0.1)  # os._exit(0) after the report
+    assert "ended with 0" in str(read_report(_sealed(report, key), key, ended)[1])
+    lost = CommandResult(returncode=PIPE_LOST, stdout="", stderr="", duration_s=0.1)
+    assert "closed or replaced" in str(read_report(b"", key, lost)[1])
+    assert read_report(b"", key, exited) == (None, None)  # a crash: no report, a failure, not tampering
+    killed = CommandResult(returncode=137, stdout="", stderr="", duration_s=0.1, killed="wall timeout")
+    assert read_report(_sealed(report, key), key, killed) == (None, None)
+
+
+async def test_a_test_that_ends_pytest_early_is_no_pass_and_a_forged_report_is_tampering(
+    sandbox: Sandbox, agent_tmp: Path
+) -> None:
+    (agent_tmp / "test_exit.py").write_text("import os\n\ndef test_a():\n    os._exit(0)\n")
+    run, _ = await run_pytest(sandbox, agent_tmp, ["test_exit.py"])
+    assert not run.report_found and run.failure is not None and not run.tampering and not run.outcomes
+    forge = (
+        "import json, os\n\ndef test_a():\n    for fd in os.listdir('/proc/self/fd'):\n        try:\n"
+        "            os.write(int(fd), json.dumps({'body': '{}', 'mac': ''}).encode())\n"
+        "        except OSError:\n            pass\n    os._exit(0)\n"
+    )
+    (agent_tmp / "test_exit.py").write_text(forge)
+    run, _ = await run_pytest(sandbox, agent_tmp, ["test_exit.py"])
+    assert run.tampering == [FORGED] and run.failure is not None and not run.outcomes
 
 
 def trajectory(calls: int, answer: str = "done") -> Trajectory:

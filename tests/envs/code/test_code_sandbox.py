@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -187,3 +188,59 @@ def test_command_result_format() -> None:
     result = CommandResult(returncode=1, stdout="out\n", stderr="err\n", duration_s=0.1, killed="wall timeout")
     assert result.format() == "exit code 1 (wall timeout)\n[stdout]\nout\n[stderr]\nerr"
     assert not result.ok
+
+
+async def test_a_process_the_kernel_kills_at_the_memory_limit_is_noted_not_a_kill(
+    sandbox: Sandbox, workspace: Path
+) -> None:
+    """The cgroup's OOM killer ends one process; the command itself lives on and exits 0 by itself."""
+    if "memory: cgroup" not in sandbox.limits:
+        pytest.skip(f"no memory cgroup here: {sandbox.limits}")
+    hog = f"python -c \"import time; b = b'x' * ({sandbox.config.memory_bytes // 2 + (64 << 20)}); time.sleep(2)\""
+    result = await sandbox.run(["sh", "-c", f"{hog} & {hog} & {hog} & wait; echo survived"], workspace, timeout_s=30)
+    assert result.killed is None and result.returncode == 0 and "survived" in result.stdout, result
+    assert result.note is not None and result.note.startswith("memory limit"), result
+    assert result.format().startswith("exit code 0 [memory limit"), result.format()
+
+
+async def test_the_process_cap_holds_for_the_whole_sandbox(sandbox: Sandbox, workspace: Path) -> None:
+    """Issue 19: limits were per process. Three forkers in one command share one cap."""
+    counter = (
+        "import os, time\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30); os._exit(0)\n    n += 1\n"
+        "print(n, flush=True)\ntime.sleep(1)\n"
+    )
+    forker = f"python -c '{counter}'"
+    result = await sandbox.run(["sh", "-c", f"{forker} & {forker} & {forker} & wait"], workspace, timeout_s=30)
+    counts = [int(n) for n in result.stdout.split()]
+    assert len(counts) == 3 and sum(counts) + 4 <= sandbox.config.max_processes, result.format()  # + sh, 3 pythons
+    await still_works(sandbox, workspace)
+
+
+async def test_the_cpu_share_holds_for_the_whole_sandbox(small_limits: SandboxConfig, workspace: Path) -> None:
+    """Two busy processes in a sandbox limited to a quarter of a CPU: both are in one cgroup with that quota, and
+    together they get about a quarter of a CPU (an idle machine would give them 1.5-4 CPU-seconds in 2 s)."""
+    sandbox = Sandbox(SandboxConfig(**{**small_limits.__dict__, "cpus": 0.25}))
+    held = {name: how for part in sandbox.limits.split("; ") for names, how in [part.split(": ", 1)]
+            for name in names.split(", ")}  # fmt: skip
+    if not held.get("cpu", "").startswith("cgroup"):
+        pytest.skip(f"no cpu cgroup here: {sandbox.limits}")
+    hierarchy = Path(held["cpu"].split(" under ", 1)[1])
+    busy = "python -c 'import time\nend = time.time() + 2\nwhile time.time() < end: pass\nprint(time.process_time())'"
+    running = asyncio.ensure_future(sandbox.run(["sh", "-c", f"{busy} & {busy} & wait"], workspace, timeout_s=30))
+    seen: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 10
+    while not running.done() and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):  # a cgroup can go between the glob and the read
+            live = [(g, (g / "cgroup.procs").read_text().split()) for g in hierarchy.glob(f"taskrl-{os.getpid()}-*")]
+            live = [(g, procs) for g, procs in live if procs]  # earlier commands' cgroups may await removal
+            if len(live) == 1:
+                group, procs = live[0]
+                quota = group / ("cpu.max" if (group / "cpu.max").exists() else "cpu.cfs_quota_us")
+                seen.append((quota.read_text().split()[0], len(procs)))
+        await asyncio.sleep(0.1)
+    result = await running
+    used = [float(x) for x in result.stdout.split()]
+    assert len(used) == 2 and sum(used) < 1.0, result.format()
+    assert seen and {quota for quota, _ in seen} == {"25000"}, seen  # 0.25 of a 100 ms period
+    assert max(procs for _, procs in seen) >= 3, seen  # sh and both pythons in the one cgroup

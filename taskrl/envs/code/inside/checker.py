@@ -20,6 +20,24 @@ class CandidateError(Exception):
     """The agent's function raised, returned something that is not plain data, or its process ended."""
 
 
+REPLY_KEYS = ({"ok"}, {"error"}, {"error", "rigged_eq"})
+
+
+def harness_reply(line: bytes) -> dict | None:
+    """The reply as ``candidate.py`` writes it (one JSON object per line, with those keys only), else None."""
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return None
+    if type(reply) is not dict or set(reply) not in REPLY_KEYS:
+        return None
+    if "rigged_eq" in reply and type(reply["rigged_eq"]) is not bool:
+        return None
+    return reply
+
+
 def main() -> None:
     with os.fdopen(int(sys.argv[1]), "rb") as f:
         program = json.loads(f.read())
@@ -31,12 +49,18 @@ def main() -> None:
     def candidate(*args, **kwargs):  # type: ignore[no-untyped-def]
         if kwargs:
             raise CandidateError("keyword arguments are not forwarded")
-        requests.write(json.dumps({"args": wire.encode(list(args))}).encode() + b"\n")
-        requests.flush()
+        try:
+            requests.write(json.dumps({"args": wire.encode(list(args))}).encode() + b"\n")
+            requests.flush()
+        except BrokenPipeError:  # the solution's process already ended: still read what it left on the pipe
+            pass
         line = replies.readline()
         if not line:
             raise CandidateError("the solution's process ended")
-        reply = json.loads(line)
+        reply = harness_reply(line)
+        if reply is None:  # candidate.py writes only these; anything else came from the agent's code
+            forged.append(repr(line[:100]))
+            raise CandidateError("the reply pipe carried a message the harness did not write")
         if reply.get("rigged_eq"):
             rigged.append(str(reply["error"])[:200])
         if "error" in reply:
@@ -44,6 +68,7 @@ def main() -> None:
         return wire.decode(reply["ok"])
 
     rigged: list[str] = []
+    forged: list[str] = []
     scope: dict = {"__name__": "__check__"}
     try:
         exec(compile(program["prompt"], "prompt.py", "exec"), scope)  # helpers the test uses (e.g. poly)
@@ -57,8 +82,13 @@ def main() -> None:
         result = {"passed": False, "message": f"the solution failed: {e}"[:300]}
     except BaseException as e:  # noqa: BLE001
         result = {"passed": False, "message": f"{type(e).__name__}: {e}"[:300]}
+    tampering = []
     if rigged:  # an object that defines its own equality, returned where a plain value was expected
-        result["tampering"] = [f"returned an object with its own __eq__: {rigged[0]}"]
+        tampering.append(f"returned an object with its own __eq__: {rigged[0]}")
+    if forged:
+        tampering.append(f"the solution wrote to the harness's reply pipe: {forged[0]}")
+    if tampering:
+        result["tampering"] = tampering
     verdict.write(json.dumps(result))
     verdict.close()
 

@@ -1,20 +1,50 @@
 """Runs pytest inside the sandbox and sends the outcomes over a pipe (trusted harness script).
 
-``python -I pytest_runner.py REPORT_FD COVERAGE_JSON -- PYTEST_ARGS``: the report is one JSON document written
-to REPORT_FD (a pipe to taskrl, never a file the tests could rewrite) after pytest returns, then the pipe is
-closed, so an ``atexit`` hook finds nothing to write to. Before any workspace code is imported it keeps a
-reference to every pytest, pluggy and stdlib function that decides or carries an outcome; afterwards it reports
-each one that was replaced and each hook implementation registered by something other than a conftest: such a
-run is tampering, never a pass. (Code in the same interpreter as pytest could still defeat checks it knows of;
+``python -I pytest_runner.py REPORT_FD KEY_FD COVERAGE_JSON -- PYTEST_ARGS``: the report is one JSON document
+written to REPORT_FD (a pipe to taskrl, never a file the tests could rewrite) after pytest returns, sealed with
+an HMAC under a fresh key taskrl sends on KEY_FD (read and closed before any workspace code is imported, never
+in argv or the environment); then the pipe is closed and the runner ends at once with ``os._exit(exit code it
+reported)``, so no ``atexit`` hook of the code under test runs and the host can check the process's exit
+status against the report. Something that writes to the pipe itself (a forged report, whether or not it then
+ends the process) cannot seal it, and a second document breaks the one-document rule: either way the host
+flags tampering. If the pipe was closed or replaced under it the runner exits with ``PIPE_LOST``.
+
+Before any workspace code is imported it keeps a reference to every pytest, pluggy and stdlib function that
+decides or carries an outcome; afterwards it reports each one that was replaced and each hook implementation
+registered by something other than a conftest: such a run is tampering, never a pass. (Code in the same
+interpreter as pytest could still defeat checks it knows of, e.g. by finding the key in this process's memory;
 HumanEval therefore runs its checks in another process altogether, see ``checker.py``.)
 """
 
+import contextlib
+import hashlib
+import hmac
 import json
 import os
 import sys
 
-REPORT_FD = int(sys.argv[1])
+REPORT_FD, KEY_FD = int(sys.argv[1]), int(sys.argv[2])
+PIPE_LOST, RUNNER_ERROR = 113, 70
 os.set_inheritable(REPORT_FD, False)  # commands the tests start never get it
+_PIPE = os.fstat(REPORT_FD)
+_write, _close, _fstat, _exit, _dumps = os.write, os.close, os.fstat, os._exit, json.dumps
+
+
+def _sealer():  # type: ignore[no-untyped-def]
+    """``seal(report) -> bytes`` for the pipe; the key lives only in this closure."""
+    with os.fdopen(KEY_FD, "rb") as f:
+        key = f.read(64)
+    new_mac, digest = hmac.new, hashlib.sha256
+
+    def seal(report: dict) -> bytes:
+        body = _dumps(report)
+        return _dumps({"body": body, "mac": new_mac(key, body.encode(), digest).hexdigest()}).encode()
+
+    return seal
+
+
+seal = _sealer()
+del _sealer
 
 import _pytest.main  # noqa: E402
 import _pytest.python  # noqa: E402
@@ -148,7 +178,7 @@ class Reporter:
 
 
 def main() -> None:
-    coverage_json = sys.argv[2]
+    coverage_json = sys.argv[3]
     args = sys.argv[sys.argv.index("--") + 1 :]
     reporter = Reporter()
     cov = None
@@ -161,25 +191,44 @@ def main() -> None:
     exit_code = None
     try:
         exit_code = int(pytest.main(args, plugins=[reporter]))
-    finally:
-        report = {
-            "exit_code": exit_code,
-            "outcomes": reporter.outcomes,
-            "messages": reporter.messages,
-            "tampering": reporter.tampering(),
-        }
-        if cov is not None:
-            cov.stop()
-            try:
-                cov.json_report(outfile=coverage_json)
-                with open(coverage_json) as f:
-                    report["coverage"] = json.load(f)
-            except Exception as e:  # noqa: BLE001 - e.g. "No data to report"
-                report["coverage_error"] = str(e)[:300]
-        data = json.dumps(report).encode()
+    except BaseException:  # noqa: BLE001 - reported as RUNNER_ERROR; the traceback goes to the output
+        import traceback
+
+        traceback.print_exc()
+    report: dict = {"exit_code": exit_code, "outcomes": reporter.outcomes, "messages": reporter.messages}
+    try:
+        report["tampering"] = reporter.tampering()
+    except Exception as e:  # noqa: BLE001 - pytest's state broken by the code under test
+        report["tampering"] = [f"pytest's plugin state could not be checked: {type(e).__name__}"]
+    if cov is not None:
+        cov.stop()
+        try:
+            cov.json_report(outfile=coverage_json)
+            with open(coverage_json) as f:
+                report["coverage"] = json.load(f)
+        except Exception as e:  # noqa: BLE001 - e.g. "No data to report"
+            report["coverage_error"] = str(e)[:300]
+    send(report)
+
+
+def send(report: dict) -> None:
+    """Write the sealed report, close the pipe and end the process with the exit code it reports."""
+    code = report["exit_code"] if isinstance(report["exit_code"], int) else RUNNER_ERROR
+    report["exit_code"] = code
+    data = seal(report)
+    try:
+        now = _fstat(REPORT_FD)
+        if (now.st_dev, now.st_ino) != (_PIPE.st_dev, _PIPE.st_ino):  # closed and reopened as something else
+            _exit(PIPE_LOST)
         while data:
-            data = data[os.write(REPORT_FD, data) :]
-        os.close(REPORT_FD)
+            data = data[_write(REPORT_FD, data) :]
+        _close(REPORT_FD)
+    except OSError:  # closed under us by the code under test
+        _exit(PIPE_LOST)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a stream the tests replaced or closed
+            stream.flush()
+    _exit(code)
 
 
 if __name__ == "__main__":
