@@ -247,10 +247,17 @@ def score(
         for name in legacy_failed[traj.id]:
             total = _total(weighted)
             weighted[name] = floor - total if total > floor else 0.0
-        total = _total(weighted)  # 5. an invalid tool call never beats a failure
-        if traj.metrics.get("invalid_tool_calls", 0) > 0 and total > floor:
-            weighted[INVALID_CALL_CAP] = floor - total
+        cap_invalid_calls(traj, weighted, floor)  # 5. an invalid tool call never beats a failure
         traj.rewards = weighted
+
+
+def cap_invalid_calls(trajectory: Trajectory, weighted: dict[str, float | None], failure_reward: float) -> None:
+    """The one invalid-call cap: an episode with an invalid tool call totals at most ``failure_reward``. Replaces
+    any earlier cap in ``weighted`` (run last, after every other term)."""
+    weighted.pop(INVALID_CALL_CAP, None)
+    total = _total(weighted)
+    if trajectory.metrics.get("invalid_tool_calls", 0) > 0 and total > failure_reward:
+        weighted[INVALID_CALL_CAP] = failure_reward - total
 
 
 def is_adjustment(name: str) -> bool:
