@@ -27,9 +27,10 @@ from taskrl.algos.schedules import Schedule
 from taskrl.env import Env, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, derive_seed, run_episode, summarize
+from taskrl.rollout import RolloutConfig, run_episode, summarize
 from taskrl.runlog import RunLog, read_trajectories
 from taskrl.scoring import Clock, rubric_of, score_collected
+from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
 
 CI_METHOD = "percentile bootstrap over tasks (tasks resampled with replacement; a task's K samples stay together)"
