@@ -37,7 +37,6 @@ from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rewards import set_training_step
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import RunLog
 from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
@@ -181,7 +180,6 @@ class Trainer:
         reward clocks advance as in a serial run); returns the coroutine that plays them on the rollout loop."""
         cfg = self.config
         epoch = int(getattr(self.sampler, "epoch", 0))
-        set_training_step(step, epoch)
         self._clocks[step] = clock = Clock(step, epoch)
         sft_step = self.is_sft_step(step)
         if sft_step and self.sft_file is not None:

@@ -47,16 +47,6 @@ class RewardClock:
         return self.epoch if clock == "epoch" else self.step
 
 
-PROCESS_CLOCK = RewardClock()
-"""The default clock: envs build their rewards anywhere (one env per episode), and the trainer reaches them
-all with ``set_training_step``. Give a reward its own ``RewardClock()`` to keep it independent."""
-
-
-def set_training_step(step: int, epoch: int = 0) -> None:
-    """Move every reward that uses the process clock to this step and epoch."""
-    PROCESS_CLOCK.set(step, epoch)
-
-
 def _check_name(name: str, what: str) -> None:
     if not name or not isinstance(name, str) or "/" in name:
         raise ValueError(f"{what} name must be a non-empty string without '/', got {name!r}")
@@ -155,7 +145,7 @@ class ComposedReward:
         self.gates = list(gates)
         self.clamp = clamp
         self.failure_reward = float(failure_reward)
-        self.clock = clock if clock is not None else PROCESS_CLOCK
+        self.clock = clock if clock is not None else RewardClock()  # its own: no process-wide clock exists
         names = [t.name for t in self.terms + self.group_terms] + [
             n for g in self.gates for n in (g.name, f"{g.name}_cap")
         ]
@@ -167,7 +157,8 @@ class ComposedReward:
             raise ValueError("ComposedReward needs at least one term")
 
     def set_step(self, step: int, epoch: int = 0) -> None:
-        """Move this reward's clock (the process clock unless one was given) to ``step``/``epoch``."""
+        """Move this reward's clock to ``step``/``epoch`` (the rollout tells every env, and the env its reward,
+        the batch's ``taskrl.scoring.Clock`` through this hook; rewards that share a given clock move together)."""
         self.clock.set(step, epoch)
 
     def weights(self) -> dict[str, float]:

@@ -1,8 +1,9 @@
 """Reward presets named after their sources: ``context1``, ``parl``, ``seed_weighted``, ``composer``.
 
-Each returns a ``ComposedReward`` (every term logged apart, weights on the process clock unless ``clock`` is
-given); ``PRESETS`` maps the names to the builders. The Context-1 term classes live here too because only
-that recipe defines them; their ``trajectory.info``/``task.info`` keys are listed in ``context1``'s docstring.
+Each returns a ``ComposedReward`` (every term logged apart, weights on the reward's own clock, moved by
+``set_step``, unless ``clock`` is given); ``PRESETS`` maps the names to the builders. The Context-1 term classes
+live here too because only that recipe defines them; their ``trajectory.info``/``task.info`` keys are listed in
+``context1``'s docstring.
 """
 
 from __future__ import annotations
