@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from taskrl.algos.schedules import Schedule
-from taskrl.rewards.cheating import BusyWork, Grounding, ParallelCredit, TrivialTests
+from taskrl.rewards.cheating import BusyWork, Grounding, TrivialTests
 from taskrl.rewards.compose import (
     ComposedReward,
     Gate,
@@ -272,8 +272,9 @@ def seed_weighted(
 ) -> ComposedReward:
     """The seed's multi-objective reward (seed article 004 §3.1-3.2, on Kimi K2.5): completion 40%, parallel
     efficiency 30% annealed linearly to 5%, output stability 30%; with the seed's anti-cheating terms: fake
-    parallelism earns no efficiency (``ParallelCredit``), busy-work is penalised (``BusyWork``), and a
-    fabricated answer (``Grounding`` < 1) scores as a failure.
+    parallelism earns no efficiency (PARL's ``UsefulParallelism``, as the default swarm reward: distinct useful
+    sub-tasks overlapping on the critical-step clock, never wall-clock time), busy-work is penalised
+    (``BusyWork``), and a fabricated answer (``Grounding`` < 1) scores as a failure.
 
     Output stability is a GROUP term (agreement of the K samples' answers): the trainer adds it with
     ``reward.finalize_group(group, task)``. ``completion`` defaults to exact match of the final answer.
@@ -282,7 +283,7 @@ def seed_weighted(
         raise ValueError(f"seed_weighted: busy_work_weight must be >= 0, got {busy_work_weight}")
     terms = [
         WeightedTerm("completion", completion or AnswerMatch(), 0.4),
-        WeightedTerm("efficiency", ParallelCredit(k), _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05)),
+        WeightedTerm("efficiency", UsefulParallelism(k), _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05)),
         WeightedTerm("busy_work", BusyWork(), busy_work_weight),
     ]
     gates = [Gate("grounding", grounding or Grounding())]
