@@ -14,8 +14,8 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,11 +23,14 @@ import numpy as np
 import typer
 
 import taskrl.cli_options as opts
+from taskrl.algos.schedules import Schedule
 from taskrl.env import Env, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, derive_seed, run_episode, summarize
+from taskrl.rollout import RolloutConfig, run_episode, summarize
 from taskrl.runlog import RunLog, read_trajectories
+from taskrl.scoring import Clock, rubric_of, score_collected
+from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
 
 CI_METHOD = "percentile bootstrap over tasks (tasks resampled with replacement; a task's K samples stay together)"
@@ -232,15 +235,24 @@ async def evaluate(
     step: int = 0,
     monitor_config: MonitorConfig | None = None,
     on_trajectory: Callable[[str, Trajectory], None] | None = None,
+    clock: Clock | None = None,
+    reward_weights: Mapping[str, float | Schedule] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate every policy on ``tasks``; see the module docstring. ``step`` tags a mid-training evaluation."""
+    """Evaluate every policy on ``tasks``; see the module docstring. ``step`` tags a mid-training evaluation.
+
+    Episodes are scored exactly as the trainer scores them (``taskrl.scoring.score_collected``: group terms per
+    task's K samples, clamp, gates, invalid-call cap) at ``clock`` (default ``Clock(step)``) and under the run's
+    ``reward_weights``; ``on_trajectory`` sees an episode as it finishes, the same object scored afterwards."""
     config = config or EvalConfig()
+    clock = clock if clock is not None else Clock(step)
     if not tasks:
         raise EvalError("no tasks to evaluate; check the env's split or --n")
     if not policies:
         raise EvalError("no policy to evaluate")
-    rollout = config.rollout_config()
+    rollout = replace(config.rollout_config(), clock=clock)
     probe = env_factory()
+    rubric = rubric_of(probe)
+    task_of = {t.id: t for t in tasks}.get
     tool_names = list(probe.tools.names)
     by_policy: dict[str, list[Trajectory]] = {}
     start = time.perf_counter()
@@ -258,7 +270,9 @@ async def evaluate(
             if on_trajectory is not None:
                 on_trajectory(policy_name, traj)
 
-        by_policy[policy_name] = await _play(env_factory, policy, tasks, rollout, done, sink)
+        played = await _play(env_factory, policy, tasks, rollout, done, sink)
+        score_collected(played, probe, clock, rubric=rubric, reward_weights=reward_weights, task_of=task_of)
+        by_policy[policy_name] = played
     result = {
         "name": name,
         "step": step,

@@ -3,13 +3,13 @@
 ``run_episode`` plays one episode; ``run_episodes`` plays groups of K episodes per task with bounded
 concurrency and hands each trajectory to a callback the moment it finishes (so a crash loses nothing
 already played). The loop knows nothing about training: it records the exact sampled token ids and
-logprobs in ``Segment``s (observations appended once with loss_mask 0), rewards and metrics.
+logprobs in ``Segment``s (observations appended once with loss_mask 0), the measured reward terms and metrics;
+an episode is scored alone with ``taskrl.scoring.score`` (the trainer and eval re-score whole groups).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,9 +17,11 @@ from typing import Any
 
 from taskrl import context as summaries
 from taskrl.context import SummaryConfig
-from taskrl.env import Env, maybe_await
+from taskrl.env import Env, maybe_await, step_hooks
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
 from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+from taskrl.scoring import Clock, rubric_of, score
+from taskrl.seeding import derive_seed as derive_seed  # re-exported: taskrl.rollout.derive_seed
 from taskrl.types import Message, Segment, Task, ToolResult, Trajectory
 
 
@@ -43,6 +45,9 @@ class RolloutConfig:
     """Set on envs that have a ``training`` attribute before reset: some add guidance only in training."""
     summary: SummaryConfig | None = None
     """Self-summarization at a token trigger (see ``taskrl.context``); None = off."""
+    clock: Clock = field(default_factory=Clock)
+    """The training position: told to each env (``set_step``) before reset, and the clock the episode's
+    provisional score is computed at (the trainer re-scores the whole batch at the same clock)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_context_tokens", "group_size", "concurrency"):
@@ -53,12 +58,6 @@ class RolloutConfig:
                 f"RolloutConfig.summary.trigger_tokens ({self.summary.trigger_tokens}) must be below "
                 f"max_context_tokens ({self.max_context_tokens}): the summary needs room to be written"
             )
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A stable 31-bit seed from any parts (independent of PYTHONHASHSEED)."""
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 class _SegmentBuilder:
@@ -144,13 +143,6 @@ def _parse(completion: Completion, env: Env, call_offset: int) -> ParsedTurn:
     return parse_hermes(completion.text, env.tools, start=call_offset)
 
 
-def _cap_for_invalid_calls(traj: Trajectory, env: Env) -> None:
-    """Invariant: an episode with invalid tool calls never scores better than a failed one."""
-    floor = float(getattr(env, "failure_reward", 0.0))
-    if traj.metrics.get("invalid_tool_calls", 0) > 0 and traj.reward > floor:
-        traj.rewards["invalid_tool_call_cap"] = floor - traj.reward
-
-
 async def run_episode(
     env: Env,
     policy: Policy,
@@ -168,6 +160,8 @@ async def run_episode(
     )
     segments = _SegmentBuilder()
     try:
+        for set_step in step_hooks(env, "set_step"):  # measurements with their own schedules (Context-1's beta)
+            set_step(config.clock.step, config.clock.epoch)
         if hasattr(env, "training"):
             env.training = config.training
         messages, info = await maybe_await(env.reset(task, seed=seed))
@@ -238,7 +232,7 @@ async def run_episode(
                 break
         else:
             traj.truncated, traj.info["truncation"] = True, "max_turns"
-        traj.rewards = dict(await maybe_await(env.reward(traj)))
+        traj.terms = dict(await maybe_await(env.reward(traj)))  # the env measures; taskrl.scoring decides
     except PolicyError:
         raise
     except Exception as e:  # an env or tool bug ends this episode, not the run
@@ -255,7 +249,7 @@ async def run_episode(
     metrics["sampled_tokens"] = traj.num_sampled_tokens
     metrics["wall_time_s"] = time.perf_counter() - start
     traj.metrics.update(metrics)
-    _cap_for_invalid_calls(traj, env)
+    score([traj], rubric_of(env), config.clock)  # this episode alone; group terms need the whole batch
     return traj
 
 

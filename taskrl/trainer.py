@@ -37,9 +37,10 @@ from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rewards import set_training_step
-from taskrl.rollout import RolloutConfig, derive_seed, run_episodes
+from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import RunLog
+from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
+from taskrl.seeding import derive_seed
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TrajectoryFile
@@ -52,11 +53,10 @@ from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: 
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
 
-INVALID_CALL_CAP = "invalid_tool_call_cap"
-
 ScoreFn = Callable[[int, list[Trajectory]], None]
-"""Extra scoring after the env's reward: ``fn(step, trajectories)`` edits ``trajectory.rewards`` in place
-(token-level rewards, reward models, ``taskrl.monitor.shape_rewards``)."""
+"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.rewards`` (or
+``trajectory.terms``) in place (reward models, ``taskrl.monitors.shape_rewards``); they are scored with the
+env's terms, so the gates and the invalid-call cap still have the last word."""
 
 
 class Trainer:
@@ -85,7 +85,9 @@ class Trainer:
         self.env_factory = env_factory or (lambda: make(cfg.env, **cfg.env_kwargs))
         # One env kept for the run: tasks, the expert rule, and group scoring (``finalize_group``).
         self.probe = probe = self.env_factory()
-        self.failure_reward = float(getattr(probe, "failure_reward", 0.0))
+        self.rubric = rubric_of(probe)  # how measured terms become the reward: taskrl.scoring
+        self.failure_reward = self.rubric.failure_reward
+        self._clocks: dict[int, Clock] = {}  # each step's training position, fixed when its tasks are drawn
         tasks = list(probe.tasks(cfg.split))
         if not tasks:
             raise ConfigError(f"TrainConfig.split: env '{cfg.env}' has no tasks in split '{cfg.split}'")
@@ -178,7 +180,7 @@ class Trainer:
         reward clocks advance as in a serial run); returns the coroutine that plays them on the rollout loop."""
         cfg = self.config
         epoch = int(getattr(self.sampler, "epoch", 0))
-        set_training_step(step, epoch)
+        self._clocks[step] = clock = Clock(step, epoch)
         sft_step = self.is_sft_step(step)
         if sft_step and self.sft_file is not None:
             return _ready(self.group.shard(self.sft_file.take(cfg.tasks_per_step * cfg.group_size)))
@@ -195,6 +197,7 @@ class Trainer:
             group_size=1 if expert else cfg.group_size,  # a deterministic expert's K samples would be identical
             concurrency=cfg.concurrency,
             seed=derive_seed(cfg.seed, "rollout", step),
+            clock=clock,
         )
         return self._play(step, epoch, tasks, rollout, expert, indices)
 
@@ -209,29 +212,21 @@ class Trainer:
             policy = self.expert if expert else self.policy
             factory = self.env_factory_at(step, epoch)
             trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
-        for hook in step_hooks(self.probe, "set_step"):
-            hook(step, epoch)
-        finalizers = step_hooks(self.probe, "finalize_group") if rollout.group_size > 1 else []
-        if finalizers:
-            for group in _groups(trajectories).values():
-                task = self.tasks_by_id.get(group[0].task_id)
-                for finalize in finalizers:
-                    finalize(group, task)
         self._rollout_times[step] = (started, time.monotonic())
         return trajectories
 
     def score(self, step: int, trajectories: list[Trajectory]) -> None:
-        """Extra terms (``score_fn``), scheduled term weights, then the invalid-call cap on the new total."""
-        if self.score_fn is not None:
-            self.score_fn(step, trajectories)
-        weights = {term: float(schedule(step)) for term, schedule in self.reward_weights.items()}
-        for traj in trajectories:
-            for term, weight in weights.items():
-                if traj.rewards.get(term) is not None:
-                    traj.rewards[term] = weight * traj.rewards[term]  # type: ignore[operator]
-            traj.rewards.pop(INVALID_CALL_CAP, None)
-            if traj.metrics.get("invalid_tool_calls", 0) > 0 and traj.reward > self.failure_reward:
-                traj.rewards[INVALID_CALL_CAP] = self.failure_reward - traj.reward
+        """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): the env's
+        group measurements, extra measurements (``score_fn``), then term weights (the rubric's times
+        ``reward_weights``), group terms, clamp, gates, invalid-call cap, once and in order."""
+        score_collected(
+            trajectories, self.probe, self.clock_of(step), rubric=self.rubric, reward_weights=self.reward_weights,
+            task_of=self.tasks_by_id.get, measure=self.score_fn,
+        )  # fmt: skip
+
+    def clock_of(self, step: int) -> Clock:
+        """The training position of ``step``: fixed when its tasks were drawn (a batch played ahead keeps its own)."""
+        return self._clocks.pop(step, None) or Clock(step, int(getattr(self.sampler, "epoch", 0)))
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Collect, score, update, sync, log one step; returns its metrics (also appended to metrics.jsonl)."""
@@ -253,7 +248,7 @@ class Trainer:
         metrics.update(self._sync_after_update(step + 1))
         metrics.update(_staleness_metrics(own, version))
         metrics.update(self._timeline(step, update_started, updated))
-        metrics.update(_batch_metrics(trajectories))
+        metrics.update(batch_metrics(trajectories))
         monitor_metrics, alerts = self.monitors.check(step + 1, trajectories)
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:
@@ -302,8 +297,9 @@ class Trainer:
         # (a sharded learner cannot decode alone: its rollout copy holds the same weights, synced after each update).
         policies = {"policy": self.policy if self.learner.sharded else self.learner_policy}
         return self.rollouts.run(
-            evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step)
-        )
+            evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step,
+                     clock=Clock(step, int(getattr(self.sampler, "epoch", 0))), reward_weights=self.reward_weights)
+        )  # fmt: skip
 
     # -- overlap and sync --------------------------------------------------------------------------
     def _on_model_thread(self, work: Callable[[], Any]) -> Any:
@@ -514,27 +510,6 @@ def _staleness_metrics(trajectories: Sequence[Trajectory], version: int) -> dict
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
-
-
-def _batch_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """``rewards/*`` (total, std, each term) and ``tools/*`` per episode, and episode ends."""
-    rewards = [t.reward for t in trajectories]
-    mean = _mean(rewards)
-    out = {
-        "rewards/total": mean,
-        "rewards/std": math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else float("nan"),
-        "charts/episodes": float(len(trajectories)),
-        "charts/sampled_tokens": float(sum(t.num_sampled_tokens for t in trajectories)),
-        "charts/terminated": _mean([float(t.terminated) for t in trajectories]),
-        "charts/truncated": _mean([float(t.truncated) for t in trajectories]),
-        "charts/errors": float(sum(t.error is not None for t in trajectories)),
-    }
-    for term in sorted({k for t in trajectories for k in t.rewards}):
-        values = [t.rewards[term] for t in trajectories if t.rewards.get(term) is not None]
-        out[f"rewards/{term}"] = _mean(values)  # type: ignore[arg-type]
-    for name in ("tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "turns"):
-        out[f"tools/{name}"] = _mean([t.metrics.get(name, 0.0) for t in trajectories])
-    return out
 
 
 def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:

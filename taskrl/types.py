@@ -16,7 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``Trajectory.terms`` (the measured reward terms); version-1 files are read with their reward terms as the
+measurements (``Trajectory.from_dict``), so re-scoring them gives their old totals."""
 MAX_VALUE_DEPTH = 64
 """Deepest container nesting kept as structure inside one field; deeper values become a truncated string."""
 MAX_ARGUMENT_CHARS = 65_536
@@ -185,6 +187,8 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+    is_error: bool = False
+    """A tool message whose result was an error (``ToolResult.is_error``, kept so nobody matches texts)."""
 
     def to_openai(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -198,7 +202,9 @@ class Message:
 
     @classmethod
     def from_result(cls, result: ToolResult) -> Message:
-        return cls(role="tool", content=result.content, tool_call_id=result.call_id, name=result.name)
+        return cls(
+            role="tool", content=result.content, tool_call_id=result.call_id, name=result.name, is_error=result.is_error
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Message:
@@ -209,6 +215,7 @@ class Message:
             tool_calls=calls,
             tool_call_id=data.get("tool_call_id"),
             name=data.get("name"),
+            is_error=bool(data.get("is_error", False)),
         )
 
 
@@ -272,8 +279,9 @@ class Task:
 class Trajectory:
     """One episode: the messages, the exact tokens, the rewards and the metrics.
 
-    ``rewards`` holds the weighted terms that add up to the training reward (a term may be ``None`` =
-    "not applicable", which is excluded, not counted as zero); ``metrics`` holds unweighted diagnostics.
+    ``terms`` holds what the env measured (unweighted, ``env.reward``); ``rewards`` the weighted terms that add up
+    to the training reward, written from them by ``taskrl.scoring.score`` (a term may be ``None`` = "not
+    applicable", which is excluded, not counted as zero); ``metrics`` holds unweighted diagnostics.
     ``terminated`` means the task ended (answer given, env said done); ``truncated`` means a budget was hit.
     Sub-agent episodes are nested in ``children`` with ``parent_id`` set and usually ``trainable=False``.
     """
@@ -286,6 +294,7 @@ class Trajectory:
     messages: list[Message] = field(default_factory=list)
     rewards: dict[str, float | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    terms: dict[str, float | None] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
@@ -329,6 +338,10 @@ class Trajectory:
                 "upgrade taskrl to read it"
             )
         data = dict(data)
+        if version < 2 and "terms" not in data:  # v1: the reward terms were the only record of the measurements
+            cap = "invalid_tool_call_cap"  # re-added by taskrl.scoring.score
+            data["terms"] = {k: v for k, v in (data.get("rewards") or {}).items() if k != cap}
+        data["schema_version"] = SCHEMA_VERSION
         data["segments"] = [Segment(**s) for s in data.get("segments", [])]
         data["messages"] = [Message.from_dict(m) for m in data.get("messages", [])]
         data["children"] = [cls.from_dict(c) for c in data.get("children", [])]

@@ -1,17 +1,16 @@
-"""The data-parallel learner: N processes, one torch.distributed group, one training run.
+"""The data-parallel learner's collectives: N processes, one torch.distributed group, one training run.
 
-``taskrl train CONFIG --nproc N`` calls ``launch``: it starts N local processes (gloo on CPU, nccl on CUDA, one
-GPU per local rank) that each build a ``Trainer``; under ``torchrun`` (one node or several) each process it starts
-joins the group through the environment instead (``run_launched``). Every rank plays its contiguous share of each
-step's tasks (whole groups), all ranks see the gathered trajectories, and ``Learner`` all-reduces gradients
-through the ``DataParallel`` object it is given. One process (``world == 1``) runs the same code with no communication.
+A leaf below the trainer (it imports nothing of taskrl); the launcher that builds a ``Trainer`` per rank is
+``taskrl.distributed.launch``: ``taskrl train CONFIG --nproc N`` starts N local processes (gloo on CPU, nccl on
+CUDA, one GPU per local rank) that each build a ``Trainer``; under ``torchrun`` (one node or several) each process
+it starts joins the group through the environment instead. Every rank plays its contiguous share of each step's
+tasks (whole groups), all ranks see the gathered trajectories, and ``Learner`` all-reduces gradients through the
+``DataParallel`` object it is given. One process (``world == 1``) runs the same code with no communication.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import logging
 import os
 import socket
 import traceback
@@ -19,16 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from taskrl.training.config import TrainConfig
 
 T = TypeVar("T")
 
@@ -293,78 +287,3 @@ def spawn(fn: Callable[..., T], nproc: int, args: tuple[Any, ...] = (), *, backe
         for reader in readers:
             reader.close()
     return [done[rank] for rank in range(nproc)]
-
-
-@dataclass
-class RankResult:
-    """What one rank of ``launch`` returns."""
-
-    rank: int
-    """The rank that ran."""
-    rows: list[dict[str, Any]]
-    """Metrics of the steps it ran (identical on every rank: they are computed over the gathered batch)."""
-    weights_digest: str
-    """Hash of its final trainable weights; equal on every rank of a healthy run."""
-
-
-def train_rank(config: TrainConfig) -> RankResult:
-    """One rank's run: a ``Trainer`` on this rank's device; ranks > 0 print nothing (rank 0 speaks for all)."""
-    from rich.console import Console
-
-    from taskrl.trainer import Trainer
-
-    group = DataParallel.from_process_group()
-    if not group.is_main:  # the monitors' alerts and other warnings would repeat once per rank
-        logging.getLogger("taskrl").setLevel(logging.ERROR)
-    rank_config = dataclasses.replace(config, device=rank_device(config.device, group.local_rank))
-    trainer = Trainer(rank_config, console=None if group.is_main else Console(quiet=True))
-    try:
-        rows = trainer.train()
-        group.check_in_sync(trainer.learner.replicated_state(), "end of the run")
-        # The digest of the whole weights (gathered one tensor at a time from a sharded learner).
-        return RankResult(group.rank, rows, weights_digest(dict(trainer.learner.gathered_state())))
-    finally:
-        trainer.close()
-
-
-def launch(config: TrainConfig, console: Console | None = None) -> list[RankResult]:
-    """Train with ``config.nproc`` local learner processes; returns every rank's result (rank 0 first)."""
-    backend = resolve_backend(config.dist_backend, config.device)
-    if backend == "nccl" and torch.cuda.device_count() < config.nproc:
-        from taskrl.training.config import ConfigError
-
-        raise ConfigError(
-            f"TrainConfig.nproc={config.nproc} with nccl needs {config.nproc} GPUs, found "
-            f"{torch.cuda.device_count()}; lower nproc or use device='cpu' (gloo)"
-        )
-    if console is not None:
-        console.print(f"data-parallel learner: {config.nproc} processes, backend {backend}")
-    return spawn(train_rank, config.nproc, (config,), backend=backend)
-
-
-def launched_world() -> int:
-    """WORLD_SIZE when an env:// launcher (torchrun) started this process as one rank of a group, else 1."""
-    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    return 1
-
-
-def run_launched(config: TrainConfig) -> RankResult:
-    """This process's rank of a group that torchrun started (rendezvous from RANK, WORLD_SIZE, MASTER_ADDR...)."""
-    from taskrl.training.config import ConfigError
-
-    world = launched_world()
-    if config.nproc not in (1, world):
-        raise ConfigError(
-            f"TrainConfig.nproc={config.nproc} but torchrun started {world} processes; under torchrun the "
-            "launcher sets the number of ranks: drop --nproc"
-        )
-    config = dataclasses.replace(config, nproc=world)  # validated again: nproc <= tasks_per_step and the rest
-    backend = resolve_backend(config.dist_backend, config.device)
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
-    try:
-        return train_rank(config)
-    finally:
-        dist.destroy_process_group()

@@ -133,10 +133,6 @@ class RolloutActor:
 
     async def play(self, jobs: list[_Job], rollout: RolloutConfig, step: int, epoch: int) -> list[Trajectory]:
         """``rollout.group_size`` episodes per job, seeded by the job's index in the step as a local run seeds it."""
-        from taskrl.rewards import set_training_step
-
-        set_training_step(step, epoch)  # this process's reward clock, as the trainer sets its own
-
         def env_at_step() -> Env:
             env = self.env_factory()
             for hook in step_hooks(env, "set_step"):

@@ -18,7 +18,6 @@ from taskrl.rewards.compose import (
     Stage,
     WeightedTerm,
     reward_metrics,
-    set_training_step,
 )
 from taskrl.rewards.curriculum import CurriculumExhaustedError, CurriculumSampler, Phase
 from taskrl.rewards.formulas import effort_penalty, f_beta, f_beta_sets, r_finish, r_parallel
@@ -43,5 +42,5 @@ __all__ = [
     "PenaltyClamp", "Phase", "RewardBreakdown", "RewardClock", "RewardTermError", "Stage", "SummaryUsefulness",
     "TestPassRate", "ToolCostPenalty", "TrivialTests", "ValidToolUse", "WeightedTerm", "composer", "context1",
     "effort_penalty", "f_beta", "f_beta_sets", "make_reward", "parl", "r_finish", "r_parallel", "seed_weighted",
-    "reward_metrics", "set_training_step",
+    "reward_metrics",
 ]  # fmt: skip

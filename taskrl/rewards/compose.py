@@ -8,13 +8,16 @@ records each unweighted value in ``trajectory.metrics["reward_raw/<name>"]``. Us
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from taskrl.algos.schedules import Schedule, make_schedule
+from taskrl.algos.schedules import Schedule
 from taskrl.rewards.formulas import context1_clamp
+from taskrl.scoring import INVALID_CALL_CAP as INVALID_CALL_CAP  # the one invalid-call cap lives in taskrl.scoring
+from taskrl.scoring import RewardTermError as RewardTermError  # one error type and validator for every term
+from taskrl.scoring import cap_invalid_calls, check_value
+from taskrl.scoring import make_weight as make_weight
 from taskrl.types import Task, Trajectory
 
 Term = Callable[[Trajectory, "Task | None"], "float | None"]
@@ -24,12 +27,6 @@ GroupTerm = Callable[[Sequence[Trajectory], "Task | None"], "Sequence[float | No
 
 RAW_PREFIX = "reward_raw/"
 """``trajectory.metrics`` key prefix of the unweighted term values."""
-INVALID_CALL_CAP = "invalid_tool_call_cap"
-"""The loop's cap term (see ``taskrl.rollout``); recomputed when group terms change the total."""
-
-
-class RewardTermError(ValueError):
-    """A term returned something other than a finite float in its documented range, or None."""
 
 
 @dataclass
@@ -48,24 +45,6 @@ class RewardClock:
 
     def at(self, clock: Literal["step", "epoch"]) -> int:
         return self.epoch if clock == "epoch" else self.step
-
-
-PROCESS_CLOCK = RewardClock()
-"""The default clock: envs build their rewards anywhere (one env per episode), and the trainer reaches them
-all with ``set_training_step``. Give a reward its own ``RewardClock()`` to keep it independent."""
-
-
-def set_training_step(step: int, epoch: int = 0) -> None:
-    """Move every reward that uses the process clock to this step and epoch."""
-    PROCESS_CLOCK.set(step, epoch)
-
-
-def make_weight(spec: float | dict[str, Any] | Schedule, *, field: str) -> Schedule:
-    """A weight schedule: a number, a ``{"kind": constant|linear|cosine|piecewise|step, ...}`` dict, or a
-    schedule. ``step`` is an alias of ``piecewise`` (values change at the boundaries)."""
-    if isinstance(spec, dict) and spec.get("kind") == "step":
-        spec = {**spec, "kind": "piecewise"}
-    return make_schedule(spec, field=field)
 
 
 def _check_name(name: str, what: str) -> None:
@@ -139,21 +118,6 @@ class RewardBreakdown:
         return float(sum(v for v in self.weighted.values() if v is not None))
 
 
-def check_value(name: str, fn: Any, value: Any) -> float | None:
-    """Validate a term's output: None, or a finite float inside ``fn.value_range`` when it declares one."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RewardTermError(f"term '{name}' returned {type(value).__name__} {value!r}; return a float or None")
-    value = float(value)
-    if not math.isfinite(value):
-        raise RewardTermError(f"term '{name}' returned {value}; return a finite float, or None if not applicable")
-    low, high = getattr(fn, "value_range", (-math.inf, math.inf))
-    if not (low - 1e-9 <= value <= high + 1e-9):
-        raise RewardTermError(f"term '{name}' returned {value}, outside its documented range [{low}, {high}]")
-    return value
-
-
 def _total(values: dict[str, float | None]) -> float:
     return float(sum(v for v in values.values() if v is not None))
 
@@ -181,7 +145,7 @@ class ComposedReward:
         self.gates = list(gates)
         self.clamp = clamp
         self.failure_reward = float(failure_reward)
-        self.clock = clock if clock is not None else PROCESS_CLOCK
+        self.clock = clock if clock is not None else RewardClock()  # its own: no process-wide clock exists
         names = [t.name for t in self.terms + self.group_terms] + [
             n for g in self.gates for n in (g.name, f"{g.name}_cap")
         ]
@@ -193,7 +157,8 @@ class ComposedReward:
             raise ValueError("ComposedReward needs at least one term")
 
     def set_step(self, step: int, epoch: int = 0) -> None:
-        """Move this reward's clock (the process clock unless one was given) to ``step``/``epoch``."""
+        """Move this reward's clock to ``step``/``epoch`` (the rollout tells every env, and the env its reward,
+        the batch's ``taskrl.scoring.Clock`` through this hook; rewards that share a given clock move together)."""
         self.clock.set(step, epoch)
 
     def weights(self) -> dict[str, float]:
@@ -263,11 +228,9 @@ class ComposedReward:
             self.finalize_group(group, task_of(group[0].task_id))
 
     def _cap_invalid_calls(self, trajectory: Trajectory, weighted: dict[str, float | None]) -> None:
-        """The loop's invariant, kept when rewards change after it ran: invalid calls never beat a failure."""
-        weighted.pop(INVALID_CALL_CAP, None)
-        total = _total(weighted)
-        if trajectory.metrics.get("invalid_tool_calls", 0) > 0 and total > self.failure_reward:
-            weighted[INVALID_CALL_CAP] = self.failure_reward - total
+        """The loop's invariant, kept when rewards change after it ran: invalid calls never beat a failure
+        (``taskrl.scoring.cap_invalid_calls``, the one implementation)."""
+        cap_invalid_calls(trajectory, weighted, self.failure_reward)
 
     def _settle(
         self,

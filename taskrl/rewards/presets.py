@@ -1,8 +1,9 @@
 """Reward presets named after their sources: ``context1``, ``parl``, ``seed_weighted``, ``composer``.
 
-Each returns a ``ComposedReward`` (every term logged apart, weights on the process clock unless ``clock`` is
-given); ``PRESETS`` maps the names to the builders. The Context-1 term classes live here too because only
-that recipe defines them; their ``trajectory.info``/``task.info`` keys are listed in ``context1``'s docstring.
+Each returns a ``ComposedReward`` (every term logged apart, weights on the reward's own clock, moved by
+``set_step``, unless ``clock`` is given); ``PRESETS`` maps the names to the builders. The Context-1 term classes
+live here too because only that recipe defines them; their ``trajectory.info``/``task.info`` keys are listed in
+``context1``'s docstring.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from taskrl.algos.schedules import Schedule
-from taskrl.rewards.cheating import BusyWork, Grounding, ParallelCredit, TrivialTests
+from taskrl.rewards.cheating import BusyWork, Grounding, TrivialTests
 from taskrl.rewards.compose import (
     ComposedReward,
     Gate,
@@ -27,25 +28,36 @@ from taskrl.rewards.parl import CriticalEfficiency, UsefulFinish, UsefulParallel
 from taskrl.rewards.terms import (
     AnswerMatch,
     EffortPenalty,
-    InfoFlag,
     OutputAgreement,
-    TestPassRate,
+    RecordedTests,
+    Untampered,
     ValidToolUse,
 )
 from taskrl.rewards.views import assistant_turns, tool_exchanges
 from taskrl.types import Task, Trajectory
 
-# Keys the Context-1 terms read: task keys as ``taskrl datagen multihop`` writes them; trajectory keys from the env.
+# Keys the Context-1 terms read: task keys as ``taskrl datagen multihop`` writes them; trajectory keys as the
+# search env writes them (``encountered_chunk_ids``, ``output_doc_ids``), else the older chunk-level keys.
+OUTPUT_DOCS = "output_doc_ids"
 OUTPUT_CHUNKS = "output_chunks"
-SEEN_CHUNKS = "seen_chunks"
+SEEN_CHUNKS = ("encountered_chunk_ids", "seen_chunks")
 FACTS = "facts"
 RELEVANT_CHUNKS = "relevant_chunks"
 ANSWER_CHUNKS = "answer_chunk_ids"
 
 
-def _ids(mapping: Mapping[str, Any], key: str) -> set[Hashable] | None:
-    value = mapping.get(key)
-    return None if value is None else set(value)
+def _ids(mapping: Mapping[str, Any], key: str | tuple[str, ...]) -> set[Hashable] | None:
+    """The ids under ``key``, or under the first of several keys that is present."""
+    for name in (key,) if isinstance(key, str) else key:
+        if name in mapping:
+            value = mapping[name]
+            return None if value is None else set(value)
+    return None
+
+
+def _doc_of(chunk_id: Hashable) -> Hashable:
+    """The document of a chunk id, ``"doc#3"`` -> ``"doc"`` (``taskrl.envs.search.corpus.doc_id_of``'s rule)."""
+    return chunk_id.split("#", 1)[0] if isinstance(chunk_id, str) else chunk_id
 
 
 def _fact_chunks(task: Task | None) -> list[set[Hashable]] | None:
@@ -61,9 +73,11 @@ def _fact_chunks(task: Task | None) -> list[set[Hashable]] | None:
 
 @dataclass
 class OutputFBeta:
-    """Context-1's F-beta on the final output's chunks, fact-level: a fact is recalled when any chunk that
-    supports it is in the output; precision is the share of output chunks that support a fact or hold the
-    answer. β follows ``beta`` on the reward's clock (``set_step``), by epoch unless ``clock="step"``."""
+    """Context-1's F-beta on the final output, fact-level. Over the documents it lists (``info["output_doc_ids"]``,
+    as the search env writes it): a fact is recalled when the first ``max_output_docs`` listed documents include
+    one holding a chunk that supports it; precision is the share of listed documents holding a supporting or
+    answer chunk. Over chunks (``info["output_chunks"]``) when an env records those instead. β follows ``beta``
+    on the reward's clock (``set_step``), by epoch unless ``clock="step"``."""
 
     beta: float | dict[str, Any] | Schedule = field(
         default_factory=lambda: {"kind": "linear", "start": 4.0, "end": 2.0, "steps": 4}
@@ -71,6 +85,8 @@ class OutputFBeta:
     """β or its schedule; Context-1: 4 (recall 16x) at the start, annealed toward 2 (recall 4x)."""
     clock: Literal["step", "epoch"] = "epoch"
     """What drives the β schedule."""
+    max_output_docs: int = 10
+    """Listed documents that can earn recall (the search env's ``RewardConfig.max_output_docs``)."""
     value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
@@ -84,12 +100,23 @@ class OutputFBeta:
         facts = _fact_chunks(task)
         if facts is None:
             return None
+        if OUTPUT_DOCS in trajectory.info:
+            return self._over_documents(list(trajectory.info[OUTPUT_DOCS] or []), facts, task)
         output = _ids(trajectory.info, OUTPUT_CHUNKS) or set()
         if not facts:
             return f_beta_sets(output, set(), self.current_beta)[0]
         supporting = set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())  # type: ignore[union-attr]
         recall = sum(bool(chunks & output) for chunks in facts) / len(facts)
         precision = len(output & supporting) / len(output) if output else 0.0
+        return f_beta(precision, recall, self.current_beta)
+
+    def _over_documents(self, listed: list[Hashable], facts: list[set[Hashable]], task: Task | None) -> float:
+        assert task is not None
+        relevant = {_doc_of(c) for c in set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())}
+        recalling = set(listed[: self.max_output_docs])
+        recall = sum(any(_doc_of(c) in recalling for c in fact) for fact in facts) / len(facts) if facts else 0.0
+        out = set(listed)
+        precision = len(out & relevant) / len(out) if out else 0.0
         return f_beta(precision, recall, self.current_beta)
 
 
@@ -171,11 +198,11 @@ def context1(
     """Chroma Context-1 (Chroma's Context-1 technical report): r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn,
     ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See DESIGN §6.
 
-    Reads ``trajectory.info["output_chunks"]`` (ids the final output lists), ``["seen_chunks"]`` (every chunk
-    returned to the agent, pruned included), and the task as ``taskrl datagen multihop`` writes it:
+    Reads what the search env writes: ``trajectory.info["output_doc_ids"]`` (documents the final output lists)
+    and ``["encountered_chunk_ids"]`` (every chunk returned to the agent, pruned included); or, from other envs,
+    ``["output_chunks"]`` and ``["seen_chunks"]``; and the task as ``taskrl datagen multihop`` writes it:
     ``task.info["facts"][i]["chunk_ids"]`` (or a flat ``["relevant_chunks"]``) and ``["answer_chunk_ids"]``.
-    The search env's own reward (``taskrl/envs/search/reward.py``) is the same formula over its store's
-    documents; this preset serves any env that records those keys.
+    On the search env's episodes it gives the env's own reward (``taskrl/envs/search/reward.py``; tested).
     """
     fbeta = OutputFBeta() if beta is None else OutputFBeta(beta=beta)
     terms = [
@@ -245,8 +272,9 @@ def seed_weighted(
 ) -> ComposedReward:
     """The seed's multi-objective reward (seed article 004 §3.1-3.2, on Kimi K2.5): completion 40%, parallel
     efficiency 30% annealed linearly to 5%, output stability 30%; with the seed's anti-cheating terms: fake
-    parallelism earns no efficiency (``ParallelCredit``), busy-work is penalised (``BusyWork``), and a
-    fabricated answer (``Grounding`` < 1) scores as a failure.
+    parallelism earns no efficiency (PARL's ``UsefulParallelism``, as the default swarm reward: distinct useful
+    sub-tasks overlapping on the critical-step clock, never wall-clock time), busy-work is penalised
+    (``BusyWork``), and a fabricated answer (``Grounding`` < 1) scores as a failure.
 
     Output stability is a GROUP term (agreement of the K samples' answers): the trainer adds it with
     ``reward.finalize_group(group, task)``. ``completion`` defaults to exact match of the final answer.
@@ -255,7 +283,7 @@ def seed_weighted(
         raise ValueError(f"seed_weighted: busy_work_weight must be >= 0, got {busy_work_weight}")
     terms = [
         WeightedTerm("completion", completion or AnswerMatch(), 0.4),
-        WeightedTerm("efficiency", ParallelCredit(k), _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05)),
+        WeightedTerm("efficiency", UsefulParallelism(k), _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05)),
         WeightedTerm("busy_work", BusyWork(), busy_work_weight),
     ]
     gates = [Gate("grounding", grounding or Grounding())]
@@ -272,25 +300,28 @@ def composer(
     effort_weight: float = 0.1,
     trivial_tests_weight: float = 0.5,
     tamper_key: str = "tests_tampered",
+    tamper_metric: str = "tampering",
     clock: RewardClock | None = None,
 ) -> ComposedReward:
     """Cursor Composer 2 (Cursor's Composer 2 technical report): hidden tests + valid tool use + effort
     penalty ((1+k·x)^(1-q)-1)/(k·(1-q)) (default k=1, q=2 over tool calls: bounded by 1), with Cursor's
-    anti-hacking: tampered test files (``trajectory.info["tests_tampered"]``) score as a failure, "no tests
-    collected" scores 0, and generated tests are penalised by how little they cover (``TrivialTests``,
-    reading ``trajectory.info["test_coverage"]``). ``tests`` defaults to ``TestPassRate()``.
+    anti-hacking: tampering (the code env's ``trajectory.metrics["tampering"]``, or an env's
+    ``info[tamper_key]``) scores as a failure, "no tests collected" scores 0, and generated tests are penalised
+    by how little they cover (``TrivialTests``, reading ``trajectory.info["test_coverage"]``). ``tests``
+    defaults to ``RecordedTests()``: the code env's verified ``metrics["tests_passed"]``, else pass/total counts.
     """
     for name, value in (("valid_tool_use_weight", valid_tool_use_weight), ("effort_weight", effort_weight),
                         ("trivial_tests_weight", trivial_tests_weight)):  # fmt: skip
         if value < 0:
             raise ValueError(f"composer: {name} must be >= 0, got {value}")
     terms = [
-        WeightedTerm("tests", tests or TestPassRate(), 1.0),
+        WeightedTerm("tests", tests or RecordedTests(), 1.0),
         WeightedTerm("valid_tool_use", ValidToolUse(), valid_tool_use_weight),
         WeightedTerm("effort", effort or EffortPenalty(), effort_weight),
         WeightedTerm("trivial_tests", TrivialTests(), trivial_tests_weight),
     ]
-    return ComposedReward(terms, gates=[Gate("tests_intact", InfoFlag(tamper_key))], clock=clock)
+    intact = Untampered(tamper_metric, tamper_key)
+    return ComposedReward(terms, gates=[Gate("tests_intact", intact)], clock=clock)
 
 
 PRESETS: dict[str, Callable[..., ComposedReward]] = {

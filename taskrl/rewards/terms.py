@@ -85,6 +85,52 @@ class TestPassRate:
         return passed / total if total > 0 else 0.0  # SWE-smith #24: nothing collected is a failure, not a pass
 
 
+CODE_TESTS_KEY = "tests_passed"
+"""``trajectory.metrics`` key the code env writes: its verified hidden-test score in [0, 1] (share of fail-to-pass
+tests passing times share of pass-to-pass passing; 0 on tampering, no tests collected, errors, timeouts)."""
+CODE_TAMPER_KEY = "tampering"
+"""``trajectory.metrics`` key the code env writes on every scored episode: 1.0 when it found tampering, else 0.0."""
+
+
+@dataclass(frozen=True)
+class RecordedTests:
+    """The hidden-test score an env measured: ``trajectory.metrics["tests_passed"]`` (what the code env writes),
+    else ``TestPassRate`` over ``info["tests_passed"]``/``["tests_total"]`` counts; None when neither exists."""
+
+    key: str = CODE_TESTS_KEY
+    """``trajectory.metrics`` key of the score in [0, 1]."""
+    counts: TestPassRate = field(default_factory=lambda: TestPassRate())
+    """The fallback over pass/total counts in ``trajectory.info``."""
+    value_range: ClassVar[tuple[float, float]] = UNIT
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        value = trajectory.metrics.get(self.key)
+        if value is None:
+            return self.counts(trajectory, task)
+        value = float(value)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"trajectory.metrics[{self.key!r}] must be a score in [0, 1], got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class Untampered:
+    """1.0 when the env found no tampering, 0.0 when it did: ``trajectory.metrics["tampering"]`` (the code env's
+    flag), else ``InfoFlag(info_key)``; None when neither is recorded (the gate passes)."""
+
+    key: str = CODE_TAMPER_KEY
+    """``trajectory.metrics`` key of the 0/1 tampering flag."""
+    info_key: str = "tests_tampered"
+    """``trajectory.info`` key of a truthy tamper flag, for envs that record it there."""
+    value_range: ClassVar[tuple[float, float]] = UNIT
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        value = trajectory.metrics.get(self.key)
+        if value is None:
+            return InfoFlag(self.info_key)(trajectory, task)
+        return 0.0 if value else 1.0
+
+
 @dataclass(frozen=True)
 class ValidToolUse:
     """Cursor's valid-tool-use reward: the share of tool calls that were valid (parsed, known tool, arguments

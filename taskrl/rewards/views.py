@@ -51,7 +51,10 @@ def call_key(call: ToolCall) -> tuple[str, str]:
 
 
 def _is_error_message(message: Message) -> bool:
-    # ToolResult.is_error is not kept on the tool Message; these are the texts every error result opens with.
+    # ``Message.is_error`` carries ``ToolResult.is_error``; messages read from schema-1 files lack it, so the texts
+    # every error result of the loop opens with still mark those.
+    if message.is_error:
+        return True
     text = message.content
     return text.startswith(INVALID_CALL_PREFIXES) or text.startswith(("Tool '", "Too many tool calls"))
 

@@ -57,17 +57,17 @@ def train_command(
     if resolved.resume and completed_steps(resolved.run_dir) >= resolved.steps:  # no model load for nothing
         console.print(f"nothing to do: {resolved.run_dir} already completed {resolved.steps} steps")
         return
-    from taskrl.distributed.ddp import launched_world
+    from taskrl.distributed.launch import launched_world
 
     if launched_world() > 1:  # started by torchrun: this process is one rank; rank 0 speaks for the group
-        from taskrl.distributed.ddp import run_launched
+        from taskrl.distributed.launch import run_launched
 
         result = run_launched(resolved)
         if result.rank != 0:
             return
         rows = result.rows
     elif resolved.nproc > 1:  # N local learner processes; rank 0 logs and checkpoints for all of them
-        from taskrl.distributed.ddp import launch
+        from taskrl.distributed.launch import launch
 
         rows = launch(resolved, console)[0].rows
     else:

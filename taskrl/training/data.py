@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from taskrl.rollout import derive_seed
+from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory, read_jsonl
 
 

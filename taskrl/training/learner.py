@@ -30,7 +30,7 @@ from taskrl.algos.losses import approx_kl, kl_k1, kl_k3, truncated_is_weights
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed import fsdp
 from taskrl.distributed.ddp import DataParallel
-from taskrl.rollout import derive_seed
+from taskrl.seeding import derive_seed
 from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, sequences_from
 from taskrl.training.config import TrainConfig
 from taskrl.training.model import LearnerGraph, Reference, decoder_layers, forward, make_value_head

@@ -20,7 +20,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from taskrl.distributed.ddp import DataParallel, DesyncError, DistributedError, spawn, train_rank, weights_digest
+from taskrl.distributed.ddp import DataParallel, DesyncError, DistributedError, spawn, weights_digest
+from taskrl.distributed.launch import train_rank
 from taskrl.env import make
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import derive_seed

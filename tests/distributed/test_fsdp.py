@@ -16,7 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from taskrl.distributed.ddp import DataParallel, spawn, train_rank
+from taskrl.distributed.ddp import DataParallel, spawn
+from taskrl.distributed.launch import train_rank
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics
 from taskrl.trainer import train

@@ -20,7 +20,6 @@ from taskrl.rewards.compose import (
     WeightedTerm,
     make_weight,
     reward_metrics,
-    set_training_step,
 )
 from taskrl.rewards.terms import ExplorationBonus
 from taskrl.rewards.views import call_key, tool_exchanges
@@ -64,13 +63,17 @@ def test_weight_schedules_follow_step_and_epoch_clocks() -> None:
     assert reward(Trajectory())["lin"] == weights["lin"]
 
 
-def test_process_clock_reaches_rewards_built_inside_envs() -> None:
-    reward = ComposedReward([WeightedTerm("w", const(1.0), {"kind": "linear", "start": 1.0, "end": 0.0, "steps": 10})])
-    try:
-        set_training_step(5)
-        assert reward.weights()["w"] == 0.5
-    finally:
-        set_training_step(0)
+def test_each_reward_has_its_own_clock_moved_only_by_set_step() -> None:
+    """No process-wide clock: one reward's (or a test's) step never anneals another reward (issue 15)."""
+    spec = {"kind": "linear", "start": 1.0, "end": 0.0, "steps": 10}
+    first, second = (ComposedReward([WeightedTerm("w", const(1.0), spec)]) for _ in range(2))
+    first.set_step(5)
+    assert first.weights()["w"] == 0.5
+    assert second.weights()["w"] == 1.0  # untouched: the step is an argument, never a global
+    shared = RewardClock()
+    a, b = (ComposedReward([WeightedTerm("w", const(1.0), spec)], clock=shared) for _ in range(2))
+    a.set_step(10)
+    assert b.weights()["w"] == 0.0  # rewards given one clock move together
 
 
 def test_bad_configs_fail_naming_the_field() -> None:

@@ -114,6 +114,25 @@ def test_seed_weighted_golden_annealing_and_group_stability(build) -> None:
     assert [t.reward for t in group] == pytest.approx([0.55, 0.55, 0.0])
 
 
+def test_seed_weighted_pays_useful_parallelism_on_the_step_clock_not_wall_clock_overlap() -> None:
+    """Issue 18: seed_weighted's efficiency is PARL's step-clock credit, like the default swarm reward."""
+    reward = seed_weighted(k=4, clock=RewardClock())
+    task = Task("q", "q", answer="6")
+    assert reward(swarm(4, parallel=True, answer="6"), task)["efficiency"] == pytest.approx(0.3)
+    dummies = swarm(4, parallel=True, answer="6")
+    for child in dummies.children:  # four sub-agents running at once, each replying nothing
+        child.info["final_answer"] = "ANSWER: unknown"
+    assert reward(dummies, task)["efficiency"] == 0.0  # the wall-clock ParallelCredit paid 0.3 here
+    repeated = swarm(4, parallel=True, answer="6")
+    for child in repeated.children:  # one row assigned four times
+        child.info["final_answer"] = "part 0"
+    assert reward(repeated, task)["efficiency"] == 0.0
+    serial = swarm(4, parallel=False, answer="6")
+    for i, child in enumerate(serial.children):  # overlapping in wall-clock time, one per turn in steps
+        child.info.update(started_at=0.0, ended_at=1.0 + i)
+    assert reward(serial, task)["efficiency"] == 0.0
+
+
 def test_composer_golden(build) -> None:
     reward = composer(clock=RewardClock())
     b = (

@@ -1,0 +1,14 @@
+"""Stable seeds derived from any parts: the one seed function of the package (a leaf module, no imports).
+
+    derive_seed(run_seed, "rollout", step)  # same value in every process, whatever PYTHONHASHSEED says
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A stable 31-bit seed from any parts (independent of PYTHONHASHSEED)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
