@@ -36,7 +36,7 @@ far past the 0.3-0.5 s limits of these tests. A random 49k-token vocabulary samp
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text  # httpx's 5 s default: short if loaded
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
@@ -58,7 +58,7 @@ def test_a_client_that_hangs_up_cancels_its_generation_and_is_not_logged(tmp_pat
             wait_until(lambda: metric(url, 'taskrl_events_total{event="cancelled"') == 1)
             patient = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
             after = patient.chat.completions.create(**{**LONG, "max_tokens": 3})
-            ready = httpx.get(url.removesuffix("/v1") + "/ready").json()
+            ready = httpx.get(url.removesuffix("/v1") + "/ready", timeout=30).json()
         rows = store.interactions()
     assert [r.id for r in rows] == [after.id] and ready["in_flight"] == 0
 
@@ -162,7 +162,7 @@ def test_taskrl_serve_drains_on_sigterm(tmp_path: Path) -> None:
         wait_until(lambda: _up(root), 120)
         assert "k1" not in " ".join(cmd)  # keys came from the environment, not the process list
         lora = httpx.post(root + "/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": str(tmp_path)},
-                          headers={"Authorization": "Bearer adm"})  # fmt: skip
+                          headers={"Authorization": "Bearer adm"}, timeout=30)  # fmt: skip
         assert lora.status_code == 403 and lora.json()["error"]["code"] == "runtime_lora_disabled"
 
         async def scenario() -> tuple[list[Any], list[int], list[int]]:
