@@ -251,11 +251,12 @@ def test_a_database_from_before_issue_16_opens_and_reads(store_url: str) -> None
         assert row_temperature(old) == 0.5  # the request's temperature when no sampling was recorded
 
 
-async def test_a_stream_the_transport_drops_is_marked_undelivered(tmp_path: Path) -> None:
-    """The real app with a transport that fails mid-stream (the client's socket is gone): the row stays, flagged."""
+async def test_a_stream_the_transport_drops_is_marked_undelivered(store_url: str) -> None:
+    """The real app with a transport that fails mid-stream (the client's socket is gone): the row stays, flagged
+    (SQLite and PostgreSQL), and the server holds nothing for it afterwards (no request in flight)."""
     import json as json_module
 
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+    with InteractionStore(store_url) as store:
         app = scripted_app(store)
         body = json_module.dumps({"model": "agent", "messages": [{"role": "user", "content": "q"}], "stream": True})
         sent_body = False
@@ -285,4 +286,8 @@ async def test_a_stream_the_transport_drops_is_marked_undelivered(tmp_path: Path
         await app(scope, receive, send)
         wait_until(lambda: len(store.interactions()) == 1 and not store.interactions()[0].delivered, 30)
         rows = store.interactions()
+        store.add_sync("feedback", Feedback(rows[0].id, "t", "accepted"))  # even an accepted one is not trained on
+        trajectories, stats = trajectories_from_store(store, group_by="none")
     assert started == [200] and len(rows) == 1 and rows[0].delivered is False
+    assert trajectories == [] and stats.undelivered == 1
+    assert app.state.in_flight == 0 and app.state.metrics.in_flight._value.get() == 0
