@@ -305,3 +305,56 @@ def test_proxying_an_upstream_server_logs_its_tokens(
     row = store.interactions()[0]
     assert row.completion_token_ids == upstream_row.completion_token_ids and row.completion_token_ids
     assert row.prompt_token_ids == upstream_row.prompt_token_ids
+
+
+def hostile_upstream(depth: int, *, raw_body: bool) -> Any:
+    """An OpenAI-compatible server (not taskrl's) answering one tool call whose arguments nest ``depth`` deep."""
+    import fastapi
+    from fastapi.responses import Response
+
+    upstream = fastapi.FastAPI()
+    arguments = '{"city": ' + "[" * depth + "]" * depth + "}"
+
+    @upstream.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @upstream.post("/v1/chat/completions")
+    async def chat() -> Response:
+        if raw_body:  # the arguments as a JSON object, so the body itself nests past any decoder
+            call = '{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": ' + arguments
+            body = '{"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [' + call + "}}]}}]}"
+        else:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+            body = json.dumps({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+        return Response(body, media_type="application/json")
+
+    return upstream
+
+
+@pytest.mark.parametrize("depth", [40, 5000])
+def test_proxying_an_upstream_that_nests_arguments_absurdly_deep(
+    store: InteractionStore, depth: int
+) -> None:
+    """Issue 18 leftover: OpenAIPolicy raised RecursionError (an unhandled 500) on arguments nested 5,000 deep."""
+    from taskrl.policies.openai import OpenAIPolicy
+
+    with running_server(hostile_upstream(depth, raw_body=False)) as upstream_url:
+        proxy = OpenAIPolicy(upstream_url, "base", timeout_s=30, max_retries=0)
+        with running_server(create_app({"agent": proxy}, store=store, config=ServeConfig(api_keys=KEYS))) as url:
+            reply = say(client(url), "p1", "weather?")
+            call = reply.choices[0].message.tool_calls[0]
+            assert call.function.name == "get_weather" and "__" in call.function.arguments  # kept, marked
+        with running_server(hostile_upstream(depth, raw_body=True)) as raw_url:
+            proxy = OpenAIPolicy(raw_url, "base", timeout_s=30, max_retries=0)
+            with running_server(create_app({"agent": proxy}, store=store, config=ServeConfig(api_keys=KEYS))) as url:
+                if depth < 900:  # decodable: the call is bounded like the string form
+                    assert say(client(url), "p2", "weather?").choices[0].message.tool_calls
+                else:
+                    with pytest.raises(openai.InternalServerError) as failed:
+                        say(client(url), "p2", "weather?")
+                    assert failed.value.code == "policy_error" and "non-JSON body" in failed.value.message
+    rows = store.interactions()
+    assert len(rows) == (2 if depth < 900 else 1)  # every answered turn is stored, the failed one is not
+    assert all(json.dumps(r.tool_calls) for r in rows)
