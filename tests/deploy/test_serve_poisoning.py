@@ -163,7 +163,9 @@ def test_poisoned_rows_are_skipped_and_training_writes_metrics(tiny: tuple[Any, 
     assert tensors and all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
 
-def test_a_nan_adapter_is_refused_and_a_nan_model_answers_500_unlogged(tiny: tuple[Any, Any], tmp_path: Path) -> None:
+def test_a_nan_adapter_is_refused_and_a_nan_model_answers_500_unlogged(
+    tiny: tuple[Any, Any], tmp_path: Path, store_url: str
+) -> None:
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = tiny
@@ -178,7 +180,7 @@ def test_a_nan_adapter_is_refused_and_a_nan_model_answers_500_unlogged(tiny: tup
         broken.get_output_embeddings().weight.fill_(float("nan"))  # every logit NaN: token 0, NaN logprob
     served = {"tiny": HFPolicy(model, tokenizer, device="cpu"), "broken": HFPolicy(broken, tokenizer, device="cpu")}
     config = ServeConfig(api_keys=KEYS, admin_keys=("admin",), adapter_root=str(tmp_path))
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+    with InteractionStore(store_url) as store:  # SQLite and PostgreSQL
         with running_server(create_app(served, store=store, config=config)) as url:
             load = {"lora_name": "poisoned", "lora_path": str(tmp_path / "nan-adapter"), "base_model": "tiny"}
             reply = httpx.post(url + "/load_lora_adapter", json=load, headers={"Authorization": "Bearer admin"},
