@@ -52,9 +52,18 @@ def test_a_client_that_hangs_up_cancels_its_generation_and_is_not_logged(tmp_pat
     policy = HFPolicy(model, tokenizer, device="cpu")
     with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
         with running_server(create_app({"tiny": policy}, store=store)) as url:
-            impatient = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=0.5)
-            with pytest.raises(openai.APITimeoutError):
-                impatient.chat.completions.create(**LONG)
+
+            async def hang_up() -> None:  # once the server is generating for it, however long that took to happen
+                impatient = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+                call = asyncio.ensure_future(impatient.chat.completions.create(**LONG))
+                while metric(url, "taskrl_generation_queue_depth") < 1:
+                    await asyncio.sleep(0.05)
+                call.cancel()  # the client goes away: httpx drops the connection mid-request
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+                await impatient.close()
+
+            asyncio.run(hang_up())
             wait_until(lambda: metric(url, 'taskrl_events_total{event="cancelled"') == 1)
             patient = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
             after = patient.chat.completions.create(**{**LONG, "max_tokens": 3})
