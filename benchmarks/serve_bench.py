@@ -8,8 +8,8 @@ The policy is a ScriptedPolicy with the SmolLM2 chat format, so the numbers meas
 ``--poisoned`` (issue 16) runs the load test instead: a tiny random HFPolicy (real sampling, real shared decode
 batches), 100 concurrent sessions of a well-behaved tenant beside a misbehaving tenant that sends poisoned
 parameters (seed 2**64, temperature 1e-40, NaN, top_p 0, context overflow, logit_bias, unknown forced tools,
-malformed JSON, feedback floods). Prints, side by side, the good tenant's p50 alone vs under attack, its failed
-requests (target 0), and lost / duplicated / non-finite interactions in the store (target 0 / 0 / 0).
+malformed or 5,000-deep JSON, feedback floods). Prints, side by side, the good tenant's p50 alone vs under
+attack, its failed requests (target 0), and lost / duplicated / non-finite interactions in the store (target 0).
 
     .venv/bin/python benchmarks/serve_bench.py [--sessions 100] [--turns 2]
     .venv/bin/python benchmarks/serve_bench.py --poisoned [--sessions 100] [--evil 20]
@@ -148,8 +148,13 @@ POISONS: list[dict[str, Any]] = [
     {"response_format": {"type": "json_object"}},
     {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "rm_rf"}}},
     {"messages": [{"role": "user", "content": "spam " * 2500}]}, {"n": 5}, {"top_logprobs": 20},
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "f", "arguments": '{"a": ' + "[" * 5000 + "]" * 5000 + "}"}}]},
+      {"role": "tool", "tool_call_id": "c", "content": "r"}]},  # issue 18: was a RecursionError (500)
 ]  # fmt: skip
-RAW_POISONS = [b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', b"{oops"]
+RAW_POISONS = [b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', b"{oops",
+               b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": '
+               + b"[" * 5000 + b"]" * 5000 + b"}"]  # fmt: skip
 
 
 def cpu_model() -> tuple[str, bool]:

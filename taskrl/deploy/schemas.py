@@ -14,7 +14,19 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from taskrl.deploy.errors import invalid_param
 from taskrl.policies.base import SamplingParams
-from taskrl.types import Message, ToolCall
+from taskrl.types import MAX_VALUE_DEPTH, Message, ToolCall, value_depth
+
+MAX_ARGUMENT_DEPTH = MAX_VALUE_DEPTH // 2
+"""Deepest nesting of a tool call's arguments in a request (what ``bound_arguments`` keeps from model output)."""
+MAX_FIELD_DEPTH = MAX_VALUE_DEPTH
+"""Deepest nesting of any request field. Deeper JSON is refused with a 400 naming the field: it would overflow
+the JSON decoder's or pydantic's recursion limit later (a 500), and no real schema or argument is that deep."""
+
+
+def _check_depth(value: Any, limit: int, what: str) -> Any:
+    if value_depth(value, limit) > limit:
+        raise ValueError(f"{what} nested deeper than {limit} levels")
+    return value
 
 
 # -- request schema (the subset of OpenAI's that taskrl honours; unknown fields are ignored) ------
@@ -31,11 +43,14 @@ class FunctionCallIn(BaseModel):
     @classmethod
     def _decode(cls, value: str | dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
-            return value
-        decoded = json.loads(value) if value.strip() else {}  # JSONDecodeError is a ValueError -> 422
+            return _check_depth(value, MAX_ARGUMENT_DEPTH, "tool call arguments")
+        try:
+            decoded = json.loads(value) if value.strip() else {}  # JSONDecodeError is a ValueError -> 400
+        except RecursionError:  # the C decoder's own depth guard: far deeper than MAX_ARGUMENT_DEPTH
+            raise ValueError(f"tool call arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels") from None
         if not isinstance(decoded, dict):
             raise ValueError("tool call arguments must be a JSON object")
-        return decoded
+        return _check_depth(decoded, MAX_ARGUMENT_DEPTH, "tool call arguments")
 
 
 class ToolCallIn(BaseModel):
@@ -118,6 +133,12 @@ class ChatCompletionRequest(BaseModel):
     return_token_ids: bool = False  # vLLM extension: token_ids per choice, prompt_token_ids on top
     stream_options: dict[str, Any] | None = None
     user: str | None = Field(default=None, max_length=256)  # session id when no X-Session-Id header is sent
+
+    @field_validator("messages", "tools", "tool_choice", "logit_bias", "response_format", "functions",
+                     "function_call", "stream_options", mode="before")  # fmt: skip
+    @classmethod
+    def _check_nesting(cls, value: Any) -> Any:
+        return _check_depth(value, MAX_FIELD_DEPTH, "value")
 
     @field_validator("stop")
     @classmethod

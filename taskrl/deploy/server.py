@@ -311,6 +311,9 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: fastapi.Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's words
+            message = "the body could not be decoded as JSON (nested deeper than the decoder allows, or not JSON)"
+            return error_response(400, message, "invalid_request_error", param="body", code="invalid_json")
         return error_response(exc.status_code, str(exc.detail), "invalid_request_error", headers=exc.headers)
 
     @app.get("/health")

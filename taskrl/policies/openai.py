@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from taskrl.policies.base import Completion, PolicyError, SamplingParams
-from taskrl.types import Message, ToolCall, new_id
+from taskrl.types import MAX_ARGUMENT_CHARS, Message, ToolCall, bound_arguments, compact_json, new_id
 
 # Statuses worth a retry: the server is up but momentarily failing or overloaded.
 _RETRY_STATUSES = frozenset({500, 502, 503, 504})
@@ -169,7 +169,7 @@ class OpenAIPolicy:
                 if response.status_code < 400:
                     try:
                         return response.json()
-                    except ValueError as exc:
+                    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the decoder
                         raise PolicyError(f"{url} returned a non-JSON body: {_one_line(response.text[:200])}") from exc
                 if response.status_code not in _RETRY_STATUSES or last_try:
                     raise PolicyError(f"{url} returned HTTP {response.status_code}: {_error_message(response)}")
@@ -226,18 +226,25 @@ def _parse_tool_calls(raw_calls: list[dict[str, Any]]) -> tuple[list[ToolCall], 
         name = function.get("name") or ""
         arguments = function.get("arguments")
         if isinstance(arguments, dict):  # some servers send an object, not a JSON string
-            calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
-            continue
-        text = "" if arguments is None else str(arguments)
+            text = compact_json(arguments, 2000)  # never str(): repr recurses as deep as the value
+        else:
+            text = "" if arguments is None else str(arguments)
         try:
-            decoded = json.loads(text) if text.strip() else {}
+            decoded = arguments if isinstance(arguments, dict) else json.loads(text) if text.strip() else {}
         except json.JSONDecodeError as exc:
             error = f"arguments are not valid JSON: {exc}"
+        except RecursionError:  # far deeper than any real call: an error observation, not a crash
+            error = "arguments are nested too deeply to decode"
         else:
             if isinstance(decoded, dict):
-                calls.append(ToolCall(id=call_id, name=name, arguments=decoded))
+                bounded, problem = bound_arguments(decoded)
+                calls.append(ToolCall(id=call_id, name=name, arguments=bounded))
+                if problem is not None:  # kept truncated (serialisable) and reported, as the agent loop does
+                    invalid.append({"call_id": call_id, "name": name, "arguments": text[:2000],
+                                    "error": f"arguments {problem}"})  # fmt: skip
                 continue
             error = f"arguments must be a JSON object, got {type(decoded).__name__}"
+        text = text[:MAX_ARGUMENT_CHARS]
         calls.append(ToolCall(id=call_id, name=name, arguments={"__raw__": text}))
         invalid.append({"call_id": call_id, "name": name, "arguments": text, "error": error})
     return calls, invalid

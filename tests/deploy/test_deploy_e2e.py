@@ -68,6 +68,9 @@ def store(tmp_path: Path) -> Iterator[InteractionStore]:
 
 def make_server(store: InteractionStore, chat_format: ChatFormat, **config: Any) -> Any:
     policy = ScriptedPolicy(weather_rule("Sunny:"), name="v0", chat_format=chat_format)
+    # No holdout unless a test asks: the default 5% share with a random per-deployment salt labels one session
+    # in twenty route="holdout" (on the same v0), which failed the exact route checks one run in twenty.
+    config.setdefault("router", RouterConfig(holdout=0.0))
     config = ServeConfig(api_keys=KEYS, admin_keys=(ADMIN,), **config)
     return create_app({"agent": policy}, store=store, config=config)
 
@@ -159,30 +162,33 @@ def test_feedback_auth_validation_and_tenant_isolation(store: InteractionStore, 
         assert ok.status_code == 200 and ok.json()["reward"] == 1.0
         assert post({"interaction_id": done.id, "kind": "rating", "value": 5}).json()["reward"] == 1.0
 
-        read_a = httpx.get(f"{base_url}/interactions/{done.id}", headers={"Authorization": "Bearer key-a"})
-        read_b = httpx.get(f"{base_url}/interactions/{done.id}", headers={"Authorization": "Bearer key-b"})
+        as_a, as_b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+        read_a = httpx.get(f"{base_url}/interactions/{done.id}", headers=as_a, timeout=30)
+        read_b = httpx.get(f"{base_url}/interactions/{done.id}", headers=as_b, timeout=30)
         assert read_a.status_code == 200 and read_a.json()["completion_token_ids"]
         assert read_b.status_code == 404
-        listed_b = httpx.get(f"{base_url}/interactions", headers={"Authorization": "Bearer key-b"})
+        listed_b = httpx.get(f"{base_url}/interactions", headers=as_b, timeout=30)
         assert listed_b.json()["data"] == []
         with pytest.raises(openai.AuthenticationError):
             client(base_url, "wrong").chat.completions.create(
                 model="agent", messages=[{"role": "user", "content": "x"}]
             )
         as_tenant = {"Authorization": "Bearer key-a"}
-        assert httpx.post(f"{base_url}/router/agent", json={"action": "rollback"}, headers=as_tenant).status_code == 401
+        rollback = httpx.post(f"{base_url}/router/agent", json={"action": "rollback"}, headers=as_tenant, timeout=30)
+        assert rollback.status_code == 401
     assert [f.kind for f in store.feedback()] == ["accepted", "rating"]
 
 
 def test_body_limit_metrics_and_health(store: InteractionStore, chat_format: ChatFormat) -> None:
     with running_server(make_server(store, chat_format, max_body_bytes=4096)) as base_url:
         big = {"model": "agent", "messages": [{"role": "user", "content": "x" * 10_000}]}
-        response = httpx.post(base_url + "/chat/completions", json=big, headers={"Authorization": "Bearer key-a"})
+        response = httpx.post(base_url + "/chat/completions", json=big, headers={"Authorization": "Bearer key-a"},
+                              timeout=30)  # fmt: skip
         assert response.status_code == 413
         client(base_url).chat.completions.create(model="agent", messages=[{"role": "user", "content": "hi"}])
         root = base_url.removesuffix("/v1")
-        assert httpx.get(root + "/health").json()["versions"] == {"agent": 0}
-        metrics = httpx.get(root + "/metrics").text
+        assert httpx.get(root + "/health", timeout=30).json()["versions"] == {"agent": 0}
+        metrics = httpx.get(root + "/metrics", timeout=30).text
         assert 'taskrl_requests_total{model="agent",route="stable",version="0"} 1.0' in metrics
     assert store.count() == 1
 
@@ -268,6 +274,7 @@ def test_live_regression_rolls_the_canary_back(store: InteractionStore, chat_for
                 base_url + "/feedback",
                 json={"interaction_id": reply.id, "kind": kind},
                 headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
             ).json()
             if result["decision"] == "rollback":
                 rolled_back_at = i
@@ -298,3 +305,56 @@ def test_proxying_an_upstream_server_logs_its_tokens(
     row = store.interactions()[0]
     assert row.completion_token_ids == upstream_row.completion_token_ids and row.completion_token_ids
     assert row.prompt_token_ids == upstream_row.prompt_token_ids
+
+
+def hostile_upstream(depth: int, *, raw_body: bool) -> Any:
+    """An OpenAI-compatible server (not taskrl's) answering one tool call whose arguments nest ``depth`` deep."""
+    import fastapi
+    from fastapi.responses import Response
+
+    upstream = fastapi.FastAPI()
+    arguments = '{"city": ' + "[" * depth + "]" * depth + "}"
+
+    @upstream.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @upstream.post("/v1/chat/completions")
+    async def chat() -> Response:
+        if raw_body:  # the arguments as a JSON object, so the body itself nests past any decoder
+            call = '{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": ' + arguments
+            body = '{"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [' + call + "}}]}}]}"
+        else:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+            body = json.dumps({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+        return Response(body, media_type="application/json")
+
+    return upstream
+
+
+@pytest.mark.parametrize("depth", [40, 5000])
+def test_proxying_an_upstream_that_nests_arguments_absurdly_deep(
+    store: InteractionStore, depth: int
+) -> None:
+    """Issue 18 leftover: OpenAIPolicy raised RecursionError (an unhandled 500) on arguments nested 5,000 deep."""
+    from taskrl.policies.openai import OpenAIPolicy
+
+    with running_server(hostile_upstream(depth, raw_body=False)) as upstream_url:
+        proxy = OpenAIPolicy(upstream_url, "base", timeout_s=30, max_retries=0)
+        with running_server(create_app({"agent": proxy}, store=store, config=ServeConfig(api_keys=KEYS))) as url:
+            reply = say(client(url), "p1", "weather?")
+            call = reply.choices[0].message.tool_calls[0]
+            assert call.function.name == "get_weather" and "__" in call.function.arguments  # kept, marked
+        with running_server(hostile_upstream(depth, raw_body=True)) as raw_url:
+            proxy = OpenAIPolicy(raw_url, "base", timeout_s=30, max_retries=0)
+            with running_server(create_app({"agent": proxy}, store=store, config=ServeConfig(api_keys=KEYS))) as url:
+                if depth < 900:  # decodable: the call is bounded like the string form
+                    assert say(client(url), "p2", "weather?").choices[0].message.tool_calls
+                else:
+                    with pytest.raises(openai.InternalServerError) as failed:
+                        say(client(url), "p2", "weather?")
+                    assert failed.value.code == "policy_error" and "non-JSON body" in failed.value.message
+    rows = store.interactions()
+    assert len(rows) == (2 if depth < 900 else 1)  # every answered turn is stored, the failed one is not
+    assert all(json.dumps(r.tool_calls) for r in rows)

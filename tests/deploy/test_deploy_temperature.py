@@ -32,10 +32,10 @@ def first_is_weight(model: object, trajectories: list[Trajectory], tmp_path: Pat
     return float(learner.update(trajectories, step=0)["losses/is_weight"])
 
 
-def test_rows_served_at_t03_have_unit_importance_weights(tmp_path: Path) -> None:
+def test_rows_served_at_t03_have_unit_importance_weights(tmp_path: Path, store_url: str) -> None:
     model, tokenizer = tiny_model(seed=0)
     served = HFPolicy(copy.deepcopy(model), tokenizer, device="cpu")
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+    with InteractionStore(store_url) as store:  # the sampling record round-trips through SQLite and PostgreSQL
         app = create_app({"tiny": served}, store=store, config=ServeConfig(api_keys={"k": "t"}))
         with running_server(app) as url:
             oa = openai.OpenAI(base_url=url, api_key="k", max_retries=0, timeout=120)

@@ -36,7 +36,7 @@ far past the 0.3-0.5 s limits of these tests. A random 49k-token vocabulary samp
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text  # httpx's 5 s default: short if loaded
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
@@ -52,13 +52,22 @@ def test_a_client_that_hangs_up_cancels_its_generation_and_is_not_logged(tmp_pat
     policy = HFPolicy(model, tokenizer, device="cpu")
     with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
         with running_server(create_app({"tiny": policy}, store=store)) as url:
-            impatient = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=0.5)
-            with pytest.raises(openai.APITimeoutError):
-                impatient.chat.completions.create(**LONG)
+
+            async def hang_up() -> None:  # once the server is generating for it, however long that took to happen
+                impatient = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+                call = asyncio.ensure_future(impatient.chat.completions.create(**LONG))
+                while metric(url, "taskrl_generation_queue_depth") < 1:
+                    await asyncio.sleep(0.05)
+                call.cancel()  # the client goes away: httpx drops the connection mid-request
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+                await impatient.close()
+
+            asyncio.run(hang_up())
             wait_until(lambda: metric(url, 'taskrl_events_total{event="cancelled"') == 1)
             patient = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
             after = patient.chat.completions.create(**{**LONG, "max_tokens": 3})
-            ready = httpx.get(url.removesuffix("/v1") + "/ready").json()
+            ready = httpx.get(url.removesuffix("/v1") + "/ready", timeout=30).json()
         rows = store.interactions()
     assert [r.id for r in rows] == [after.id] and ready["in_flight"] == 0
 
@@ -162,7 +171,7 @@ def test_taskrl_serve_drains_on_sigterm(tmp_path: Path) -> None:
         wait_until(lambda: _up(root), 120)
         assert "k1" not in " ".join(cmd)  # keys came from the environment, not the process list
         lora = httpx.post(root + "/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": str(tmp_path)},
-                          headers={"Authorization": "Bearer adm"})  # fmt: skip
+                          headers={"Authorization": "Bearer adm"}, timeout=30)  # fmt: skip
         assert lora.status_code == 403 and lora.json()["error"]["code"] == "runtime_lora_disabled"
 
         async def scenario() -> tuple[list[Any], list[int], list[int]]:
@@ -251,11 +260,12 @@ def test_a_database_from_before_issue_16_opens_and_reads(store_url: str) -> None
         assert row_temperature(old) == 0.5  # the request's temperature when no sampling was recorded
 
 
-async def test_a_stream_the_transport_drops_is_marked_undelivered(tmp_path: Path) -> None:
-    """The real app with a transport that fails mid-stream (the client's socket is gone): the row stays, flagged."""
+async def test_a_stream_the_transport_drops_is_marked_undelivered(store_url: str) -> None:
+    """The real app with a transport that fails mid-stream (the client's socket is gone): the row stays, flagged
+    (SQLite and PostgreSQL), and the server holds nothing for it afterwards (no request in flight)."""
     import json as json_module
 
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+    with InteractionStore(store_url) as store:
         app = scripted_app(store)
         body = json_module.dumps({"model": "agent", "messages": [{"role": "user", "content": "q"}], "stream": True})
         sent_body = False
@@ -285,4 +295,8 @@ async def test_a_stream_the_transport_drops_is_marked_undelivered(tmp_path: Path
         await app(scope, receive, send)
         wait_until(lambda: len(store.interactions()) == 1 and not store.interactions()[0].delivered, 30)
         rows = store.interactions()
+        store.add_sync("feedback", Feedback(rows[0].id, "t", "accepted"))  # even an accepted one is not trained on
+        trajectories, stats = trajectories_from_store(store, group_by="none")
     assert started == [200] and len(rows) == 1 and rows[0].delivered is False
+    assert trajectories == [] and stats.undelivered == 1
+    assert app.state.in_flight == 0 and app.state.metrics.in_flight._value.get() == 0

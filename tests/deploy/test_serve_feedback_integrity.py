@@ -9,6 +9,7 @@ answer 429 in OpenAI's shape. Also the tenant read API: paginated in SQL, shadow
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import pytest
 
 from taskrl.chat import ChatFormat
 from taskrl.deploy.config import ServeConfig
+from taskrl.deploy.errors import APIError
+from taskrl.deploy.limits import TenantLimiter
 from taskrl.deploy.router import Router, RouterConfig
 from taskrl.deploy.server import create_app, running_server
 from taskrl.deploy.store import InteractionStore
@@ -110,37 +113,65 @@ def test_the_session_salt_is_secret_per_deployment(chat_format: ChatFormat) -> N
 
 
 async def test_rate_and_concurrency_limits_answer_429(tmp_path: Path, chat_format: ChatFormat) -> None:
-    slow = asyncio.Event()
+    entered = threading.Semaphore(0)  # released when a request reaches the policy (the server runs in a thread)
+    release = threading.Event()
 
     class Slow(ScriptedPolicy):
         async def generate(self, **kwargs: Any) -> Any:
-            await slow.wait()
+            entered.release()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
             return await super().generate(**kwargs)
 
+    async def reached_policy() -> None:  # waits on the condition, not on a guess of how slow the machine is
+        assert await asyncio.to_thread(entered.acquire, timeout=60), "request never reached the policy"
+
     policy = Slow(lambda messages, tools: "ok", chat_format=chat_format)
-    config = ServeConfig(api_keys=KEYS, rate_limit_per_minute=12, max_concurrent_per_tenant=1)  # burst: 2
+    # 1/minute: a bucket of one request that refills in 60 s, so no refill can happen during the test however
+    # slow the machine is (the burst size and refill rate are tested on the limiter's own clock below).
+    config = ServeConfig(api_keys=KEYS, rate_limit_per_minute=1, max_concurrent_per_tenant=1)
     app = create_app({"agent": policy}, config=config)
     body = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
     with running_server(app) as url:
-        a = openai.AsyncOpenAI(base_url=url, api_key="key-a", max_retries=0, timeout=30)
-        b = openai.AsyncOpenAI(base_url=url, api_key="key-b", max_retries=0, timeout=30)
+        a = openai.AsyncOpenAI(base_url=url, api_key="key-a", max_retries=0, timeout=60)
+        b = openai.AsyncOpenAI(base_url=url, api_key="key-b", max_retries=0, timeout=60)
         first = asyncio.ensure_future(a.chat.completions.create(**body))
-        await asyncio.sleep(0.3)
+        await reached_policy()
         with pytest.raises(openai.RateLimitError) as busy:
             await a.chat.completions.create(**body)
         assert busy.value.code == "concurrency_limit_exceeded"
         other_tenant = asyncio.ensure_future(b.chat.completions.create(**body))  # not affected by tenant-a
-        await asyncio.sleep(0.3)
-        slow.set()
+        await reached_policy()
+        release.set()
         assert (await first).choices[0].message.content == "ok"
         assert (await other_tenant).choices[0].message.content == "ok"
-        await a.chat.completions.create(**body)  # second token of the burst
-        with pytest.raises(openai.RateLimitError) as limited:
+        with pytest.raises(openai.RateLimitError) as limited:  # the refused concurrent call took no token
             await a.chat.completions.create(**body)
         assert limited.value.code == "rate_limit_exceeded"
         assert int(limited.value.response.headers["retry-after"]) >= 1
         await a.close()
         await b.close()
+
+
+def test_the_rate_limit_bursts_ten_seconds_and_refills_continuously(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("taskrl.deploy.limits.time.monotonic", lambda: clock[0])
+    limiter = TenantLimiter(per_minute=12, max_concurrent=None)  # 0.2/s: a burst of 2, one more every 5 s
+
+    def admitted(tenant: str = "a") -> bool:
+        try:
+            with limiter.hold(tenant):
+                return True
+        except APIError as exc:
+            assert exc.status == 429 and exc.code == "rate_limit_exceeded" and exc.headers
+            return False
+
+    assert [admitted(), admitted(), admitted()] == [True, True, False]
+    assert admitted("b")  # another tenant has its own bucket
+    clock[0] += 4.9
+    assert not admitted()
+    clock[0] += 0.2
+    assert [admitted(), admitted()] == [True, False]
 
 
 def test_listing_is_paginated_in_sql_and_hides_shadow_rows(store_url: str, chat_format: ChatFormat) -> None:

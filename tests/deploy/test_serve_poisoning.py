@@ -24,7 +24,7 @@ from taskrl.cli import app as cli_app
 from taskrl.deploy.config import ServeConfig
 from taskrl.deploy.dataset import trajectories_from_store
 from taskrl.deploy.server import create_app, running_server
-from taskrl.deploy.store import Feedback, Interaction, InteractionStore
+from taskrl.deploy.store import Feedback, Interaction, InteractionStore, StoreError
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.types import Message
@@ -41,10 +41,10 @@ def chat_body(**fields: Any) -> dict[str, Any]:
     return {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, **fields}
 
 
-def test_tiny_temperature_is_greedy_and_never_stores_nan(tiny: tuple[Any, Any], tmp_path: Path) -> None:
+def test_tiny_temperature_is_greedy_and_never_stores_nan(tiny: tuple[Any, Any], store_url: str) -> None:
     model, tokenizer = tiny
     policy = HFPolicy(model, tokenizer, device="cpu")
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+    with InteractionStore(store_url) as store:  # SQLite and PostgreSQL
         with running_server(create_app({"tiny": policy}, store=store, config=ServeConfig(api_keys=KEYS))) as url:
             oa = openai.OpenAI(base_url=url, api_key="key-evil", max_retries=0, timeout=60)
             tiny_t = oa.chat.completions.create(**chat_body(temperature=1e-40, logprobs=True))
@@ -103,6 +103,26 @@ def nan_logprob_row(prompt: list[int], i: int) -> Interaction:
     )  # fmt: skip
 
 
+def test_a_non_finite_row_never_reaches_training_on_either_store(store_url: str) -> None:
+    """SQLite stores a NaN row written behind the server's back and the dataset skips it; PostgreSQL's JSON type
+    refuses it at write (that row alone fails, named); on both only the finite row becomes a trajectory."""
+    finite = Interaction("good", "g", "m", 0, {"messages": [{"role": "user", "content": "hi"}]},
+                         {"message": {"content": "x"}}, [5, 6], [-1.0, -1.0], [1, 2], id="int_finite")  # fmt: skip
+    with InteractionStore(store_url) as store:
+        try:
+            store.add_sync("interactions", nan_logprob_row([1, 2], 0))
+        except StoreError as exc:
+            assert store_url.startswith("postgresql") and "int_nan_0" in str(exc)
+        else:
+            assert store_url.startswith("sqlite")
+        store.add_sync("interactions", finite)
+        for row in store.interactions():
+            store.add_sync("feedback", Feedback(row.id, row.tenant, "accepted"))
+        trajectories, stats = trajectories_from_store(store, group_by="none")
+    assert [t.id for t in trajectories] == ["int_finite"] and stats.used == 1
+    assert stats.non_finite == (1 if store_url.startswith("sqlite") else 0)
+
+
 def test_poisoned_rows_are_skipped_and_training_writes_metrics(tiny: tuple[Any, Any], tmp_path: Path) -> None:
     model, tokenizer = tiny
     model.save_pretrained(str(tmp_path / "base"))
@@ -143,7 +163,9 @@ def test_poisoned_rows_are_skipped_and_training_writes_metrics(tiny: tuple[Any, 
     assert tensors and all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
 
-def test_a_nan_adapter_is_refused_and_a_nan_model_answers_500_unlogged(tiny: tuple[Any, Any], tmp_path: Path) -> None:
+def test_a_nan_adapter_is_refused_and_a_nan_model_answers_500_unlogged(
+    tiny: tuple[Any, Any], tmp_path: Path, store_url: str
+) -> None:
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = tiny
@@ -158,7 +180,7 @@ def test_a_nan_adapter_is_refused_and_a_nan_model_answers_500_unlogged(tiny: tup
         broken.get_output_embeddings().weight.fill_(float("nan"))  # every logit NaN: token 0, NaN logprob
     served = {"tiny": HFPolicy(model, tokenizer, device="cpu"), "broken": HFPolicy(broken, tokenizer, device="cpu")}
     config = ServeConfig(api_keys=KEYS, admin_keys=("admin",), adapter_root=str(tmp_path))
-    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
+    with InteractionStore(store_url) as store:  # SQLite and PostgreSQL
         with running_server(create_app(served, store=store, config=config)) as url:
             load = {"lora_name": "poisoned", "lora_path": str(tmp_path / "nan-adapter"), "base_model": "tiny"}
             reply = httpx.post(url + "/load_lora_adapter", json=load, headers={"Authorization": "Bearer admin"},

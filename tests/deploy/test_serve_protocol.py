@@ -35,6 +35,9 @@ def agent_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> s
         return '{"city": "Paris"}}\n</tool_call>'
     if tools and "two" in last:
         return ScriptedPolicy.call("get_weather", city="Rome") + "\n" + ScriptedPolicy.call("get_time")
+    if tools and "nest" in last:  # a model emitting absurdly nested arguments
+        deep = "[" * 300 + "]" * 300
+        return '<tool_call>\n{"name": "get_weather", "arguments": {"city": ' + deep + "}}\n</tool_call>"
     if tools:
         return ScriptedPolicy.call("get_weather", city="Oslo")
     return "plain answer"
@@ -202,6 +205,38 @@ def test_every_error_is_openai_shaped_json(server: tuple) -> None:
         )
         assert again.status_code == 200
     assert httpx.get(root + "/ready").json()["status"] == "ready"
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_json_is_a_400_naming_the_field(server: tuple) -> None:
+    """Issue 18: arguments nested 5,000 deep raised RecursionError (500); 300 deep failed pydantic's dump (500)."""
+    url, store, _ = server
+    before = store.count()
+    history = [{"role": "user", "content": "hi"}]
+    for arguments in ('{"a": ' + nested(5000) + "}", '{"a": ' + nested(40) + "}"):
+        call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        turns = [*history, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1",
+                                                                            "content": "x"}]  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as refused:
+            oa(url).chat.completions.create(model="agent", messages=turns)
+        assert refused.value.param == "messages.1.tool_calls.0.function.arguments"
+        assert "nested deeper than 32 levels" in refused.value.message
+    deep_tool = {"type": "function", "function": {"name": "f", "parameters": json.loads('{"a": ' + nested(300) + "}")}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        oa(url).chat.completions.create(model="agent", messages=history, tools=[deep_tool])
+    assert refused.value.param == "tools" and "nested deeper than 64 levels" in refused.value.message
+    body = '{"model": "agent", "messages": [{"role": "user", "content": "hi"}], "tools": ' + nested(5000) + "}"
+    raw = httpx.post(url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_json"
+    assert store.count() == before  # nothing refused was logged
+    reply = oa(url).chat.completions.create(model="agent", messages=[{"role": "user", "content": "nest"}],
+                                            tools=[WEATHER])  # fmt: skip
+    row = store.interactions(ids=[reply.id])[0]  # a model's own over-deep call is served and stored, not a crash
+    assert reply.choices[0].finish_reason in ("stop", "tool_calls") and row.response["message"]
+    assert ask(url).choices[0].message.content == "plain answer"
 
 
 def test_ids_are_128_bit(server: tuple, tmp_path: Path) -> None:
