@@ -355,3 +355,18 @@ async def test_weight_sync_invalidates(policy: HFPolicy, tiny) -> None:
     InProcessSync(policy, policy.model)(7)
     after = await policy.generate(token_ids=prompt + first.token_ids, sampling=sampling(6, 2))
     assert after.info["cached_tokens"] == 0 and after.policy_version == 7
+
+
+def test_rollout_copy_keeps_engine_settings(tiny) -> None:
+    """A rollout copy decodes with the learner policy's engine, prefill budget and prefix-cache bound."""
+    from taskrl.training.sync import rollout_copy
+
+    source = make_policy(tiny, engine="static", prefill_chunk_tokens=48, prefix_cache_bytes=12345, max_batch_size=5)
+    copy_policy = rollout_copy(source)
+    try:
+        assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
+        assert (copy_policy.prefix_cache_bytes, copy_policy.max_batch_size) == (12345, 5)
+        assert copy_policy._engine.prefix.max_bytes == 12345
+    finally:
+        copy_policy.close()
+        source.close()
