@@ -62,7 +62,9 @@ class ContinuousEngine:
         prefill_chunk_tokens: int,
         prefix_cache_bytes: int,
         share_min_tokens: int = 32,
+        idle_release_s: float = 30.0,
     ) -> None:
+        """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle."""
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -73,8 +75,10 @@ class ContinuousEngine:
         layers = int(text_config.num_hidden_layers)
         eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
         mask_dtype = next(policy.model.parameters()).dtype if eager else None
-        self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype)
-        self.decoding = RowKV(layers, float_mask_dtype=mask_dtype)
+        self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
+        self.decoding = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
+        self.idle_release_s = idle_release_s
+        self._idle_epoch = 0
         self.queue: list[Request] = []
         # Every key exists from the start: other threads read the counters while this one updates them.
         self.stats: Counter[str] = Counter(dict.fromkeys(_STATS, 0))
@@ -133,6 +137,24 @@ class ContinuousEngine:
             else:
                 self._scheduled = False
                 self._idle.set()
+                self._idle_epoch += 1
+                timer = threading.Timer(self.idle_release_s, self._release_if_idle, args=(self._idle_epoch,))
+                timer.daemon = True
+                timer.start()
+
+    def _release_if_idle(self, epoch: int) -> None:
+        """Free the batch KV buffers if the engine has stayed idle since ``epoch`` (a timer thread calls it)."""
+
+        def release() -> None:
+            with self._lock:
+                if self._idle.is_set() and epoch == self._idle_epoch:
+                    self.prefilling.release()
+                    self.decoding.release()
+
+        try:
+            self.policy._executor.submit(release)  # on the decode thread, between steps
+        except RuntimeError:  # the policy is closed
+            return None
 
     def step(self) -> None:
         """One scheduling step: admit, prefill a chunk, decode one token per running row."""

@@ -233,7 +233,10 @@ async def test_cancelled_row_leaves_at_next_step(policy: HFPolicy, reference: HF
     with pytest.raises(asyncio.CancelledError):
         await drop
     assert_exact(policy, a, await keep, await reference.generate(token_ids=a, sampling=sampling(80, 1)))
-    assert policy.engine_stats()["kv_bytes"] == 0  # an idle engine holds no batch KV
+    assert policy._engine.decoding.rows == 0
+    policy._engine.idle_release_s = 0.0  # an engine idle for idle_release_s frees its batch KV
+    await policy.generate(token_ids=a, sampling=sampling(2, 3))
+    await wait_until(lambda: policy.engine_stats()["kv_bytes"] == 0)
 
 
 async def test_invalid_requests_fail_alone_before_batching(policy: HFPolicy, tiny) -> None:
