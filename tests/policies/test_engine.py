@@ -373,3 +373,34 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
     finally:
         copy_policy.close()
         source.close()
+
+
+async def test_short_prompt_skips_ahead_of_a_long_prefill(tiny, reference: HFPolicy) -> None:
+    """Prefill is chunked (no step reads a whole long prompt) and a short prompt joins a long one's prefill in
+    progress, finishing first; both samples stay exactly what they are alone."""
+    policy = make_policy(tiny, prefill_chunk_tokens=32)
+    try:
+        long_prompt = ids(tiny[1], " ".join(f"line {i} of a long tool output." for i in range(40)))
+        short_prompt = ids(tiny[1], "Quick one")
+        assert len(long_prompt) > 6 * 32
+        done: list[str] = []
+
+        async def run(name: str, prompt: list[int], n: int, seed: int) -> Any:
+            out = await policy.generate(token_ids=prompt, sampling=sampling(n, seed))
+            done.append(name)
+            return out
+
+        long_task = asyncio.create_task(run("long", long_prompt, 4, 1))
+        await wait_until(lambda: policy.engine_stats()["prefill_tokens"] > 0)
+        short = await run("short", short_prompt, 2, 2)
+        long = await long_task
+        assert done == ["short", "long"]
+        assert policy.engine_stats()["prefill_padded_tokens"] <= 32 * policy.engine_stats()["steps"]
+        assert_exact(
+            policy, short_prompt, short, await reference.generate(token_ids=short_prompt, sampling=sampling(2, 2))
+        )
+        assert_exact(
+            policy, long_prompt, long, await reference.generate(token_ids=long_prompt, sampling=sampling(4, 1))
+        )
+    finally:
+        policy.close()
