@@ -30,7 +30,13 @@ _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
     "completed", "failed", "cancelled", "restarts",
 )  # fmt: skip
+_MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
+_MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
+
+
+def _ema(previous: float | None, value: float, weight: float = 0.2) -> float:
+    return value if previous is None else (1 - weight) * previous + weight * value
 
 
 @dataclass
@@ -62,7 +68,9 @@ class ContinuousEngine:
         prefill_chunk_tokens: int,
         prefix_cache_bytes: int,
         share_min_tokens: int = 32,
+        idle_release_s: float = 30.0,
     ) -> None:
+        """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle."""
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -73,8 +81,12 @@ class ContinuousEngine:
         layers = int(text_config.num_hidden_layers)
         eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
         mask_dtype = next(policy.model.parameters()).dtype if eager else None
-        self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype)
-        self.decoding = RowKV(layers, float_mask_dtype=mask_dtype)
+        self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
+        self.decoding = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
+        self.idle_release_s = idle_release_s
+        self._decode_s: float | None = None  # moving averages: a decode forward, a padded prefill token
+        self._prefill_token_s: float | None = None
+        self._idle_epoch = 0
         self.queue: list[Request] = []
         # Every key exists from the start: other threads read the counters while this one updates them.
         self.stats: Counter[str] = Counter(dict.fromkeys(_STATS, 0))
@@ -133,6 +145,24 @@ class ContinuousEngine:
             else:
                 self._scheduled = False
                 self._idle.set()
+                self._idle_epoch += 1
+                timer = threading.Timer(self.idle_release_s, self._release_if_idle, args=(self._idle_epoch,))
+                timer.daemon = True
+                timer.start()
+
+    def _release_if_idle(self, epoch: int) -> None:
+        """Free the batch KV buffers if the engine has stayed idle since ``epoch`` (a timer thread calls it)."""
+
+        def release() -> None:
+            with self._lock:
+                if self._idle.is_set() and epoch == self._idle_epoch:
+                    self.prefilling.release()
+                    self.decoding.release()
+
+        try:
+            self.policy._executor.submit(release)  # on the decode thread, between steps
+        except RuntimeError:  # the policy is closed
+            return None
 
     def step(self) -> None:
         """One scheduling step: admit, prefill a chunk, decode one token per running row."""
@@ -177,28 +207,23 @@ class ContinuousEngine:
                 kv.remove_rows(rows)  # its slot and KV are free for the next row
 
     def _admit(self) -> None:
-        """Start prefilling queued requests while rows and the step's padded prefill budget allow."""
-        limit = self._prefill_budget()
-        while self.queue and self.prefilling.rows + self.decoding.rows < self.max_batch_size:
-            chosen = None
-            for index, request in enumerate(self.queue[: self.max_batch_size]):
-                prompt = request.prompt_tensor
-                if not self.prefilling.rows:
-                    chosen = index, prompt, 0
-                    break
-                cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
-                if not self._shares_inflight(prompt, cached):  # else wait, then reuse the in-flight KV
-                    chosen = index, prompt, cached
-                    break
-            if chosen is None:
+        """Start prefilling queued requests, fewest prompt tokens left to compute first (a short prompt skips
+        ahead of long ones, which cannot starve: rows are bounded and short ones finish within a step or two),
+        while row slots last and each prefilling row still gets ``_MIN_PREFILL_SHARE`` tokens of the budget."""
+        most = max(1, self._prefill_budget() // _MIN_PREFILL_SHARE)
+        candidates = []
+        for order, request in enumerate(self.queue[: self.max_batch_size]):
+            prompt = request.prompt_tensor
+            cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
+            candidates.append((len(prompt) - cached, order, request, prompt, cached))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        for _, _, request, prompt, cached in candidates:
+            if self.prefilling.rows + self.decoding.rows >= self.max_batch_size or self.prefilling.rows >= most:
                 return
-            index, prompt, cached = chosen
-            if self.prefilling.rows:
-                window = max(self._chunk(row) for row in self.prefilling.owners)
-                chunk = min(len(prompt) - cached, limit)
-                if (self.prefilling.rows + 1) * max(window, chunk) > limit:
-                    return
-            self._start(self.queue.pop(index), prompt)
+            if self.prefilling.rows and self._shares_inflight(prompt, cached):
+                continue  # wait a step, then reuse the in-flight KV from the cache
+            self.queue.remove(request)
+            self._start(request, prompt)
 
     def _shares_inflight(self, prompt: torch.Tensor, cached: int) -> bool:
         for row in self.prefilling.owners:
@@ -220,22 +245,33 @@ class ContinuousEngine:
         self.stats["cached_tokens"] += cached
 
     def _prefill_budget(self) -> int:
-        """Padded prompt tokens per step: ``prefill_chunk_tokens`` while rows decode (each step's prefill delays
-        every running row), four times that when none does (nobody waits, bigger chunks run faster)."""
-        return self.prefill_chunk_tokens * (1 if self.decoding.rows else 4)
+        """Padded prompt tokens in this step's prefill forward: ``prefill_chunk_tokens``, and while rows decode
+        at most about as many as cost what their decode forward costs (measured), so a running row's time per
+        token at most roughly doubles while prompts are read (a CPU's prefill is compute-bound; a GPU's budget
+        stays at ``prefill_chunk_tokens``). Never the whole prompt at once: a request arriving next must wait
+        for one chunk at most."""
+        budget = self.prefill_chunk_tokens
+        if self.decoding.rows and self._decode_s is not None and self._prefill_token_s:
+            budget = min(budget, max(_MIN_PREFILL_CHUNK, int(self._decode_s / self._prefill_token_s)))
+        return budget
 
-    def _chunk(self, row: _Row) -> int:
-        return min(len(row.prompt) - row.fed, self._prefill_budget())
+    def _chunks(self, rows: list[_Row]) -> list[int]:
+        """Tokens each prefilling row feeds this step: the budget split evenly, a row needing less takes less."""
+        window = max(1, self._prefill_budget() // len(rows))
+        return [min(len(row.prompt) - row.fed, window) for row in rows]
 
     def _prefill_step(self) -> None:
         kv = self.prefilling
         rows: list[_Row] = list(kv.owners)
-        queries = [self._chunk(row) for row in rows]
+        queries = self._chunks(rows)
         window = max(queries)
         ids = torch.full((len(rows), window), self.policy._pad_id, dtype=torch.long)
         for i, (row, q) in enumerate(zip(rows, queries, strict=True)):
             ids[i, window - q :] = row.prompt[row.fed : row.fed + q]
+        started = time.perf_counter()
         logits, failed = self._forward(kv, ids, queries)
+        if window * len(rows) >= _MIN_PREFILL_CHUNK:  # smaller chunks are dominated by the per-forward cost
+            self._prefill_token_s = _ema(self._prefill_token_s, (time.perf_counter() - started) / (window * len(rows)))
         kv.advance(queries)
         self.stats["prefill_tokens"] += sum(queries)
         self.stats["prefill_padded_tokens"] += window * len(rows)
@@ -268,7 +304,9 @@ class ContinuousEngine:
         kv = self.decoding
         rows: list[_Row] = list(kv.owners)
         ids = torch.tensor([[row.pending] for row in rows], dtype=torch.long)
+        started = time.perf_counter()
         logits, failed = self._forward(kv, ids, [1] * len(rows))
+        self._decode_s = _ema(self._decode_s, time.perf_counter() - started)
         kv.advance([1] * len(rows))
         self.stats["decode_tokens"] += len(rows)
         self.stats["max_running"] = max(self.stats["max_running"], len(rows))

@@ -71,8 +71,8 @@ class HFPolicy:
 
         ``engine``: "continuous" (default) or "static" (see the module docstring). ``batch_wait_s`` is the
         static engine's gathering window. ``prefill_chunk_tokens`` bounds the (padded) prompt tokens the
-        continuous engine prefills per step while rows decode (4x that when none does), so running rows keep
-        decoding while a long prompt is read;
+        continuous engine prefills per step (while rows decode, also to about a decode forward's cost), so
+        running rows keep decoding and a short prompt arriving next is read within a step;
         ``prefix_cache_bytes`` bounds its KV cache (0 disables reuse).
         """
         if max_batch_size < 1:

@@ -51,10 +51,14 @@ class RowKV(Cache):
     ``owners[i]`` is whatever the engine keeps for row ``i``; removing a row moves the last row into its place.
     """
 
-    def __init__(self, num_layers: int, *, float_mask_dtype: torch.dtype | None = None) -> None:
-        """``float_mask_dtype``: build additive float masks (eager attention) instead of boolean ones (SDPA)."""
+    def __init__(
+        self, num_layers: int, *, float_mask_dtype: torch.dtype | None = None, max_rows: int = 1 << 30
+    ) -> None:
+        """``float_mask_dtype``: build additive float masks (eager attention) instead of boolean ones (SDPA);
+        ``max_rows``: the most rows the buffer's geometric growth allocates room for (more still fit on demand)."""
         super().__init__(layers=[_RowLayer(self, i) for i in range(num_layers)])
         self.num_layers = num_layers
+        self.max_rows = max_rows
         self.float_mask_dtype = float_mask_dtype
         self.buffer: torch.Tensor | None = None
         self.lengths: list[int] = []
@@ -104,11 +108,13 @@ class RowKV(Cache):
                 self.lengths[row], self.owners[row] = self.lengths[last], self.owners[last]
             self.lengths.pop()
             self.owners.pop()
-        if not self.lengths:
-            self.buffer = None  # an idle engine holds no KV memory
+        # An emptied buffer is kept for the next rows (re-zeroing it each turn cost more than the forwards'
+        # attention); the engine releases it once idle for a while.
 
     def clear(self) -> None:
+        """Drop every row and free the buffer (a weight change or an engine failure: nothing is worth keeping)."""
         self.remove_rows(set(range(len(self.lengths))))
+        self.buffer = None
 
     def write_row(self, row: int, kv: torch.Tensor) -> None:
         """Copy ``kv`` (``[layers, 2, kv_heads, n, head_dim]``) into row ``row``'s first n columns, as a forward
@@ -159,6 +165,11 @@ class RowKV(Cache):
         """Commit a forward planned with ``queries``: each row now holds that many more tokens."""
         self.lengths = [n + q for n, q in zip(self.lengths, queries, strict=True)]
 
+    def release(self) -> None:
+        """Free the buffer of an empty ``RowKV`` (the engine calls it after a while idle)."""
+        if not self.lengths:
+            self.buffer = None
+
     def _ensure(self, like: torch.Tensor, *, rows: int, length: int) -> None:
         """Grow the buffer (keeping its contents) to hold ``rows`` rows of ``length`` positions."""
         kv_heads, head_dim = like.shape[-3], like.shape[-1]
@@ -167,15 +178,21 @@ class RowKV(Cache):
             cap_rows, cap_len = self.buffer.shape[2], self.buffer.shape[4]
             if rows <= cap_rows and length <= cap_len:
                 return
-        # Geometric growth, so a row that decodes token by token costs amortised O(1) copies per token.
-        new_rows = cap_rows if rows <= cap_rows else max(rows, cap_rows + 4)
-        new_len = cap_len if length <= cap_len else max(length, _GROW_TOKENS, cap_len * 3 // 2)
-        # Zeros, never ``empty``: a masked column still multiplies its value by 0, and 0 * NaN is NaN.
-        grown = torch.zeros(
+        # Geometric growth with slack (rows double, positions grow 1.5x plus a margin), so rows that join one
+        # by one and decode token by token cost amortised O(1) copies; ``max_rows`` caps the row growth.
+        new_rows = cap_rows if rows <= cap_rows else max(rows, min(max(2 * cap_rows, 4), self.max_rows))
+        new_len = cap_len if length <= cap_len else max(length + _GROW_TOKENS // 2, _GROW_TOKENS, cap_len * 3 // 2)
+        grown = torch.empty(
             (self.num_layers, 2, new_rows, kv_heads, new_len, head_dim), dtype=like.dtype, device=like.device
         )
+        # Only the new memory is zeroed (never left ``empty``: a masked column still multiplies its value by 0,
+        # and 0 * NaN is NaN); the old part is copied. Stale KV of rows that left stays: it is finite and masked.
         if self.buffer is not None:
             grown[:, :, :cap_rows, :, :cap_len].copy_(self.buffer)
+            grown[:, :, :cap_rows, :, cap_len:].zero_()
+            grown[:, :, cap_rows:].zero_()
+        else:
+            grown.zero_()
         self.buffer = grown
 
     def _write(

@@ -86,6 +86,9 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         chat_format=policy.chat_format,
         max_batch_size=policy.max_batch_size,
         batch_wait_s=policy.batch_wait_s,
+        engine=policy.engine,
+        prefill_chunk_tokens=policy.prefill_chunk_tokens,
+        prefix_cache_bytes=policy.prefix_cache_bytes,
     )
 
 

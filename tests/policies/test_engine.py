@@ -233,7 +233,10 @@ async def test_cancelled_row_leaves_at_next_step(policy: HFPolicy, reference: HF
     with pytest.raises(asyncio.CancelledError):
         await drop
     assert_exact(policy, a, await keep, await reference.generate(token_ids=a, sampling=sampling(80, 1)))
-    assert policy.engine_stats()["kv_bytes"] == 0  # an idle engine holds no batch KV
+    assert policy._engine.decoding.rows == 0
+    policy._engine.idle_release_s = 0.0  # an engine idle for idle_release_s frees its batch KV
+    await policy.generate(token_ids=a, sampling=sampling(2, 3))
+    await wait_until(lambda: policy.engine_stats()["kv_bytes"] == 0)
 
 
 async def test_invalid_requests_fail_alone_before_batching(policy: HFPolicy, tiny) -> None:
@@ -355,3 +358,49 @@ async def test_weight_sync_invalidates(policy: HFPolicy, tiny) -> None:
     InProcessSync(policy, policy.model)(7)
     after = await policy.generate(token_ids=prompt + first.token_ids, sampling=sampling(6, 2))
     assert after.info["cached_tokens"] == 0 and after.policy_version == 7
+
+
+def test_rollout_copy_keeps_engine_settings(tiny) -> None:
+    """A rollout copy decodes with the learner policy's engine, prefill budget and prefix-cache bound."""
+    from taskrl.training.sync import rollout_copy
+
+    source = make_policy(tiny, engine="static", prefill_chunk_tokens=48, prefix_cache_bytes=12345, max_batch_size=5)
+    copy_policy = rollout_copy(source)
+    try:
+        assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
+        assert (copy_policy.prefix_cache_bytes, copy_policy.max_batch_size) == (12345, 5)
+        assert copy_policy._engine.prefix.max_bytes == 12345
+    finally:
+        copy_policy.close()
+        source.close()
+
+
+async def test_short_prompt_skips_ahead_of_a_long_prefill(tiny, reference: HFPolicy) -> None:
+    """Prefill is chunked (no step reads a whole long prompt) and a short prompt joins a long one's prefill in
+    progress, finishing first; both samples stay exactly what they are alone."""
+    policy = make_policy(tiny, prefill_chunk_tokens=32)
+    try:
+        long_prompt = ids(tiny[1], " ".join(f"line {i} of a long tool output." for i in range(40)))
+        short_prompt = ids(tiny[1], "Quick one")
+        assert len(long_prompt) > 6 * 32
+        done: list[str] = []
+
+        async def run(name: str, prompt: list[int], n: int, seed: int) -> Any:
+            out = await policy.generate(token_ids=prompt, sampling=sampling(n, seed))
+            done.append(name)
+            return out
+
+        long_task = asyncio.create_task(run("long", long_prompt, 4, 1))
+        await wait_until(lambda: policy.engine_stats()["prefill_tokens"] > 0)
+        short = await run("short", short_prompt, 2, 2)
+        long = await long_task
+        assert done == ["short", "long"]
+        assert policy.engine_stats()["prefill_padded_tokens"] <= 32 * policy.engine_stats()["steps"]
+        assert_exact(
+            policy, short_prompt, short, await reference.generate(token_ids=short_prompt, sampling=sampling(2, 2))
+        )
+        assert_exact(
+            policy, long_prompt, long, await reference.generate(token_ids=long_prompt, sampling=sampling(4, 1))
+        )
+    finally:
+        policy.close()
