@@ -173,12 +173,34 @@ def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
         trainer.close()
 
 
-def step_row(trainer: Any, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    keep = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "rewards/items_right",
+STEP_KEYS = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "rewards/items_right",
             "tools/tool_calls",
             "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups",
             "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
-    return {"step": trainer.completed, "train_s": elapsed, **{k: metrics.get(k) for k in keep}}
+
+
+def step_row(trainer: Any, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    return step_row_of(trainer.completed, metrics, elapsed)
+
+
+def step_row_of(step: int, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    return {"step": step, "train_s": elapsed, **{k: metrics.get(k) for k in STEP_KEYS}}
+
+
+def lost_steps(arm_dir: Path, steps: list[dict[str, Any]], completed: int) -> list[dict[str, Any]]:
+    """Rows of steps the checkpoint holds but the record missed (killed between the checkpoint and the record's
+    save), rebuilt from the trainer's metrics.jsonl, so their training time still counts against the budget."""
+    last = steps[-1]["step"] if steps else 0
+    path = arm_dir / "metrics.jsonl"
+    if completed <= last or not path.exists():
+        return []
+    elapsed, rows = steps[-1]["train_s"] if steps else 0.0, []
+    for line in path.read_text().splitlines():
+        metrics = json.loads(line)
+        if last < metrics.get("step", 0) <= completed and metrics["step"] not in {r["step"] for r in rows}:
+            elapsed += metrics.get("charts/step_time_s") or 0.0
+            rows.append({**step_row_of(metrics["step"], metrics, elapsed), "recovered": True})
+    return rows
 
 
 def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> None:
@@ -201,6 +223,7 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> 
         if record_path.exists():
             record = json.loads(record_path.read_text())
             record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
+        record["steps"] += lost_steps(seed_dir / arm, record["steps"], trainer.completed or 0)
         save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
         budget = args.minutes * 60
         curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]

@@ -84,3 +84,17 @@ def test_plot_writes_a_png_from_seed_records(tmp_path: Path) -> None:
     path = tmp_path / "tool_use.png"
     plot_tool_use(data, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_recovers_steps_the_record_missed(tmp_path: Path) -> None:
+    """Killed after step 2's checkpoint but before the record's save: step 2's time still counts."""
+    import json
+
+    lines = [{"step": 1, "charts/step_time_s": 150.0, "rewards/total": 0.5},
+             {"step": 2, "charts/step_time_s": 270.0, "rewards/total": 0.75}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
+    recorded = [{"step": 1, "train_s": 152.0}]
+    rows = bench.lost_steps(tmp_path, recorded, completed=2)
+    assert [(r["step"], r["train_s"], r["rewards/total"], r["recovered"]) for r in rows] == [(2, 422.0, 0.75, True)]
+    assert bench.lost_steps(tmp_path, recorded + rows, completed=2) == []
+    assert bench.lost_steps(tmp_path / "absent", recorded, completed=2) == []
