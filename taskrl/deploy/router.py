@@ -323,4 +323,14 @@ class Router:
             "share": self.config.stages[self.stage] if self.candidate is not None else None,
             "stage_samples": self.stage_samples,
             **self._live_summary(),
+            "rule": {  # the canary rule in force (settable with serve/cycle flags); never the salt
+                "stages": list(self.config.stages),
+                "min_samples": self.config.min_samples,
+                "holdout": self.config.holdout,
+                "rollback_min_samples": self.config.rollback_min_samples,
+                "rollback_confidence": self.config.rollback_confidence,
+                "rollback_margin": self.config.rollback_margin,
+                "advance_margin": self.config.advance_margin,
+                "max_stage_samples": self.config.max_stage_samples,
+            },
         }
