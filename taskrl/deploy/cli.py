@@ -238,8 +238,18 @@ def cycle_command(
     served = HFPolicy(copy.deepcopy(base.model), base.tokenizer, name=name, device=base.device)
     learner = Learner(prepare_model(base.model, train_config), train_config, pad_id=base._pad_id)
 
-    async def env_suite(policy: HFPolicy) -> dict[str, list[float]]:
-        return await evaluate_env(train_config.env, policy, n_tasks=suite_tasks, seed=train_config.seed)
+    from taskrl.env import make
+
+    env = make(train_config.env)
+    try:  # the tasks evaluate_env plays, in its order, so the gate can pair stable and candidate by task
+        eval_tasks = list(env.tasks("eval")) or list(env.tasks())
+    except (TypeError, ValueError, KeyError):
+        eval_tasks = list(env.tasks())
+    task_ids = [str(task.id) for task in eval_tasks[:suite_tasks]]
+
+    async def env_suite(policy: HFPolicy) -> dict[str, list[Any]]:
+        scores = await evaluate_env(train_config.env, policy, n_tasks=suite_tasks, seed=train_config.seed)
+        return {**scores, "task_ids": task_ids}
 
     console = Console(stderr=True)
     with InteractionStore(store) as interactions:
