@@ -58,6 +58,9 @@ class CycleConfig:
     """When the candidate counts as a regression on the eval suites."""
     reward_map: RewardMap = field(default_factory=RewardMap)
     """Feedback -> reward, the same map the server uses for live rollback."""
+    exclude_rolled_back: bool = True
+    """Leave rows served by versions the router rolled back out of training (their users saw a rejected
+    candidate; its feedback describes that candidate, not the policy being improved)."""
     paired: bool = True
     """Pair the gate's bootstrap by task when every suite returned ``task_ids`` and both policies played the
     same tasks (the candidate's scores are aligned to the stable's task order); False always compares means."""
@@ -151,6 +154,10 @@ class ProductionCycle:
                     aligned[name] = [values[i] for i in order]
         return aligned, True, "paired by task"
 
+    def rolled_back(self) -> set[int]:
+        """Versions the router rolled back (a rollback decision's ``from_version`` is the dropped candidate)."""
+        return {d.from_version for d in self.router.decisions if d.kind == "rollback" and d.from_version is not None}
+
     async def _log(self, kind: str, to_version: int | None, evidence: dict[str, Any]) -> None:
         """Record a decision and wait until it is durable: the cycle reports nothing the store does not hold."""
         decision = Decision(self.router.model, kind, self.router.stable, to_version, evidence)
@@ -169,6 +176,7 @@ class ProductionCycle:
             model=self.router.model,
             latest_version=latest,
             group_by=self.config.group_by,
+            exclude_versions=self.rolled_back() if self.config.exclude_rolled_back else (),
         )
         report: dict[str, Any] = {"cycle": self.step, "data": asdict(stats)}
         if len(trajectories) < self.config.min_trajectories:

@@ -99,3 +99,31 @@ def test_the_gate_pairs_by_task_and_says_when_it_cannot(tmp_path: Path, with_ids
     else:
         assert report["outcome"] == "canary" and "no task_ids" in evidence["pairing"]
         assert [d for d in decisions if d.kind == "gate_pass"][-1].evidence["paired"] is False
+
+
+def test_rows_of_rolled_back_versions_are_not_trained_on(tmp_path: Path) -> None:
+    from taskrl.deploy.dataset import trajectories_from_store
+
+    model, tokenizer = tiny_model(seed=0)
+    served = HFPolicy(model, tokenizer, device="cpu")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    labelled_store(url, served)  # 8 labelled rows of version 0
+    router = Router("m", served)
+    v1 = router.add_version(HFPolicy(model, tokenizer, device="cpu"))
+    router.start_canary(v1)
+    router.rollback({"reason": "test"})
+    with InteractionStore(url) as store:
+        rows = store.interactions()
+        for row in rows[:3]:  # three of them served by the rolled-back canary
+            row.policy_version, row.id = v1, row.id + "-v1"
+            store.add_sync("interactions", row)
+            store.add_sync("feedback", Feedback(row.id, "t", "accepted"))
+        config = CycleConfig(min_trajectories=100, max_staleness=1)
+        cycle = ProductionCycle(None, tokenizer, router, store, config, {"val": lambda p: None})  # type: ignore
+        assert cycle.rolled_back() == {v1}
+        report = asyncio.run(cycle.run_once())  # too few rows to train: the data stats are the point
+        assert report["outcome"] == "waiting"
+        assert report["data"]["rolled_back"] == 3 and report["data"]["used"] == 8 and report["data"]["read"] == 11
+        _, kept = trajectories_from_store(store, max_staleness=1, model="m", latest_version=v1)
+        assert kept.rolled_back == 0 and kept.used == 11  # without exclude_versions every row counts
+    served.close()
