@@ -103,6 +103,7 @@ class Service:
         router = RouterConfig(
             stages=tuple(spec["stages"]), min_samples=spec["stage_sessions"], holdout=spec["holdout"],
             rollback_min_samples=spec["rollback_sessions"], salt=spec["salt"], max_tenant_share=spec["tenant_share"],
+            advance_margin=spec.get("advance_margin", 0.1), max_stage_samples=spec.get("max_stage_sessions", 0),
         )  # fmt: skip
         config = ServeConfig(api_keys=dict(spec["api_keys"]), admin_keys=(spec["admin_key"],), router=router,
                              default_max_tokens=spec["max_tokens"])  # fmt: skip

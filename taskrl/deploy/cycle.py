@@ -167,7 +167,10 @@ class ProductionCycle:
     async def run_once(self) -> dict[str, Any]:
         """One cycle: train on fresh feedback, gate, deploy. Returns what happened (also logged)."""
         started = time.perf_counter()
-        latest = max(self.router.versions)
+        rolled_back = self.rolled_back() if self.config.exclude_rolled_back else set()
+        # the window counts from the newest version not rolled back: a dropped canary must not push the stable
+        # version's own traffic out of a small max_staleness window
+        latest = max(set(self.router.versions) - rolled_back, default=max(self.router.versions))
         trajectories, stats = await asyncio.to_thread(
             trajectories_from_store,
             self.store,
@@ -176,7 +179,7 @@ class ProductionCycle:
             model=self.router.model,
             latest_version=latest,
             group_by=self.config.group_by,
-            exclude_versions=self.rolled_back() if self.config.exclude_rolled_back else (),
+            exclude_versions=rolled_back,
         )
         report: dict[str, Any] = {"cycle": self.step, "data": asdict(stats)}
         if len(trajectories) < self.config.min_trajectories:

@@ -112,18 +112,35 @@ def test_rows_of_rolled_back_versions_are_not_trained_on(tmp_path: Path) -> None
     v1 = router.add_version(HFPolicy(model, tokenizer, device="cpu"))
     router.start_canary(v1)
     router.rollback({"reason": "test"})
+    router.activate(router.add_version(HFPolicy(model, tokenizer, device="cpu")))  # v2 stable, v1 in its window
     with InteractionStore(url) as store:
         rows = store.interactions()
         for row in rows[:3]:  # three of them served by the rolled-back canary
             row.policy_version, row.id = v1, row.id + "-v1"
             store.add_sync("interactions", row)
             store.add_sync("feedback", Feedback(row.id, "t", "accepted"))
-        config = CycleConfig(min_trajectories=100, max_staleness=1)
+        config = CycleConfig(min_trajectories=100, max_staleness=2)
         cycle = ProductionCycle(None, tokenizer, router, store, config, {"val": lambda p: None})  # type: ignore
         assert cycle.rolled_back() == {v1}
         report = asyncio.run(cycle.run_once())  # too few rows to train: the data stats are the point
         assert report["outcome"] == "waiting"
         assert report["data"]["rolled_back"] == 3 and report["data"]["used"] == 8 and report["data"]["read"] == 11
-        _, kept = trajectories_from_store(store, max_staleness=1, model="m", latest_version=v1)
+        assert report["data"]["latest_version"] == 2
+        _, kept = trajectories_from_store(store, max_staleness=2, model="m", latest_version=2)
         assert kept.rolled_back == 0 and kept.used == 11  # without exclude_versions every row counts
+    served.close()
+
+
+def test_a_rolled_back_canary_does_not_push_stable_traffic_out_of_the_window(tmp_path: Path) -> None:
+    model, tokenizer = tiny_model(seed=0)
+    served = HFPolicy(model, tokenizer, device="cpu")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    labelled_store(url, served)  # 8 labelled rows of version 0, the stable one
+    router = Router("m", served)
+    router.start_canary(router.add_version(HFPolicy(model, tokenizer, device="cpu")))
+    router.rollback({"reason": "test"})
+    with InteractionStore(url) as store:
+        config = CycleConfig(min_trajectories=100, max_staleness=0)
+        report = asyncio.run(ProductionCycle(None, tokenizer, router, store, config, {"v": None}).run_once())  # type: ignore
+    assert report["data"]["latest_version"] == 0 and report["data"]["used"] == 8
     served.close()
