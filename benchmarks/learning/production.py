@@ -78,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--stages", default="0.2,0.5,1.0", help="canary shares of non-holdout sessions")
     add("--stage-sessions", type=int, default=16, help="sessions with feedback per canary stage")
     add("--rollback-sessions", type=int, default=8, help="candidate sessions before the live rollback test runs")
+    add("--advance-margin", type=float, default=0.1, help="advance a stage only when live CI lower end >= -this")
+    add("--max-stage-sessions", type=int, default=0, help="roll back a stage inconclusive after this (0: 10x)")
     add("--holdout", type=float, default=0.1)
     add("--trust-min-overlap", type=int, default=20)
     add("--canary-timeout-s", type=float, default=300.0)
@@ -107,6 +109,7 @@ def make_spec(args: argparse.Namespace, keys: dict[str, str], admin_key: str) ->
         "api_keys": keys, "admin_key": admin_key, "salt": f"production-{args.seed}",
         "stages": [float(s) for s in args.stages.split(",")], "stage_sessions": args.stage_sessions,
         "rollback_sessions": args.rollback_sessions, "holdout": args.holdout, "tenant_share": 0.5,
+        "advance_margin": args.advance_margin, "max_stage_sessions": args.max_stage_sessions,
         "max_tokens": args.max_tokens, "lr": args.lr, "max_staleness": args.max_staleness,
         "max_fresh": args.max_fresh,
         "updates_per_cycle": args.updates_per_cycle, "degraded_updates": args.degraded_updates,

@@ -103,6 +103,7 @@ class Service:
         router = RouterConfig(
             stages=tuple(spec["stages"]), min_samples=spec["stage_sessions"], holdout=spec["holdout"],
             rollback_min_samples=spec["rollback_sessions"], salt=spec["salt"], max_tenant_share=spec["tenant_share"],
+            advance_margin=spec.get("advance_margin", 0.1), max_stage_samples=spec.get("max_stage_sessions", 0),
         )  # fmt: skip
         config = ServeConfig(api_keys=dict(spec["api_keys"]), admin_keys=(spec["admin_key"],), router=router,
                              default_max_tokens=spec["max_tokens"])  # fmt: skip
@@ -153,7 +154,7 @@ class Service:
         if self.router.candidate == version:
             self.router.rollback({"reason": f"canary not resolved in {self.spec['canary_timeout_s']:g}s"})
         outcome = None
-        for _ in range(50):  # the server thread clears ``candidate`` just before it appends the decision
+        for _ in range(50):  # the decision may still be on its way from the server thread
             outcome = next((d for d in reversed(self.router.decisions) if ends_canary(d, version)), None)
             if outcome is not None:
                 break
@@ -165,16 +166,6 @@ class Service:
             "highest_stage": highest_stage,
             "stable": self.router.stable,
         }
-
-    async def record_gate_pass(self, report: dict[str, Any]) -> None:
-        """``ProductionCycle`` stores a gate's evidence only when it blocks; store the passing verdict too, so every
-        canary's admission can be read back from the store (a library gap, see the issue-22 report)."""
-        from taskrl.deploy.store import Decision
-
-        gate = report["gate"]
-        evidence = {"reason": gate["reason"], **gate["evidence"], "cycle": report["cycle"], "train": report["train"]}
-        await self.store.add("decisions", Decision(self.router.model, "gate_pass", self.router.stable,
-                                                   report["version"], evidence))  # fmt: skip
 
     async def degraded_cycle(self) -> None:
         """Train a copy of the learner on inverted feedback and send it through the same gate; if the gate blocks
@@ -188,8 +179,7 @@ class Service:
         cycle.step = 900  # names its candidate taskrl-cycle900: apart from the honest cycles' versions
         report = await cycle.run_once()
         self.events.emit("degraded_cycle", report=report)
-        if report.get("outcome") == "canary":
-            await self.record_gate_pass(report)
+        if report.get("outcome") == "canary":  # the cycle stored the gate_pass decision with its evidence
             self.events.emit("degraded_canary", forced=False, **await self.wait_for_canary(report["version"]))
             return
         if report.get("outcome") != "blocked" or not self.spec["force_degraded_canary"]:
@@ -216,8 +206,6 @@ class Service:
             started = time.time()
             report = await self.cycle.run_once()
             self.trusted.fresh_since = cut
-            if report.get("outcome") == "canary":
-                await self.record_gate_pass(report)
             row: dict[str, Any] = {"index": index, "report": report, "trust": self.trusted.report(),
                                    "started": started}  # fmt: skip
             if report.get("outcome") == "canary":

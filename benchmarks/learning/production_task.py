@@ -92,10 +92,10 @@ async def evaluate(policy: Any, tasks: list[ListingTask], max_new_tokens: int) -
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
 
-def suite(tasks: list[ListingTask], max_new_tokens: int) -> Callable[[Any], Awaitable[dict[str, list[float]]]]:
-    """A ``ProductionCycle`` eval suite: per-task greedy success on ``tasks``."""
+def suite(tasks: list[ListingTask], max_new_tokens: int) -> Callable[[Any], Awaitable[dict[str, list[Any]]]]:
+    """A ``ProductionCycle`` eval suite: per-task greedy success on ``tasks`` and their ids (gated paired by task)."""
 
-    async def run(policy: Any) -> dict[str, list[float]]:
-        return {"success": await evaluate(policy, tasks, max_new_tokens)}
+    async def run(policy: Any) -> dict[str, list[Any]]:
+        return {"success": await evaluate(policy, tasks, max_new_tokens), "task_ids": [t.id for t in tasks]}
 
     return run

@@ -59,17 +59,53 @@ def default_spool(store_url: str) -> Path:
     return Path(f"taskrl-spool-{digest}.jsonl")
 
 
+ROUTER_FLAGS = {
+    "holdout": "--holdout",
+    "stages": "--canary-stages",
+    "min_samples": "--stage-sessions",
+    "rollback_min_samples": "--rollback-sessions",
+    "rollback_margin": "--rollback-margin",
+    "advance_margin": "--advance-margin",
+    "max_stage_samples": "--max-stage-sessions",
+}
+"""RouterConfig field -> the ``serve``/``cycle`` flag that sets it."""
+
+
+def router_config(
+    holdout: float = 0.05,
+    stages: str = "0.01,0.05,0.2,1.0",
+    stage_sessions: int = 100,
+    rollback_sessions: int = 30,
+    rollback_margin: float = 0.0,
+    advance_margin: float = 0.1,
+    max_stage_sessions: int = 0,
+) -> RouterConfig:
+    """The canary rule from ``serve``/``cycle`` flags; a bad value fails at start naming its flag."""
+    try:
+        shares = tuple(float(part) for part in stages.split(","))
+    except ValueError as exc:
+        raise typer.BadParameter(f"--canary-stages: expected comma-separated shares, got {stages!r}") from exc
+    fields = {
+        "holdout": holdout, "stages": shares, "min_samples": stage_sessions, "rollback_min_samples": rollback_sessions,
+        "rollback_margin": rollback_margin, "advance_margin": advance_margin, "max_stage_samples": max_stage_sessions,
+    }  # fmt: skip
+    try:
+        return RouterConfig(salt=os.environ.get(SALT_ENV) or None, **fields)  # type: ignore[arg-type]
+    except ValueError as exc:
+        flag = next((flag for name, flag in ROUTER_FLAGS.items() if f"RouterConfig.{name} " in str(exc)), "router")
+        raise typer.BadParameter(f"{flag}: {exc}") from exc
+
+
 def _serve_config(
     api_keys: list[str] | None,
     admin_keys: list[str] | None,
-    holdout: float,
+    router: RouterConfig,
     keys_file: Path | None = None,
     **extra: Any,
 ) -> ServeConfig:
     admins = list(admin_keys or [])
     if os.environ.get(ADMIN_KEY_ENV):  # keeps the key out of the process list
         admins.append(os.environ[ADMIN_KEY_ENV])
-    router = RouterConfig(holdout=holdout, salt=os.environ.get(SALT_ENV) or None)
     return ServeConfig(api_keys=_keys(api_keys, keys_file), admin_keys=tuple(admins), router=router, **extra)
 
 
@@ -79,6 +115,23 @@ ApiKeyOpt = Annotated[
 ]
 KeysFileOpt = Annotated[Path | None, typer.Option("--api-keys-file", help="file of KEY:TENANT lines")]
 AdminOpt = Annotated[list[str] | None, typer.Option("--admin-key", help=f"admin key (repeat; or ${ADMIN_KEY_ENV})")]
+HoldoutOpt = Annotated[float, typer.Option("--holdout", help="share of sessions kept on the previous version")]
+StagesOpt = Annotated[str, typer.Option("--canary-stages", help="canary shares of non-holdout sessions, ending at 1")]
+StageSessionsOpt = Annotated[
+    int, typer.Option("--stage-sessions", help="counted sessions with feedback a canary stage needs before it advances")
+]
+RollbackSessionsOpt = Annotated[
+    int, typer.Option("--rollback-sessions", help="candidate sessions with feedback before the live test runs")
+]
+RollbackMarginOpt = Annotated[
+    float, typer.Option("--rollback-margin", help="roll back when the live CI's upper end is below -this")
+]
+AdvanceMarginOpt = Annotated[
+    float, typer.Option("--advance-margin", help="advance/promote only when the live CI's lower end is >= -this")
+]
+MaxStageOpt = Annotated[
+    int, typer.Option("--max-stage-sessions", help="roll back a stage still inconclusive after this many (0: 10x)")
+]
 
 
 def serve_command(
@@ -91,7 +144,13 @@ def serve_command(
     api_key: ApiKeyOpt = None,
     api_keys_file: KeysFileOpt = None,
     admin_key: AdminOpt = None,
-    holdout: Annotated[float, typer.Option(help="share of sessions kept on the previous version")] = 0.05,
+    holdout: HoldoutOpt = 0.05,
+    canary_stages: StagesOpt = "0.01,0.05,0.2,1.0",
+    stage_sessions: StageSessionsOpt = 100,
+    rollback_sessions: RollbackSessionsOpt = 30,
+    rollback_margin: RollbackMarginOpt = 0.0,
+    advance_margin: AdvanceMarginOpt = 0.1,
+    max_stage_sessions: MaxStageOpt = 0,
     spool: Annotated[
         Path | None,
         typer.Option(help="outage spool file (default: beside a SQLite file, else taskrl-spool-<url hash>.jsonl)"),
@@ -113,8 +172,11 @@ def serve_command(
     from taskrl.env import make
     from taskrl.policies import make_policy
 
+    router = router_config(
+        holdout, canary_stages, stage_sessions, rollback_sessions, rollback_margin, advance_margin, max_stage_sessions
+    )
     config = _serve_config(
-        api_key, admin_key, holdout, api_keys_file,
+        api_key, admin_key, router, api_keys_file,
         generation_timeout_s=timeout_s, rate_limit_per_minute=rate_limit, max_concurrent_per_tenant=max_concurrent,
         drain_timeout_s=drain_s, allow_runtime_lora=allow_runtime_lora,
         adapter_root=str(adapter_root) if adapter_root is not None else None,
@@ -140,7 +202,13 @@ def cycle_command(
     min_trajectories: Annotated[int, typer.Option(help="labelled interactions needed to train")] = 64,
     rollout: Annotated[str, typer.Option(help="canary or activate")] = "canary",
     suite_tasks: Annotated[int, typer.Option(help="eval tasks of the config's env played per policy by the gate")] = 32,
-    holdout: float = 0.05,
+    holdout: HoldoutOpt = 0.05,
+    canary_stages: StagesOpt = "0.01,0.05,0.2,1.0",
+    stage_sessions: StageSessionsOpt = 100,
+    rollback_sessions: RollbackSessionsOpt = 30,
+    rollback_margin: RollbackMarginOpt = 0.0,
+    advance_margin: AdvanceMarginOpt = 0.1,
+    max_stage_sessions: MaxStageOpt = 0,
     host: str = "127.0.0.1",
     port: int = 8000,
 ) -> None:
@@ -154,6 +222,9 @@ def cycle_command(
     from taskrl.training.learner import Learner
     from taskrl.training.model import prepare_model
 
+    router = router_config(
+        holdout, canary_stages, stage_sessions, rollback_sessions, rollback_margin, advance_margin, max_stage_sessions
+    )  # before loading anything: a bad flag fails at once
     train_config = load_config(config, overrides or [])
     cycle_config = CycleConfig(
         cycle_s=cycle_s,
@@ -162,13 +233,23 @@ def cycle_command(
         max_staleness=train_config.max_staleness,
         rollout=rollout,  # type: ignore[arg-type]
     )
-    serve_config = _serve_config(api_key, admin_key, holdout, api_keys_file)
+    serve_config = _serve_config(api_key, admin_key, router, api_keys_file)
     base = HFPolicy.from_pretrained(train_config.model, device=train_config.device)
     served = HFPolicy(copy.deepcopy(base.model), base.tokenizer, name=name, device=base.device)
     learner = Learner(prepare_model(base.model, train_config), train_config, pad_id=base._pad_id)
 
-    async def env_suite(policy: HFPolicy) -> dict[str, list[float]]:
-        return await evaluate_env(train_config.env, policy, n_tasks=suite_tasks, seed=train_config.seed)
+    from taskrl.env import make
+
+    env = make(train_config.env)
+    try:  # the tasks evaluate_env plays, in its order, so the gate can pair stable and candidate by task
+        eval_tasks = list(env.tasks("eval")) or list(env.tasks())
+    except (TypeError, ValueError, KeyError):
+        eval_tasks = list(env.tasks())
+    task_ids = [str(task.id) for task in eval_tasks[:suite_tasks]]
+
+    async def env_suite(policy: HFPolicy) -> dict[str, list[Any]]:
+        scores = await evaluate_env(train_config.env, policy, n_tasks=suite_tasks, seed=train_config.seed)
+        return {**scores, "task_ids": task_ids}
 
     console = Console(stderr=True)
     with InteractionStore(store) as interactions:

@@ -3,14 +3,18 @@
 ``ProductionCycle(learner, tokenizer, router, store, config, suites)`` owns the learner's model (a separate
 copy from the one being served). ``await cycle.run_once()`` trains on the store's fresh, feedback-labelled
 interactions, builds the candidate policy, runs every eval suite on stable and candidate, and either hands
-the candidate to the router (canary or immediate activation) or records a ``block`` decision with the
-gate's evidence. ``await cycle.run()`` repeats it every ``CycleConfig.cycle_s`` seconds (Cursor: ~5 h).
+the candidate to the router (canary or immediate activation) or blocks it. Every gate verdict is stored
+with its evidence: a ``gate_pass`` decision before the canary/activation, a ``block`` decision otherwise.
+A suite that also returns ``task_ids`` (one per episode) is gated paired by task when stable and candidate
+played the same tasks; otherwise the bootstrap is unpaired and the evidence says why.
+``await cycle.run()`` repeats it every ``CycleConfig.cycle_s`` seconds (Cursor: ~5 h).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -24,9 +28,12 @@ from taskrl.deploy.store import Decision, InteractionStore
 from taskrl.policies.base import Policy
 from taskrl.policies.hf import HFPolicy
 
-Suite = Callable[[Policy], Awaitable[dict[str, list[float]]]]
+Suite = Callable[[Policy], Awaitable[dict[str, list[Any]]]]
 """An eval suite: plays a policy and returns per-episode scores by metric (higher is better unless the
-gate's ``lower_is_better`` names it)."""
+gate's ``lower_is_better`` names it), optionally with ``task_ids`` naming each episode's task (for pairing)."""
+
+TASK_IDS = "task_ids"
+"""The reserved suite key naming each episode's task; never a metric."""
 
 
 @dataclass
@@ -51,6 +58,12 @@ class CycleConfig:
     """When the candidate counts as a regression on the eval suites."""
     reward_map: RewardMap = field(default_factory=RewardMap)
     """Feedback -> reward, the same map the server uses for live rollback."""
+    exclude_rolled_back: bool = True
+    """Leave rows served by versions the router rolled back out of training (their users saw a rejected
+    candidate; its feedback describes that candidate, not the policy being improved)."""
+    paired: bool = True
+    """Pair the gate's bootstrap by task when every suite returned ``task_ids`` and both policies played the
+    same tasks (the candidate's scores are aligned to the stable's task order); False always compares means."""
 
     def __post_init__(self) -> None:
         if self.cycle_s <= 0:
@@ -105,12 +118,45 @@ class ProductionCycle:
         device = self.serve_device if self.serve_device is not None else self.learner.device
         return HFPolicy(model, self.tokenizer, name=f"{self.router.model}-cycle{self.step}", device=device)
 
-    async def _evaluate(self, policy: Policy) -> dict[str, list[float]]:
+    async def _evaluate(self, policy: Policy) -> tuple[dict[str, list[float]], dict[str, list[str] | None]]:
+        """Scores by ``suite/metric`` and, per suite, its episodes' task ids (None when the suite gave none)."""
         scores: dict[str, list[float]] = {}
+        task_ids: dict[str, list[str] | None] = {}
         for suite_name, suite in self.suites.items():
-            for metric, values in (await suite(policy)).items():
+            result = dict(await suite(policy))
+            ids = result.pop(TASK_IDS, None)
+            task_ids[suite_name] = [str(i) for i in ids] if ids is not None else None
+            for metric, values in result.items():
                 scores[f"{suite_name}/{metric}"] = list(values)
-        return scores
+        return scores, task_ids
+
+    def _pair(
+        self,
+        base: tuple[dict[str, list[float]], dict[str, list[str] | None]],
+        cand: tuple[dict[str, list[float]], dict[str, list[str] | None]],
+    ) -> tuple[dict[str, list[float]], bool, str]:
+        """The candidate's scores aligned to the stable's task order, whether pairing applies, and why not."""
+        (_, base_ids), (cand_scores, cand_ids) = base, cand
+        if not self.config.paired:
+            return cand_scores, False, "pairing disabled (CycleConfig.paired)"
+        aligned: dict[str, list[float]] = {}
+        for suite_name in self.suites:
+            b, c = base_ids.get(suite_name), cand_ids.get(suite_name)
+            if b is None or c is None:
+                return cand_scores, False, f"suite {suite_name} returned no {TASK_IDS}"
+            if len(set(b)) != len(b) or sorted(b) != sorted(c):
+                return cand_scores, False, f"suite {suite_name}: stable and candidate played different tasks"
+            order = [c.index(task) for task in b]
+            for name, values in cand_scores.items():
+                if name.startswith(f"{suite_name}/"):
+                    if len(values) != len(c):
+                        return cand_scores, False, f"{name}: {len(values)} scores for {len(c)} {TASK_IDS}"
+                    aligned[name] = [values[i] for i in order]
+        return aligned, True, "paired by task"
+
+    def rolled_back(self) -> set[int]:
+        """Versions the router rolled back (a rollback decision's ``from_version`` is the dropped candidate)."""
+        return {d.from_version for d in self.router.decisions if d.kind == "rollback" and d.from_version is not None}
 
     async def _log(self, kind: str, to_version: int | None, evidence: dict[str, Any]) -> None:
         """Record a decision and wait until it is durable: the cycle reports nothing the store does not hold."""
@@ -121,7 +167,10 @@ class ProductionCycle:
     async def run_once(self) -> dict[str, Any]:
         """One cycle: train on fresh feedback, gate, deploy. Returns what happened (also logged)."""
         started = time.perf_counter()
-        latest = max(self.router.versions)
+        rolled_back = self.rolled_back() if self.config.exclude_rolled_back else set()
+        # the window counts from the newest version not rolled back: a dropped canary must not push the stable
+        # version's own traffic out of a small max_staleness window
+        latest = max(set(self.router.versions) - rolled_back, default=max(self.router.versions))
         trajectories, stats = await asyncio.to_thread(
             trajectories_from_store,
             self.store,
@@ -130,6 +179,7 @@ class ProductionCycle:
             model=self.router.model,
             latest_version=latest,
             group_by=self.config.group_by,
+            exclude_versions=rolled_back,
         )
         report: dict[str, Any] = {"cycle": self.step, "data": asdict(stats)}
         if len(trajectories) < self.config.min_trajectories:
@@ -157,12 +207,17 @@ class ProductionCycle:
             self.step += 1
             self.history.append(report)
             return report
-        baseline_scores = await self._evaluate(self.router.policy(self.router.stable))
-        candidate_scores = await self._evaluate(candidate)
-        verdict = gate_decision(baseline_scores, candidate_scores, self.config.gate)
+        baseline = await self._evaluate(self.router.policy(self.router.stable))
+        candidate_eval = await self._evaluate(candidate)
+        candidate_scores, paired, pairing = self._pair(baseline, candidate_eval)
+        verdict = gate_decision(baseline[0], candidate_scores, self.config.gate, paired=paired)
+        verdict.evidence = {"paired": paired, "pairing": pairing, **verdict.evidence}
         report["gate"] = {"promote": verdict.promote, "reason": verdict.reason, "evidence": verdict.evidence}
         if verdict.promote:
             version = self.router.add_version(candidate)
+            train = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+            evidence = {"reason": verdict.reason, "cycle": self.step, "train": train, **verdict.evidence}
+            await self._log("gate_pass", version, evidence)  # durable before the candidate serves anyone
             if self.config.rollout == "activate":
                 self.router.activate(version, {"gate": verdict.evidence})
             else:
@@ -170,7 +225,7 @@ class ProductionCycle:
             report["outcome"], report["version"] = self.config.rollout, version
         else:
             candidate.close()
-            await self._log("block", None, {"reason": verdict.reason, **verdict.evidence})
+            await self._log("block", None, {"reason": verdict.reason, "cycle": self.step, **verdict.evidence})
             report["outcome"] = "blocked"
         report["seconds"] = time.perf_counter() - started
         self.step += 1

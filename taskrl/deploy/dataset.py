@@ -16,6 +16,7 @@ import hashlib
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,6 +43,8 @@ class StoreDataStats:
     malformed: int = 0
     """Rows that fail any other check (ids, lengths, logprobs > 0, request, sampling)."""
     undelivered: int = 0
+    rolled_back: int = 0
+    """Rows served by an ``exclude_versions`` version (e.g. a canary rolled back): never trained on."""
     used: int = 0
     by_version: dict[int, int] = field(default_factory=dict)
 
@@ -117,8 +120,11 @@ def trajectories_from_store(
     model: str | None = None,
     latest_version: int | None = None,
     group_by: GroupBy = "prompt",
+    exclude_versions: Collection[int] = (),
 ) -> tuple[list[Trajectory], StoreDataStats]:
     """Trajectories from interactions of versions ``latest - max_staleness .. latest`` that have feedback.
+
+    Rows of ``exclude_versions`` (versions rolled back) are counted in ``stats.rolled_back`` and left out.
 
     ``latest_version`` defaults to the newest version in the store; shadow runs are never used (no user saw
     them, so their feedback cannot exist). Interactions whose backend reported no token ids are skipped.
@@ -136,6 +142,9 @@ def trajectories_from_store(
         if r.policy_version <= stats.latest_version
     ]
     stats.read = len(rows)
+    excluded = {int(v) for v in exclude_versions}
+    stats.rolled_back = sum(r.policy_version in excluded for r in rows)
+    rows = [r for r in rows if r.policy_version not in excluded]
     feedback = defaultdict(list)
     for item in store.feedback(interaction_ids=[r.id for r in rows]) if rows else []:
         feedback[item.interaction_id].append(item)

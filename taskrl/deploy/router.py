@@ -1,14 +1,19 @@
 """The router: which policy version answers each session of a served model.
 
 A ``Router`` holds the versions of one model: ``stable``, at most one ``candidate`` in canary stages
-(1% -> 5% -> 20% -> 100% by default, advancing after ``min_samples`` feedback rewards per stage), a
+(1% -> 5% -> 20% -> 100% by default), a
 ``holdout`` share of sessions that stays on the previous policy, and an optional ``shadow`` version that
 sees mirrored requests. Assignment hashes the session id with a secret salt (random per deployment unless
 configured), so a session is sticky, a session on the canary stays on it as the stage grows, and clients
 cannot pick their arm. Live evidence is counted in distinct sessions, not signals: each session contributes
 the mean of its interactions' latest rewards, and no tenant supplies more than ``max_tenant_share`` of the
-sessions counted, so one client cannot promote or roll back a candidate by itself. Live rewards roll a
-candidate back when it regresses significantly; every decision goes to ``on_decision`` with its evidence.
+sessions counted, so one client cannot promote or roll back a candidate by itself. Both stage rules use one
+statistic, the bootstrap interval of (candidate - stable) mean live reward per session: the candidate rolls
+back when the interval lies below ``-rollback_margin`` (significantly worse), and it advances a stage (or is
+promoted from the last) only after ``min_samples`` sessions in the stage *and* when the interval's lower end
+is at least ``-advance_margin`` (shown not worse by more than that), never on session counts alone. A stage
+that stays inconclusive for ``max_stage_samples`` sessions rolls back. Every decision goes to
+``on_decision`` with its evidence, naming the candidate.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ class RouterConfig:
     """Confidence of the bootstrap interval of (candidate - stable) live reward."""
     rollback_margin: float = 0.0
     """Roll back when the interval's upper end is below -rollback_margin."""
+    advance_margin: float = 0.1
+    """Advance a stage (or promote) only when the same interval's lower end is >= -advance_margin: the live
+    evidence shows the candidate not worse than stable by more than this (non-inferiority)."""
+    max_stage_samples: int = 0
+    """Counted sessions after which a stage that neither advanced nor rolled back rolls back as inconclusive
+    (0: ten times ``min_samples``), so an unproven candidate cannot hold the canary forever."""
     salt: str | None = None
     """Secret hash salt of session assignment; None draws a random one per router (arms then reshuffle on a
     restart: set it, e.g. ``TASKRL_ROUTER_SALT``, to keep sessions sticky across restarts)."""
@@ -60,6 +71,17 @@ class RouterConfig:
             raise ValueError(f"RouterConfig.rollback_min_samples must be >= 2, got {self.rollback_min_samples}")
         if not 0.5 < self.rollback_confidence < 1:
             raise ValueError(f"RouterConfig.rollback_confidence must be in (0.5, 1), got {self.rollback_confidence}")
+        if not (math.isfinite(self.rollback_margin) and self.rollback_margin >= 0):
+            raise ValueError(f"RouterConfig.rollback_margin must be a finite number >= 0, got {self.rollback_margin}")
+        if not (math.isfinite(self.advance_margin) and self.advance_margin >= 0):
+            raise ValueError(f"RouterConfig.advance_margin must be a finite number >= 0, got {self.advance_margin}")
+        if self.max_stage_samples == 0:
+            self.max_stage_samples = 10 * self.min_samples
+        if self.max_stage_samples < self.min_samples:
+            raise ValueError(
+                f"RouterConfig.max_stage_samples must be 0 or >= min_samples ({self.min_samples}), "
+                f"got {self.max_stage_samples}"
+            )
         if not 0 < self.max_tenant_share <= 1:
             raise ValueError(f"RouterConfig.max_tenant_share must be in (0, 1], got {self.max_tenant_share}")
         if self.salt is not None and not self.salt:
@@ -218,31 +240,39 @@ class Router:
             return None
         self.stage_sessions.add(session_id)
         self.stage_samples = len(evidence.sample(self.config.max_tenant_share, only=self.stage_sessions))
-        decision = self._maybe_rollback()
-        if decision is not None or self.stage_samples < self.config.min_samples:
-            return decision
-        evidence_out = {"stage": self.stage, "samples": self.stage_samples, **self._live_summary()}
+        test = self._live_test()
+        if test is not None and test["ci"][1] < -self.config.rollback_margin:
+            return self.rollback({"reason": "significantly worse than stable", **test})
+        if self.stage_samples < self.config.min_samples:
+            return None
+        out = {"stage": self.stage, "samples": self.stage_samples, **(test or self._live_summary())}
+        if test is None or test["ci"][0] < -self.config.advance_margin:
+            if self.stage_samples >= self.config.max_stage_samples:
+                why = "too few sessions for the live test" if test is None else "not shown non-inferior"
+                return self.rollback({"reason": f"inconclusive after {self.stage_samples} sessions: {why}", **out})
+            return None  # hold the stage: counts alone never advance a candidate
         if self.stage + 1 < len(self.config.stages):
             self.stage += 1
             self.stage_samples = 0
             self.stage_sessions = set()
-            evidence_out["share"] = self.config.stages[self.stage]
-            return self._decide("advance", self.stable, self.candidate, evidence_out)
-        return self._promote(self.candidate, evidence_out)
+            out["share"] = self.config.stages[self.stage]
+            return self._decide("advance", self.stable, self.candidate, out)
+        return self._promote(self.candidate, out)
 
     def _sample(self, version: int | None) -> list[float]:
         live = self.live.get(version) if version is not None else None
         return live.sample(self.config.max_tenant_share) if live is not None else []
 
     def _live_summary(self) -> dict:
-        out = {}
+        out: dict = {}
         for name, version in (("stable", self.stable), ("candidate", self.candidate)):
             values = self._sample(version)
             out[f"{name}_n"] = len(values)
             out[f"{name}_mean"] = sum(values) / len(values) if values else None
         return out
 
-    def _maybe_rollback(self) -> Decision | None:
+    def _live_test(self) -> dict | None:
+        """The bootstrap interval of (candidate - stable) per-session live reward, or None without enough sessions."""
         candidate = self._sample(self.candidate)
         stable = self._sample(self.stable)
         if len(candidate) < self.config.rollback_min_samples or len(stable) < 2:
@@ -250,23 +280,28 @@ class Router:
         diff, lower, upper = bootstrap_diff_ci(
             stable, candidate, confidence=self.config.rollback_confidence, n_boot=500, seed=len(candidate)
         )
-        if upper >= -self.config.rollback_margin:
-            return None
-        return self.rollback({"diff": diff, "ci": [lower, upper], **self._live_summary()})
+        return {"diff": diff, "ci": [lower, upper], "confidence": self.config.rollback_confidence,
+                "rollback_margin": self.config.rollback_margin, "advance_margin": self.config.advance_margin,
+                **self._live_summary()}  # fmt: skip
 
     def rollback(self, evidence: dict | None = None) -> Decision:
         """Send every session back to the stable version and drop the candidate."""
         if self.candidate is None:
             raise RouterError(f"{self.model} has no candidate to roll back")
-        candidate, self.candidate = self.candidate, None
-        return self._decide("rollback", candidate, self.stable, {"stage": self.stage, **(evidence or {})})
+        candidate = self.candidate
+        decision = self._decide(
+            "rollback", candidate, self.stable, {"stage": self.stage, "candidate": candidate, **(evidence or {})}
+        )  # logged while the candidate is still set, so on_decision and state() see which version it was
+        self.candidate = None
+        return decision
 
     def _promote(self, version: int, evidence: dict) -> Decision:
-        old = self.stable
-        self.previous, self.stable = old, version
+        old, candidate = self.stable, self.candidate
+        decision = self._decide("promote", old, version, {"candidate": candidate, **evidence})
+        self.previous, self.stable = old, version  # after logging: the decision names the candidate it promoted
         if self.candidate == version:
             self.candidate = None
-        return self._decide("promote", old, version, evidence)
+        return decision
 
     def _decide(self, kind: str, from_version: int | None, to_version: int | None, evidence: dict) -> Decision:
         decision = Decision(self.model, kind, from_version, to_version, evidence)
@@ -288,4 +323,14 @@ class Router:
             "share": self.config.stages[self.stage] if self.candidate is not None else None,
             "stage_samples": self.stage_samples,
             **self._live_summary(),
+            "rule": {  # the canary rule in force (settable with serve/cycle flags); never the salt
+                "stages": list(self.config.stages),
+                "min_samples": self.config.min_samples,
+                "holdout": self.config.holdout,
+                "rollback_min_samples": self.config.rollback_min_samples,
+                "rollback_confidence": self.config.rollback_confidence,
+                "rollback_margin": self.config.rollback_margin,
+                "advance_margin": self.config.advance_margin,
+                "max_stage_samples": self.config.max_stage_samples,
+            },
         }

@@ -1,6 +1,9 @@
-"""Router unit tests: canary stages advance on samples, stickiness, holdout share, rollback, decision log."""
+"""Router unit tests: canary stages advance on live non-inferiority (never on counts alone), stickiness,
+holdout share, rollback, and a decision log that names the candidate."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -20,7 +23,7 @@ def make_router(**config: object) -> tuple[Router, list[Decision]]:
 
 
 def test_stages_advance_then_promote_and_holdout_keeps_the_previous() -> None:
-    router, log = make_router(stages=(0.01, 0.05, 0.2, 1.0), min_samples=5, holdout=0.05)
+    router, log = make_router(stages=(0.01, 0.05, 0.2, 1.0), min_samples=5, rollback_min_samples=5, holdout=0.05)
     v1 = router.add_version(policy("v1"))
     router.start_canary(v1)
     shares = []
@@ -36,14 +39,82 @@ def test_stages_advance_then_promote_and_holdout_keeps_the_previous() -> None:
     arms = {router.route(f"s{i}") for i in range(5000)}
     assert arms == {(0, "holdout"), (v1, "stable")}
     assert [d.kind for d in log] == ["add_version", "start_canary", "advance", "advance", "advance", "promote"]
-    assert log[-1].evidence["candidate_n"] == 20
+    assert log[-1].evidence["candidate_n"] == 20 and log[-1].evidence["candidate"] == v1
+    assert log[-1].evidence["ci"] == [0.0, 0.0]  # promoted on the live test, not on the count
+
+
+def test_counts_alone_never_advance_a_canary() -> None:
+    router, log = make_router(stages=(0.5, 1.0), min_samples=3, rollback_min_samples=30)
+    v1 = router.start_canary(router.add_version(policy("v1"))) or 1
+    for _ in range(29):  # 29 stage sessions, ten times min_samples, but fewer than the live test needs
+        router.observe(0, 1.0)
+        assert router.observe(v1, 1.0) is None
+    assert router.stage == 0 and router.candidate == v1
+    router.observe(0, 1.0)
+    assert router.observe(v1, 1.0).kind == "advance"  # type: ignore[union-attr]
+
+
+def run_canary(stable_p: float, candidate_p: float, seed: int, **config: object) -> tuple[Router, list[Decision]]:
+    """Bernoulli live rewards (success 1, failure 0) per session until the canary is decided."""
+    router, log = make_router(**config)
+    v1 = router.add_version(policy("v1"))
+    router.start_canary(v1)
+    rng = random.Random(seed)
+    for _ in range(5000):
+        if router.candidate is None:
+            break
+        router.observe(0, float(rng.random() < stable_p))
+        router.observe(v1, float(rng.random() < candidate_p))
+    return router, log
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_degraded_candidate_is_never_promoted_and_a_good_one_is(seed: int) -> None:
+    # Small stages and a small live test: before, counts alone carried a degraded canary through every stage.
+    config = {"stages": (0.1, 0.5, 1.0), "min_samples": 5, "rollback_min_samples": 5, "holdout": 0.0}
+    router, log = run_canary(0.7, 0.3, seed, **config)
+    kinds = [d.kind for d in log]
+    assert "promote" not in kinds and "advance" not in kinds, kinds
+    assert kinds[-1] == "rollback" and router.stable == 0 and router.candidate is None
+    assert log[-1].evidence["candidate"] == 1 and log[-1].evidence["ci"][1] < 0
+    router, log = run_canary(0.5, 0.6, seed, **{**config, "max_stage_samples": 5000})
+    assert [d.kind for d in log][-3:] == ["advance", "advance", "promote"] and router.stable == 1
+    for decision in log[-3:]:
+        assert decision.evidence["ci"][0] >= -0.1 and decision.evidence["samples"] >= 5
+
+
+def test_an_inconclusive_stage_rolls_back() -> None:
+    # Candidate and stable equal: with advance_margin 0 the lower end stays below 0, so it is never proven.
+    router, log = run_canary(0.5, 0.5, 0, stages=(0.5, 1.0), min_samples=10, rollback_min_samples=10,
+                             advance_margin=0.0, max_stage_samples=40)  # fmt: skip
+    assert [d.kind for d in log][-1] == "rollback" and router.stable == 0
+    assert "inconclusive after 40" in log[-1].evidence["reason"]
+
+
+def test_promote_and_rollback_are_logged_before_the_candidate_is_cleared() -> None:
+    seen: list[tuple[str, int | None, int]] = []
+    router = Router("m", policy("v0"), RouterConfig(stages=(1.0,), min_samples=2, rollback_min_samples=2))
+    router.on_decision = lambda d: seen.append((d.kind, router.candidate, router.stable))
+    v1 = router.add_version(policy("v1"))
+    router.start_canary(v1)
+    router.rollback({"why": "operator"})
+    router.start_canary(v1)
+    for _ in range(2):
+        router.observe(0, 1.0)
+        router.observe(v1, 1.0)
+    assert seen[-3:] == [("rollback", v1, 0), ("start_canary", v1, 0), ("promote", v1, 0)]
+    assert router.decisions[-3].evidence["candidate"] == v1 and router.decisions[-1].evidence["candidate"] == v1
+    assert (router.stable, router.candidate) == (v1, None)
 
 
 def test_canary_sessions_stay_on_the_canary_as_it_grows() -> None:
-    router, _ = make_router(stages=(0.1, 0.5, 1.0), min_samples=1, holdout=0.0)
+    router, _ = make_router(stages=(0.1, 0.5, 1.0), min_samples=2, rollback_min_samples=2, holdout=0.0)
     router.start_canary(router.add_version(policy("v1")))
     early = {f"s{i}" for i in range(2000) if router.route(f"s{i}")[1] == "canary"}
-    router.observe(1, 1.0)
+    for _ in range(2):
+        router.observe(0, 1.0)
+        router.observe(1, 1.0)
+    assert router.stage == 1
     later = {f"s{i}" for i in range(2000) if router.route(f"s{i}")[1] == "canary"}
     assert early and early < later
     assert session_unit("abc", "x") == session_unit("abc", "x") != session_unit("abc", "y")
@@ -73,3 +144,8 @@ def test_misuse_is_refused() -> None:
         RouterConfig(stages=(0.5, 0.2, 1.0))
     with pytest.raises(ValueError, match="holdout"):
         RouterConfig(holdout=0.7)
+    with pytest.raises(ValueError, match="advance_margin"):
+        RouterConfig(advance_margin=float("nan"))
+    with pytest.raises(ValueError, match="max_stage_samples"):
+        RouterConfig(min_samples=10, max_stage_samples=5)
+    assert RouterConfig(min_samples=7).max_stage_samples == 70

@@ -43,7 +43,10 @@ def scripted(answer: str, chat_format: ChatFormat) -> ScriptedPolicy:
 @pytest.fixture
 def canary_server(store_url: str, chat_format: ChatFormat) -> Iterator[tuple[str, Router, InteractionStore]]:
     with InteractionStore(store_url) as store:
-        router_config = RouterConfig(stages=(0.5, 1.0), min_samples=10, rollback_min_samples=10, holdout=0.0)
+        # advance_margin 2 (rewards lie in [-1, 1]): these tests are about tenant caps, so any candidate whose live
+        # test runs on enough counted sessions, and is not significantly worse, advances
+        router_config = RouterConfig(stages=(0.5, 1.0), min_samples=10, rollback_min_samples=10, holdout=0.0,
+                                     advance_margin=2.0)  # fmt: skip
         app = create_app({"agent": scripted("stable", chat_format)}, store=store,
                          config=ServeConfig(api_keys=KEYS, router=router_config))  # fmt: skip
         router = app.state.routers["agent"]
@@ -52,14 +55,14 @@ def canary_server(store_url: str, chat_format: ChatFormat) -> Iterator[tuple[str
             yield url, router, store
 
 
-def canary_reply(oa: openai.OpenAI, prefix: str) -> Any:
-    """A reply served by the canary (sessions are hashed to arms; try fresh ones until one lands there)."""
+def canary_reply(oa: openai.OpenAI, prefix: str, arm: str = "canary") -> Any:
+    """A reply served by the canary, or the ``arm`` named (sessions are hashed to arms; try fresh ones)."""
     for i in range(200):
         reply = oa.chat.completions.create(model="agent", messages=[{"role": "user", "content": "hi"}],
                                            extra_headers={"x-session-id": f"{prefix}-{i}"})  # fmt: skip
-        if reply.choices[0].message.content == "canary":
+        if reply.choices[0].message.content == arm:
             return reply
-    raise AssertionError("no session landed on the canary")
+    raise AssertionError(f"no session landed on the {arm}")
 
 
 def feedback(url: str, key: str, interaction_id: str, kind: str) -> dict[str, Any]:
@@ -94,6 +97,9 @@ def test_one_tenant_cannot_promote_or_roll_back_a_canary(canary_server: tuple) -
         feedback(url, "key-a", canary_reply(evil, f"evil{i}").id, "rejected")
     assert router.candidate is not None and router.stage == 0, router.state()  # no rollback, no advance
     assert router.stage_samples == 0  # a lone tenant's sessions count for nothing (max_tenant_share 0.5)
+    for i, (key, kind) in enumerate([("key-b", "accepted"), ("key-c", "rejected")] * 3):  # stable's live evidence
+        client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=30)
+        feedback(url, key, canary_reply(client, f"stable{i}", "stable").id, kind)
     for i, key in enumerate(["key-b", "key-c"] * 6):  # two more tenants accept: now the evidence is shared
         client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=30)
         feedback(url, key, canary_reply(client, f"good{i}").id, "accepted")
