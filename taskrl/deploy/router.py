@@ -205,10 +205,13 @@ class Router:
     def route(self, session_id: str) -> tuple[int, str]:
         """(version, arm) for a session; arm is stable, canary or holdout."""
         unit = session_unit(session_id, self._salt)
-        if unit < self.config.holdout:
+        # The holdout arm exists only once there is a previous policy to hold out on: with one version
+        # "holdout" would be the stable policy under another name, and its sessions would be counted apart.
+        holdout = self.config.holdout if self.previous != self.stable else 0.0
+        if unit < holdout:
             return self.previous, "holdout"
         if self.candidate is not None:
-            position = (unit - self.config.holdout) / (1 - self.config.holdout)
+            position = (unit - holdout) / (1 - holdout)
             if position < self.config.stages[self.stage]:
                 return self.candidate, "canary"
         return self.stable, "stable"

@@ -34,7 +34,7 @@ def test_stages_advance_then_promote_and_holdout_keeps_the_previous() -> None:
             router.observe(v1, 1.0)
         assert router.candidate == (None if stage == 3 else v1)
     for got, want in zip(shares, (0.01, 0.05, 0.2, 1.0), strict=True):
-        assert abs(got - want * 0.95) < 0.01
+        assert abs(got - want) < 0.01  # no holdout yet: v0 has no previous policy to hold out on
     assert (router.stable, router.previous) == (v1, 0)
     arms = {router.route(f"s{i}") for i in range(5000)}
     assert arms == {(0, "holdout"), (v1, "stable")}
@@ -149,3 +149,12 @@ def test_misuse_is_refused() -> None:
     with pytest.raises(ValueError, match="max_stage_samples"):
         RouterConfig(min_samples=10, max_stage_samples=5)
     assert RouterConfig(min_samples=7).max_stage_samples == 70
+
+
+def test_one_version_has_no_holdout_arm() -> None:
+    """With a single version the holdout would be the stable policy under another name: no session gets it."""
+    router, _ = make_router(holdout=0.1)
+    assert {router.route(f"s{i}") for i in range(5000)} == {(0, "stable")}
+    router.activate(router.add_version(policy("v1")))
+    arms = [router.route(f"s{i}")[1] for i in range(20_000)]
+    assert abs(arms.count("holdout") / 20_000 - 0.1) < 0.01
