@@ -70,7 +70,8 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
                 "checkpoint_every": 0}  # fmt: skip
     assert start is not None
-    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1})
+    # Two arms share a 23 GB machine: half the default forward/backward token budget (peak memory), same math.
+    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": 2048})
     if stage == "sft_only":
         return {**config, **sft}
     return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args), "tasks_per_step": args.tasks,
