@@ -137,22 +137,28 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
         max_context_tokens=args.context, max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
     )  # fmt: skip
     tasks = eval_tasks(n, args)
+    episodes = trainer.run.dir / f"{name}_episodes.jsonl"
+    if episodes.exists():  # a finished evaluation of these weights (a resumed run): summarised again, not replayed
+        rows = [json.loads(line) for line in episodes.read_text().splitlines()]
+        if len(rows) == len(tasks) * config.samples_per_task:
+            return {**summarise(rows, [t.id for t in tasks], args.seed), "wall_time_s": None}
     kwargs = env_kwargs("eval", args)
-    rows: list[dict[str, Any]] = []
+    rows = []
     # No run log: every episode passes through on_trajectory (a resumed evaluation would skip the finished ones).
     job = evaluate(lambda: make("search", **kwargs), {"policy": trainer.learner_policy}, tasks, config, name=name,
                    on_trajectory=lambda _, traj: rows.append(episode_row(traj)))  # fmt: skip
     result = trainer.rollouts.run(job)
-    with (trainer.run.dir / f"{name}_episodes.jsonl").open("w") as f:
+    with episodes.open("w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return {**summarise(rows, [t.id for t in tasks], args.seed), "wall_time_s": result["wall_time_s"]}
 
 
-def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False),
-        "sampled": held_out(trainer, "heldout_sampled", args, n=args.eval_tasks, sampled=True),
-    }
+def final_evals(trainer: Any, args: argparse.Namespace, *, sampled: bool = True) -> dict[str, Any]:
+    """Greedy on ``--eval-tasks`` held-out tasks; T=1 x 4 on the first ``--sampled-tasks`` of them."""
+    out = {"greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False)}
+    if sampled:
+        out["sampled"] = held_out(trainer, "heldout_sampled", args, n=args.sampled_tasks, sampled=True)
+    return out
 
 
 def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
@@ -169,22 +175,25 @@ def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
         if json.loads(record_path.read_text())["config"] != config:
             sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
         return
-    trainer = Trainer(config_from_dict(dict(config)))
-    try:
-        began = time.monotonic()
-        rows = trainer.train()
-        record = {"config": config, "sft_steps": args.sft_steps, "sft_s": time.monotonic() - began,
-                  "sft_nll": [r.get("losses/sft_nll") for r in rows],
-                  "step_s": [r.get("charts/step_time_s") for r in rows]}  # fmt: skip
-        if not (start / "config.json").exists():
+    metrics = sft_dir / "sft" / "metrics.jsonl"
+    if not (start / "config.json").exists():
+        trainer = Trainer(config_from_dict(dict(config)))
+        try:
+            trainer.train()
             merged = trainer.learner.model.merge_and_unload()
             merged.save_pretrained(str(start))
             trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
-    finally:
-        trainer.close()
+        finally:
+            trainer.close()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]  # also after a kill during the eval
+    if json.loads((sft_dir / "sft" / "config.json").read_text()).get("steps") != args.sft_steps:
+        sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
+    record = {"config": config, "sft_steps": args.sft_steps, "sft_s": sum(r["charts/step_time_s"] for r in rows),
+              "sft_nll": [r.get("losses/sft_nll") for r in rows],
+              "step_s": [r.get("charts/step_time_s") for r in rows]}  # fmt: skip
     trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
     try:
-        record.update(final_evals(trainer, args))
+        record.update(final_evals(trainer, args, sampled=args.start_sampled))
         record_path.write_text(json.dumps(record, indent=1))
     finally:
         trainer.close()
@@ -267,10 +276,11 @@ def child(stage: str, log_dir: Path, threads: int) -> subprocess.Popen[bytes]:
 
 
 def line(name: str, steps: str, final: dict[str, Any]) -> str:
-    g, s = final["greedy"], final["sampled"]
+    g, s = final["greedy"], final.get("sampled")
+    sampled = (f" | T=1 recall {fmt(s['output_recall']):18} F2 {fmt(s['f_beta'])} invalid/ep "
+               f"{s['invalid_tool_calls']['value']:.2f}") if s else ""  # fmt: skip
     return (f"{name:9} {steps:>5}  recall {fmt(g['output_recall']):18} F2 {fmt(g['f_beta']):18} "
-            f"found {fmt(g['answer_found']):18} | T=1 recall {fmt(s['output_recall']):18} F2 {fmt(s['f_beta'])} "
-            f"invalid/ep {s['invalid_tool_calls']['value']:.2f}")  # fmt: skip
+            f"found {fmt(g['answer_found']):18} invalid/ep {g['invalid_tool_calls']['value']:.2f}{sampled}")
 
 
 def main() -> None:
@@ -294,9 +304,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--context", type=int, default=2048, help="context tokens per episode (= the env's budget T)")
     ap.add_argument("--per-call-budget", type=int, default=256, help="tokens one search result may hold")
-    ap.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks of the final evaluations")
-    ap.add_argument("--curve-tasks", type=int, default=12, help="held-out tasks of each curve point (greedy)")
-    ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
+    ap.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks of the final greedy evaluation")
+    ap.add_argument("--sampled-tasks", type=int, default=8, help="held-out tasks of the T=1 x 4 evaluation")
+    ap.add_argument("--start-sampled", action="store_true", help="also evaluate the warm start at T=1")
+    ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
+    ap.add_argument("--curve-points", type=int, default=1, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--run-dir", default="runs/learning_search")
@@ -306,7 +318,8 @@ def main() -> None:
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.minutes <= 0 or min(args.sft_steps, args.eval_tasks, args.curve_tasks) < 1 or args.group_size < 2:
+    counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks)
+    if args.minutes <= 0 or min(counts) < 1 or args.group_size < 2:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks >= 1; --group-size >= 2")
     out = Path(args.out)
     data_path = out.with_suffix(".json")
