@@ -139,7 +139,8 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
     tasks = eval_tasks(n, args)
     episodes = trainer.run.dir / f"{name}_episodes.jsonl"
     if episodes.exists():  # a finished evaluation of these weights (a resumed run): summarised again, not replayed
-        rows = [json.loads(line) for line in episodes.read_text().splitlines()]
+        ids = {t.id for t in tasks}
+        rows = [r for r in map(json.loads, episodes.read_text().splitlines()) if r["task_id"] in ids]
         if len(rows) == len(tasks) * config.samples_per_task:
             return {**summarise(rows, [t.id for t in tasks], args.seed), "wall_time_s": None}
     kwargs = env_kwargs("eval", args)
