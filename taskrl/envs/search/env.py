@@ -128,6 +128,8 @@ class SearchEnvConfig:
     """Device of the query embedder: auto, cpu, cuda, cuda:1 ..."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Weights, penalties, floor and β schedule of the reward."""
+    expert_grep: bool = True
+    """The expert (scripted_rule) greps every clue besides searching it; False: search only (shorter demos)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.reward, dict):  # from a YAML/JSON config (unknown keys: a TypeError naming them)
@@ -242,6 +244,8 @@ class SearchEnv(ToolEnv):
         self.store = self._shared.store
         self.searcher = self._shared.searcher
         self.training = True
+        if not self.config.expert_grep:
+            self.scripted_rule = functools.partial(expert_rule, grep=False)
         self._lock = threading.Lock()
         self._reset_state()
 

@@ -66,15 +66,16 @@ def resolve_chain(patterns: list[re.Pattern[str]], blocks: list[tuple[str, str]]
     return candidates
 
 
-def expert_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-    """Turn 1: search and grep every quoted clue. Then read bridged documents not yet seen (once). Then answer."""
+def expert_rule(messages: list[Message], tools: list[dict[str, Any]] | None, *, grep: bool = True) -> str:
+    """Turn 1: search (and, with ``grep``, grep) every quoted clue. Then read bridged documents not yet seen
+    (once). Then answer."""
     question = next(m.content for m in messages if m.role == "user")
     clues = CLUE_RE.findall(question)
     patterns = [clue_pattern(c) for c in clues]
     turns = sum(m.role == "assistant" for m in messages)
     if turns == 0:
         calls = [format_tool_call("search_corpus", {"query": c}) for c in clues]
-        calls += [format_tool_call("grep_corpus", {"pattern": p.pattern}) for p in patterns]
+        calls += [format_tool_call("grep_corpus", {"pattern": p.pattern}) for p in patterns] if grep else []
         return "\n".join(calls)
     shown = "\n".join(m.content for m in messages if m.role == "tool")
     blocks = chunk_blocks(shown)

@@ -201,6 +201,15 @@ def test_oracle_reaches_full_recall_and_the_foils_score_below(planted_corpus: Co
     assert all(t.reward == pytest.approx(0.01) for t in silent)  # the floor ε
 
 
+def test_search_only_expert_calls_no_grep_and_still_reaches_full_recall(planted_corpus: CorpusStore) -> None:
+    env = SearchEnv(corpus=str(planted_corpus.path), expert_grep=False)
+    oracle = _run(planted_corpus, env.scripted_rule)
+    calls = [c.name for t in oracle for m in t.messages if m.role == "assistant" for c in m.tool_calls]
+    assert calls and "grep_corpus" not in calls and "search_corpus" in calls
+    assert aggregate_metrics(oracle)["search/output_recall"] == 1.0
+    assert "grep_corpus" in SearchEnv(corpus=str(planted_corpus.path)).scripted_rule(oracle[0].messages[:2], None)
+
+
 def test_pruning_opens_a_new_segment_in_token_mode(planted_corpus: CorpusStore) -> None:
     fmt = ChatFormat(smollm2_tokenizer())
     factory = lambda: SearchEnv(corpus=str(planted_corpus.path))  # noqa: E731

@@ -1,0 +1,375 @@
+"""Context-1 search learning recipe (issue 14): does GRPO teach SmolLM2-135M two-hop search its SFT warm start
+never showed?
+
+Not run in CI. Same protocol as tool_use.py, one seed's run in RUN_DIR/seed_N/, every stage a normal ``Trainer``:
+0. Data (search_tasks.py, once): the built-in stdlib pydoc corpus in 128-token chunks; one-hop questions for the
+   demonstrations, two-hop questions for GRPO, held-out two-hop questions sharing no document with training.
+1. ``sft``: LoRA behaviour cloning of the search-only expert on **one-hop** questions (search the clue, cite
+   the chunk's document), merged into the base: the common start of both arms, evaluated here ("start").
+2. Two arms from that checkpoint at once, one torch thread each, ``--minutes`` of training wall-clock each:
+   ``sft_only`` keeps cloning the one-hop demonstrations; ``grpo`` runs GRPO on **two-hop** questions (search
+   the second clue too and cite both documents), rewarded by the env's Context-1 reward (0.7 F-beta + 0.3
+   trajectory recall + answer-found bonus: dense, so groups differ).
+3. Held-out evaluation of each arm on the held-out two-hop questions: greedy and sampled (T=1, 4 samples per
+   task) output recall, F-beta (beta 2, fixed so both arms are scored alike), final-answer-found, full recall
+   (every fact's document cited), answer exact, trajectory recall, prune accuracy, context utilisation and
+   invalid calls per episode, with percentile-bootstrap CIs over tasks; greedy curve points during training.
+
+Writes docs/learning_search.{json,png}. ``--resume`` continues an interrupted seed from its checkpoints.
+
+    python benchmarks/learning/search.py --seed 0 --minutes 20 [--resume] [--pilot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # benchmarks.learning.*, from any working directory
+from benchmarks.learning.tool_use import cpu_model, fmt, lost_steps, paired_delta, wait  # noqa: E402
+
+ARMS = ("sft_only", "grpo")
+REPORT_BETA = 2.0
+"""F-beta of the report: the reward's annealed beta, fixed (the reward's own beta moves with each arm's epochs)."""
+METRICS = ("output_recall", "f_beta", "answer_found", "full_recall", "answer_correct", "trajectory_recall",
+           "output_precision", "context_utilisation", "invalid_tool_calls", "tool_calls", "turns")  # fmt: skip
+STEP_KEYS = ("rewards/total", "rewards/std", "rewards/f_beta", "rewards/trajectory_recall", "rewards/answer_found",
+             "tools/tool_calls", "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll",
+             "losses/policy_loss", "charts/groups", "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
+NO_TEST_SPLIT = 2**32 + 1
+"""``test_every`` above every 4-byte id hash but 0: each task file is used whole (the split is by file)."""
+
+
+def env_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The search env on one of the recipe's task files (sft, rl or eval)."""
+    data = args.data
+    return {"corpus": data["corpus"], "tasks": data["files"][name], "per_call_budget": args.per_call_budget,
+            "context_budget": args.context, "test_every": NO_TEST_SPLIT, "expert_grep": False}  # fmt: skip
+
+
+def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig of ``sft`` (the warm start), ``sft_only`` or ``grpo``; arms start from ``start``."""
+    config = {
+        "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens, "max_context_tokens": args.context, "temperature": 1.0,
+        "device": args.device, "dtype": args.dtype, "learner_precision": args.learner_precision, "seed": args.seed,
+        "progress": False, "env": "search", "split": "train", "run_dir": str(run_dir), "resume": True,
+    }  # fmt: skip
+    sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args),
+           "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
+    if stage == "sft":
+        return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
+                "checkpoint_every": 0}  # fmt: skip
+    assert start is not None
+    # Two arms share a 23 GB machine: half the default forward/backward token budget (peak memory), same math.
+    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": 2048})
+    if stage == "sft_only":
+        return {**config, **sft}
+    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args), "tasks_per_step": args.tasks,
+            "group_size": args.group_size, "entropy_coef": args.entropy_coef, "normalize_std": True}  # fmt: skip
+
+
+def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
+    from taskrl.datagen.multihop import read_tasks
+
+    return read_tasks(args.data["files"]["eval"])[:n]
+
+
+def episode_row(traj: Any) -> dict[str, Any]:
+    """One held-out episode's numbers (F-beta recomputed at REPORT_BETA from its precision and recall)."""
+    from taskrl.rewards.formulas import f_beta
+
+    m = traj.metrics
+    recall, precision = m.get("search/output_recall", 0.0), m.get("search/output_precision", 0.0)
+    return {
+        "task_id": traj.task_id, "reward": traj.reward, "error": traj.error, "output_recall": recall,
+        "output_precision": precision, "f_beta": f_beta(precision, recall, REPORT_BETA),
+        "full_recall": float(recall >= 1.0), "answer_found": m.get("search/answer_found", 0.0),
+        "answer_correct": m.get("search/answer_correct", 0.0),
+        "trajectory_recall": m.get("search/trajectory_recall", 0.0),
+        "context_utilisation": m.get("search/context_utilisation", float("nan")),
+        "prune_accuracy": m.get("search/prune_accuracy", float("nan")), "pruned": m.get("search/pruned_chunks", 0.0),
+        "invalid_tool_calls": m.get("invalid_tool_calls", 0.0), "tool_calls": m.get("tool_calls", 0.0),
+        "turns": m.get("turns", 0.0), "final_answer": (traj.final_answer or "")[:300],
+    }  # fmt: skip
+
+
+def summarise(rows: list[dict[str, Any]], task_ids: list[str], seed: int) -> dict[str, Any]:
+    """Per-task means of every metric, their mean over tasks with a bootstrap 95% CI, and pruning pooled."""
+    from taskrl.eval import bootstrap_ci
+
+    by_task: dict[str, list[dict[str, Any]]] = {tid: [] for tid in task_ids}
+    for row in rows:
+        by_task[row["task_id"]].append(row)
+    out: dict[str, Any] = {"tasks": len(task_ids), "episodes": len(rows), "per_task": {}}
+    for key in METRICS:
+        per_task = []
+        for tid in task_ids:
+            values = [r[key] for r in by_task[tid] if not math.isnan(r[key])]
+            per_task.append(sum(values) / len(values) if values else 0.0)
+        ci = bootstrap_ci(per_task, seed=seed)
+        out[key] = {"value": sum(per_task) / len(per_task), "low": ci[0] if ci else None,
+                    "high": ci[1] if ci else None}  # fmt: skip
+        out["per_task"][key] = per_task
+    pruning = [r for r in rows if r["pruned"] > 0]
+    out["episodes_pruning"] = len(pruning)
+    out["prune_accuracy"] = (sum(r["prune_accuracy"] for r in pruning) / len(pruning)) if pruning else None
+    out["errors"] = sum(r["error"] is not None for r in rows)
+    return out
+
+
+def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool) -> dict[str, Any]:
+    """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on held-out two-hop questions."""
+    from taskrl.env import make
+    from taskrl.eval import EvalConfig, evaluate
+
+    config = EvalConfig(
+        samples_per_task=4 if sampled else 1, temperature=1.0 if sampled else 0.0, max_turns=args.max_turns,
+        max_context_tokens=args.context, max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
+    )  # fmt: skip
+    tasks = eval_tasks(n, args)
+    episodes = trainer.run.dir / f"{name}_episodes.jsonl"
+    if episodes.exists():  # a finished evaluation of these weights (a resumed run): summarised again, not replayed
+        ids = {t.id for t in tasks}
+        rows = [r for r in map(json.loads, episodes.read_text().splitlines()) if r["task_id"] in ids]
+        if len(rows) == len(tasks) * config.samples_per_task:
+            return {**summarise(rows, [t.id for t in tasks], args.seed), "wall_time_s": None}
+    kwargs = env_kwargs("eval", args)
+    rows = []
+    # No run log: every episode passes through on_trajectory (a resumed evaluation would skip the finished ones).
+    job = evaluate(lambda: make("search", **kwargs), {"policy": trainer.learner_policy}, tasks, config, name=name,
+                   on_trajectory=lambda _, traj: rows.append(episode_row(traj)))  # fmt: skip
+    result = trainer.rollouts.run(job)
+    with episodes.open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return {**summarise(rows, [t.id for t in tasks], args.seed), "wall_time_s": result["wall_time_s"]}
+
+
+def final_evals(trainer: Any, args: argparse.Namespace, *, sampled: bool = True) -> dict[str, Any]:
+    """Greedy on ``--eval-tasks`` held-out tasks; T=1 x 4 on the first ``--sampled-tasks`` of them."""
+    out = {"greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False)}
+    if sampled:
+        out["sampled"] = held_out(trainer, "heldout_sampled", args, n=args.sampled_tasks, sampled=True)
+    return out
+
+
+def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
+    """Child: the common warm start; merged into the base model at sft_dir/start, then evaluated."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+
+    start, record_path = sft_dir / "start", sft_dir / "start.json"
+    config = stage_config("sft", sft_dir / "sft", None, args)
+    if record_path.exists():
+        if json.loads(record_path.read_text())["config"] != config:
+            sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
+        return
+    metrics = sft_dir / "sft" / "metrics.jsonl"
+    if not (start / "config.json").exists():
+        trainer = Trainer(config_from_dict(dict(config)))
+        try:
+            trainer.train()
+            merged = trainer.learner.model.merge_and_unload()
+            merged.save_pretrained(str(start))
+            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
+        finally:
+            trainer.close()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]  # also after a kill during the eval
+    if json.loads((sft_dir / "sft" / "config.json").read_text()).get("steps") != args.sft_steps:
+        sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
+    record = {"config": config, "sft_steps": args.sft_steps, "sft_s": sum(r["charts/step_time_s"] for r in rows),
+              "sft_nll": [r.get("losses/sft_nll") for r in rows],
+              "step_s": [r.get("charts/step_time_s") for r in rows]}  # fmt: skip
+    trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
+    try:
+        record.update(final_evals(trainer, args, sampled=args.start_sampled))
+        record_path.write_text(json.dumps(record, indent=1))
+    finally:
+        trainer.close()
+
+
+def step_row(step: int, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    return {"step": step, "train_s": elapsed, **{k: metrics.get(k) for k in STEP_KEYS}}
+
+
+def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> None:
+    """Child: one arm, trained for the budget (resuming its checkpoint and record), then evaluated."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+
+    record_path = seed_dir / f"{arm}.json"
+    if record_path.exists() and "final" in json.loads(record_path.read_text()):
+        return
+    config = config_from_dict(stage_config(arm, seed_dir / arm, start, args))
+    trainer = Trainer(config)
+    try:
+        trainer.train(until=0)  # resume: loads the latest checkpoint, if any
+        record: dict[str, Any] = {"arm": arm, "config": config.to_dict(), "threads": args.threads, "steps": [],
+                                  "curve": []}  # fmt: skip
+        if record_path.exists():
+            record = json.loads(record_path.read_text())
+            record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
+        record["steps"] += lost_steps(seed_dir / arm, record["steps"], trainer.completed or 0)
+        save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
+        budget = args.minutes * 60
+        curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
+        done_curve = {round(c["at_s"]) for c in record["curve"]}
+        elapsed = record["steps"][-1]["train_s"] if record["steps"] else 0.0
+        while elapsed < budget:
+            began = time.monotonic()
+            (metrics,) = trainer.train(until=(trainer.completed or 0) + 1)
+            elapsed += time.monotonic() - began
+            record["steps"].append(step_row(trainer.completed, metrics, elapsed))
+            for at in curve_at:
+                if elapsed >= at and round(at) not in done_curve:
+                    point = held_out(trainer, f"curve_{round(at)}", args, n=args.curve_tasks, sampled=False)
+                    point.pop("per_task")
+                    record["curve"].append({"at_s": at, "train_s": elapsed, "step": trainer.completed, **point})
+                    done_curve.add(round(at))
+            save()
+        record["train_s"] = elapsed
+        record["final"] = final_evals(trainer, args)
+        save()
+    finally:
+        trainer.close()
+
+
+def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """One seed's results: start, both arms, and grpo - sft_only paired over tasks, per metric and kind."""
+    start = json.loads((sft_dir / "start.json").read_text())
+    arms = {arm: json.loads((seed_dir / f"{arm}.json").read_text()) for arm in ARMS}
+    deltas = {
+        kind: {key: paired_delta(arms["sft_only"]["final"][kind]["per_task"][key],
+                                 arms["grpo"]["final"][kind]["per_task"][key], args.seed)
+               for key in ("output_recall", "f_beta", "answer_found", "full_recall")}
+        for kind in ("greedy", "sampled")
+    }  # fmt: skip
+    for arm, record in arms.items():
+        alerts = seed_dir / arm / "alerts.jsonl"
+        rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
+        record["alerts"] = {m: sum(r["monitor"] == m for r in rows) for m in sorted({r["monitor"] for r in rows})}
+    data = {k: v for k, v in args.data.items() if k in ("counts", "pairs", "overlaps", "chunk_tokens")}
+    return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
+            "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "data": data, "start": start,
+            "arms": arms, "grpo_minus_sft_only": deltas}  # fmt: skip
+
+
+def child(stage: str, log_dir: Path, threads: int) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", stage, "--threads", str(threads)]
+    log = open(log_dir / f"{stage}.log", "a")  # noqa: SIM115 - the child writes it until it exits
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            start_new_session=True)  # fmt: skip
+
+
+def line(name: str, steps: str, final: dict[str, Any]) -> str:
+    g, s = final["greedy"], final.get("sampled")
+    sampled = (f" | T=1 recall {fmt(s['output_recall']):18} F2 {fmt(s['f_beta'])} invalid/ep "
+               f"{s['invalid_tool_calls']['value']:.2f}") if s else ""  # fmt: skip
+    return (f"{name:9} {steps:>5}  recall {fmt(g['output_recall']):18} F2 {fmt(g['f_beta']):18} "
+            f"found {fmt(g['answer_found']):18} invalid/ep {g['invalid_tool_calls']['value']:.2f}{sampled}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
+    ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
+    ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--learner-precision", default="float32", help="float32, bfloat16 or auto (TrainConfig field)")
+    ap.add_argument("--minutes", type=float, default=20.0, help="training wall-clock budget per arm")
+    ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")
+    ap.add_argument("--pilot", action="store_true", help="only the data, the SFT warm start and its evaluation")
+    ap.add_argument("--sft-steps", type=int, default=12, help="SFT steps of the common warm start")
+    ap.add_argument("--sft-tasks", type=int, default=8, help="expert episodes per SFT step")
+    ap.add_argument("--sft-lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
+    ap.add_argument("--tasks", type=int, default=2, help="GRPO tasks per step")
+    ap.add_argument("--group-size", type=int, default=4, help="GRPO samples per task")
+    ap.add_argument("--entropy-coef", type=float, default=0.0)
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--context", type=int, default=2048, help="context tokens per episode (= the env's budget T)")
+    ap.add_argument("--per-call-budget", type=int, default=256, help="tokens one search result may hold")
+    ap.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks of the final greedy evaluation")
+    ap.add_argument("--sampled-tasks", type=int, default=8, help="held-out tasks of the T=1 x 4 evaluation")
+    ap.add_argument("--start-sampled", action="store_true", help="also evaluate the warm start at T=1")
+    ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
+    ap.add_argument("--curve-points", type=int, default=1, help="curve evaluations during training")
+    ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--run-dir", default="runs/learning_search")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "learning_search.png"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks)
+    if args.minutes <= 0 or min(counts) < 1 or args.group_size < 2:
+        ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks >= 1; --group-size >= 2")
+    out = Path(args.out)
+    data_path = out.with_suffix(".json")
+    if args.plot_only:
+        from benchmarks.learning.search_plots import plot_search
+
+        return plot_search(json.loads(data_path.read_text()), out)
+    from benchmarks.learning.search_tasks import prepare
+
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args.data = prepare(run_dir / "data")  # built by the parent before any child starts; children reuse it
+    seed_dir, sft_dir = run_dir / f"seed_{args.seed}", run_dir / f"sft_seed_{args.sft_seed}"
+    if args.child == "sft":
+        return run_sft(sft_dir, args)
+    if args.child in ARMS:
+        return run_arm(args.child, seed_dir, sft_dir / "start", args)
+    print(f"data: {args.data['counts']} tasks, overlaps {args.data['overlaps']}")
+    for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):
+        if directory.exists() and fresh:
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python", "benchmarks/learning/search.py", *sys.argv[1:]])
+    (seed_dir / "commands.txt").open("a").write(command + "\n")
+    began = time.monotonic()
+    wait({"sft": child("sft", sft_dir, threads=args.sft_threads or args.threads)}, sft_dir)
+    start = json.loads((sft_dir / "start.json").read_text())
+    print(f"SFT {start['sft_steps']} steps in {start['sft_s']:.0f}s, nll {start['sft_nll']}")
+    print(line("start", "-", start))
+    if args.pilot:
+        return None
+    wait({arm: child(arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    result = seed_result(seed_dir, sft_dir, args, command)
+    result["wall_s"] = time.monotonic() - began
+    data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
+    data["seeds"][str(args.seed)] = result
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_text(json.dumps(data, indent=1))
+    from benchmarks.learning.search_plots import plot_search
+
+    plot_search(data, out)
+    print(line("start", "-", start))
+    for arm, record in result["arms"].items():
+        print(line(arm, str(len(record["steps"])), record["final"]))
+    for kind, deltas in result["grpo_minus_sft_only"].items():
+        print(f"grpo - sft_only {kind} (paired over tasks): " + ", ".join(f"{k} {fmt(v)}" for k, v in deltas.items()))
+    print(f"plot: {out}; numbers: {data_path}")
+    return None
+
+
+if __name__ == "__main__":
+    main()
