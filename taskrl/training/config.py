@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from taskrl.algos.schedules import make_schedule
+from taskrl.validate import finite_at_least, integer_at_least, require
 
 ALGOS = ("grpo", "ppo", "cispo", "kimi", "sft")
 KL_MODES = ("none", "k1_reward", "k3_loss")
@@ -219,20 +220,28 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, what: str) -> None:
-            if not ok:
+            if not ok:  # echoes the named field's value; the checks themselves read typed attributes
                 raise ConfigError(f"TrainConfig.{name} {what}, got {getattr(self, name)!r}")
 
-        for name in ("steps", "tasks_per_step", "group_size", "max_turns", "max_context_tokens", "max_new_tokens",
-                     "concurrency", "epochs_per_batch", "minibatches", "micro_batch_tokens", "lora_rank",
-                     "keep_checkpoints", "eval_tasks", "ray_workers", "nproc"):  # fmt: skip
-            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "must be an integer >= 1")
-        for name in ("checkpoint_every", "sft_warmup_steps", "eval_every", "max_staleness"):
-            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name, "must be an integer >= 0")
-        for name in ("weight_decay", "max_grad_norm", "clip_eps_low", "clip_eps_high", "cispo_eps_low",
-                     "cispo_eps_high", "kimi_tau", "vf_coef", "vf_clip", "kl_coef", "is_truncation", "temperature",
-                     "lora_alpha", "ray_num_cpus_per_worker", "ray_num_gpus_per_worker"):  # fmt: skip
-            value = getattr(self, name)
-            need(isinstance(value, int | float) and math.isfinite(value) and value >= 0, name, "must be >= 0")
+        require("TrainConfig", "must be an integer >= 1", integer_at_least(1), error=ConfigError,
+                steps=self.steps, tasks_per_step=self.tasks_per_step, group_size=self.group_size,
+                max_turns=self.max_turns, max_context_tokens=self.max_context_tokens,
+                max_new_tokens=self.max_new_tokens, concurrency=self.concurrency,
+                epochs_per_batch=self.epochs_per_batch, minibatches=self.minibatches,
+                micro_batch_tokens=self.micro_batch_tokens, lora_rank=self.lora_rank,
+                keep_checkpoints=self.keep_checkpoints, eval_tasks=self.eval_tasks, ray_workers=self.ray_workers,
+                nproc=self.nproc)  # fmt: skip
+        require("TrainConfig", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
+                checkpoint_every=self.checkpoint_every, sft_warmup_steps=self.sft_warmup_steps,
+                eval_every=self.eval_every, max_staleness=self.max_staleness)  # fmt: skip
+        require("TrainConfig", "must be >= 0", finite_at_least(0), error=ConfigError,
+                weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, clip_eps_low=self.clip_eps_low,
+                clip_eps_high=self.clip_eps_high, cispo_eps_low=self.cispo_eps_low,
+                cispo_eps_high=self.cispo_eps_high, kimi_tau=self.kimi_tau, vf_coef=self.vf_coef,
+                vf_clip=self.vf_clip, kl_coef=self.kl_coef, is_truncation=self.is_truncation,
+                temperature=self.temperature, lora_alpha=self.lora_alpha,
+                ray_num_cpus_per_worker=self.ray_num_cpus_per_worker,
+                ray_num_gpus_per_worker=self.ray_num_gpus_per_worker)  # fmt: skip
         need(self.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
         need(self.kl in KL_MODES, "kl", f"must be one of {', '.join(KL_MODES)}")
         need(self.finetune in FINETUNE_MODES, "finetune", f"must be one of {', '.join(FINETUNE_MODES)}")
@@ -282,8 +291,8 @@ class TrainConfig:
         rl = self.algo != "sft" and self.sft_warmup_steps < self.steps
         need(not rl or self.algo == "ppo" or self.group_size >= 2, "group_size", f"must be >= 2 for {self.algo}")
         try:
-            for name in _SCHEDULE_FIELDS:
-                make_schedule(getattr(self, name), field=f"TrainConfig.{name}")
+            for name, value in {"lr": self.lr, "sft_lr": self.sft_lr, "entropy_coef": self.entropy_coef}.items():
+                make_schedule(value, field=f"TrainConfig.{name}")
             for term, spec in self.reward_weights.items():
                 make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
         except ValueError as e:

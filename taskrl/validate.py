@@ -1,0 +1,41 @@
+"""Field checks for config dataclasses' ``__post_init__``: one rule over several fields, each error naming its field.
+
+Fields are passed by keyword with their values (``require("MineConfig", "must be >= 1", at_least(1),
+files=self.files)``), so the attribute access is ordinary typed code and a renamed field fails at the call site
+instead of hiding in a string. A leaf module: it imports nothing from taskrl.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+def require(
+    owner: str, rule: str, ok: Callable[[Any], bool], /, *, error: type[Exception] = ValueError, **values: Any
+) -> None:
+    """Raise ``error("<owner>.<field> <rule>, got <value>")`` for the first field whose value fails ``ok``."""
+    for name, value in values.items():
+        if not ok(value):
+            raise error(f"{owner}.{name} {rule}, got {value!r}")
+
+
+def at_least(minimum: float) -> Callable[[Any], bool]:
+    """``value >= minimum`` (a NaN fails)."""
+    return lambda value: value >= minimum
+
+
+def above(minimum: float) -> Callable[[Any], bool]:
+    """``value > minimum`` (a NaN fails)."""
+    return lambda value: value > minimum
+
+
+def integer_at_least(minimum: int) -> Callable[[Any], bool]:
+    """An ``int`` that is ``>= minimum``."""
+    return lambda value: isinstance(value, int) and value >= minimum
+
+
+def finite_at_least(minimum: float) -> Callable[[Any], bool]:
+    """A finite ``int`` or ``float`` that is ``>= minimum``."""
+    return lambda value: isinstance(value, int | float) and math.isfinite(value) and value >= minimum
