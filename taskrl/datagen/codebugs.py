@@ -35,6 +35,7 @@ from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
 from taskrl.envs.code.tasks import BUILTIN_DATA, TASK_SET_FORMAT, TaskSetError, code_cache, sha256_file, unpack_sdist
 from taskrl.envs.code.testrun import PASSED, run_pytest
 from taskrl.envs.code.workspace import WorkspaceConfig, pool_for
+from taskrl.validate import at_least, require
 
 _SPEC_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _SKIP_DIRS = {"docs", "doc", "build", "dist", ".git", ".tox", ".nox", "examples", "benchmarks", "__pycache__"}
@@ -285,9 +286,8 @@ class MineConfig:
     """Workspaces the candidates are verified in."""
 
     def __post_init__(self) -> None:
-        for name in ("n", "max_candidates", "per_function", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require("MineConfig", "must be >= 1", at_least(1), n=self.n, max_candidates=self.max_candidates,
+                per_function=self.per_function, concurrency=self.concurrency)  # fmt: skip
         if not self.test_timeout_s > 0:
             raise ValueError(f"MineConfig.test_timeout_s must be > 0, got {self.test_timeout_s}")
         if self.cpu_seconds is not None:

@@ -29,6 +29,7 @@ from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.types import Message, Task
+from taskrl.validate import at_least, require
 
 _TERM_RE = re.compile(r"(?<![\w.])[A-Za-z_][A-Za-z0-9_]{4,}(?![\w])")
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
@@ -97,9 +98,9 @@ class GenerationConfig:
             raise ValueError(
                 f"GenerationConfig needs 3 <= min_words <= max_words, got {self.min_words}, {self.max_words}"
             )
-        for name in ("distractors", "max_answer_df", "max_attempts"):
-            if getattr(self, name) < (0 if name == "distractors" else 1):
-                raise ValueError(f"GenerationConfig.{name} is too small: {getattr(self, name)}")
+        require("GenerationConfig", "must be >= 0", at_least(0), distractors=self.distractors)
+        require("GenerationConfig", "must be >= 1", at_least(1), max_answer_df=self.max_answer_df,
+                max_attempts=self.max_attempts)  # fmt: skip
 
 
 @dataclass

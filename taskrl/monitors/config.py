@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from taskrl.validate import at_least, require
 
 
 @dataclass
@@ -64,13 +66,16 @@ class MonitorConfig:
     """Monitor names to skip, e.g. ("tool_concentration",) for an env built around one tool."""
 
     def __post_init__(self) -> None:
-        for name in ("min_episodes", "ngram", "min_calls_for_concentration", "loop_repeats",
-                     "spurious_min_subagents", "early_turns"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"MonitorConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for f in fields(self):
-            if f.name.startswith("max_") and not getattr(self, f.name) >= 0:
-                raise ValueError(f"MonitorConfig.{f.name} must be >= 0, got {getattr(self, f.name)}")
+        require("MonitorConfig", "must be >= 1", at_least(1), min_episodes=self.min_episodes, ngram=self.ngram,
+                min_calls_for_concentration=self.min_calls_for_concentration, loop_repeats=self.loop_repeats,
+                spurious_min_subagents=self.spurious_min_subagents, early_turns=self.early_turns)  # fmt: skip
+        require("MonitorConfig", "must be >= 0", at_least(0), max_reward_hacking=self.max_reward_hacking,
+                max_duplicate_rate=self.max_duplicate_rate, max_context_pollution=self.max_context_pollution,
+                max_tool_concentration=self.max_tool_concentration, max_calls_per_success=self.max_calls_per_success,
+                max_loop_rate=self.max_loop_rate, max_serial_collapse=self.max_serial_collapse,
+                max_spurious_parallelism=self.max_spurious_parallelism,
+                max_invalid_call_rate=self.max_invalid_call_rate, max_early_termination=self.max_early_termination,
+                max_clarifying_rate=self.max_clarifying_rate, max_no_edit_rate=self.max_no_edit_rate)  # fmt: skip
         if self.min_tool_ngram_entropy < 0:
             raise ValueError(f"MonitorConfig.min_tool_ngram_entropy must be >= 0, got {self.min_tool_ngram_entropy}")
         if not 0 <= self.spurious_max_wasted <= 1:

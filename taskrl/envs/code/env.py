@@ -54,11 +54,11 @@ class CodeEnvConfig:
     """Snapshot the workspace after every step as ``step-N`` (for branching rollouts from a checkpoint)."""
 
     def __post_init__(self) -> None:
-        for name, kind in (("sandbox", SandboxConfig), ("workspace", WorkspaceConfig), ("reward", CodeRewardConfig)):
-            if not isinstance(getattr(self, name), kind):
-                raise ValueError(
-                    f"CodeEnvConfig.{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}"
-                )
+        parts = {"sandbox": (self.sandbox, SandboxConfig), "workspace": (self.workspace, WorkspaceConfig),
+                 "reward": (self.reward, CodeRewardConfig)}  # fmt: skip
+        for name, (value, kind) in parts.items():
+            if not isinstance(value, kind):
+                raise ValueError(f"CodeEnvConfig.{name} must be a {kind.__name__}, got {type(value).__name__}")
 
 
 class CodeEnv(CodeTools, ToolEnv):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from taskrl.envs.code import limits
 from taskrl.envs.code.limits import Cgroups, TreeWatchdog
+from taskrl.validate import above, require
 
 SANDBOX_WORKDIR = "/workspace"
 SANDBOX_UID = 1000
@@ -88,11 +89,9 @@ class SandboxConfig:
     """Extra environment variables for sandboxed commands."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "timeout_s", "cpu_seconds", "memory_bytes", "cpus", "max_processes", "max_file_bytes", "tmp_bytes"
-        ):  # fmt: skip
-            if not getattr(self, name) > 0:
-                raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)}")
+        require("SandboxConfig", "must be > 0", above(0), timeout_s=self.timeout_s, cpu_seconds=self.cpu_seconds,
+                memory_bytes=self.memory_bytes, cpus=self.cpus, max_processes=self.max_processes,
+                max_file_bytes=self.max_file_bytes, tmp_bytes=self.tmp_bytes)  # fmt: skip
         if self.max_output_bytes < 0:
             raise ValueError(f"SandboxConfig.max_output_bytes must be >= 0, got {self.max_output_bytes}")
         if self.kill_output_bytes < self.max_output_bytes:

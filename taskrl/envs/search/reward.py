@@ -20,7 +20,6 @@ that is not the task's; ``verifier_disagrees``: most listed documents support no
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from taskrl.algos.schedules import make_schedule
 from taskrl.envs.search.corpus import doc_id_of
 from taskrl.rewards.formulas import f_beta
+from taskrl.validate import above, finite_at_least, require
 
 PRUNE_TOOL = "prune_chunks"
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
@@ -88,11 +88,10 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        for name in ("f_beta_weight", "trajectory_recall_weight", "answer_found_bonus", "prune_penalty",
-                     "prune_penalty_cap", "turn_penalty_max", "floor", "answer_weight"):  # fmt: skip
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"RewardConfig.{name} must be a finite number >= 0, got {value!r}")
+        require("RewardConfig", "must be a finite number >= 0", finite_at_least(0), f_beta_weight=self.f_beta_weight,
+                trajectory_recall_weight=self.trajectory_recall_weight, answer_found_bonus=self.answer_found_bonus,
+                prune_penalty=self.prune_penalty, prune_penalty_cap=self.prune_penalty_cap,
+                turn_penalty_max=self.turn_penalty_max, floor=self.floor, answer_weight=self.answer_weight)  # fmt: skip
         if self.prune_free_streak < 0:
             raise ValueError(f"RewardConfig.prune_free_streak must be >= 0, got {self.prune_free_streak}")
         if not 0 <= self.turn_penalty_start < self.turn_penalty_end:
@@ -100,9 +99,7 @@ class RewardConfig:
                 f"RewardConfig.turn_penalty_start ({self.turn_penalty_start}) must be >= 0 and below "
                 f"turn_penalty_end ({self.turn_penalty_end})"
             )
-        for name in ("beta_start", "beta_end"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"RewardConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        require("RewardConfig", "must be > 0", above(0), beta_start=self.beta_start, beta_end=self.beta_end)
         if self.beta_anneal_epochs < 1:
             raise ValueError(f"RewardConfig.beta_anneal_epochs must be >= 1, got {self.beta_anneal_epochs}")
         if self.max_output_docs < 1:

@@ -40,6 +40,7 @@ from taskrl.rewards.parl import (
 from taskrl.rollout import RolloutConfig, derive_seed
 from taskrl.tools import tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
+from taskrl.validate import at_least, require
 
 SYSTEM_PROMPT = """\
 You lead a team of helper agents. Helpers can search a document corpus; you cannot.
@@ -107,10 +108,10 @@ class SwarmEnvConfig:
     """λ1, λ2, K and the annealing of the PARL reward."""
 
     def __post_init__(self) -> None:
-        for name in ("orchestrator_max_steps", "subagent_max_steps", "max_subagents",
-                     "subagent_max_context_tokens", "subagent_max_new_tokens", "ray_actors"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"SwarmEnvConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require("SwarmEnvConfig", "must be >= 1", at_least(1), orchestrator_max_steps=self.orchestrator_max_steps,
+                subagent_max_steps=self.subagent_max_steps, max_subagents=self.max_subagents,
+                subagent_max_context_tokens=self.subagent_max_context_tokens,
+                subagent_max_new_tokens=self.subagent_max_new_tokens, ray_actors=self.ray_actors)  # fmt: skip
         if self.max_critical_steps is not None and self.max_critical_steps < 2:
             raise ValueError(f"SwarmEnvConfig.max_critical_steps must be >= 2 or None, got {self.max_critical_steps}")
         if self.subagent_timeout_s <= 0:
