@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskrl.deploy.feedback import RewardMap
-from taskrl.deploy.store import Feedback, Interaction, InteractionStore
+from taskrl.deploy.store import Decision, Feedback, Interaction, InteractionStore
 
 AnswerKey = Callable[[Interaction], str | None]
 """What makes two replies "the same answer" (None: the reply is not compared)."""
@@ -153,5 +153,18 @@ class TrustedFeedbackStore:
             },
         }
 
-    def __getattr__(self, name: str) -> Any:  # interactions, add, decisions, max_version, ...: the real store's
-        return getattr(self.store, name)
+    # -- the rest of the store's interface ProductionCycle and trajectories_from_store use: the real store's --
+    async def add(self, table: str, row: Interaction | Feedback | Decision) -> str:
+        return await self.store.add(table, row)
+
+    def add_sync(self, table: str, row: Interaction | Feedback | Decision, timeout_s: float = 30.0) -> str:
+        return self.store.add_sync(table, row, timeout_s)
+
+    def decisions(self, *, model: str | None = None) -> list[Decision]:
+        return self.store.decisions(model=model)
+
+    def count(self, table: str = "interactions") -> int:
+        return self.store.count(table)
+
+    def max_version(self, model: str | None = None) -> int | None:
+        return self.store.max_version(model)

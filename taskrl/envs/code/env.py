@@ -79,6 +79,8 @@ class CodeEnv(CodeTools, ToolEnv):
         self._protected: dict[str, str] = {}
         self._initial: dict[str, tuple[int, int, int]] = {}
         self.steps = 0
+        self.checkpoint_errors: list[str] = []
+        """Snapshots that failed this episode (``checkpoint_every_step``); emptied by ``reset``."""
 
     # -- episode lifecycle ---------------------------------------------------------------------------------
     async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
@@ -93,7 +95,7 @@ class CodeEnv(CodeTools, ToolEnv):
         self._protected = protect(workspace.path)
         self._initial = tree_state(workspace.path)
         self.edits = self.commands = self.test_runs = self.steps = 0
-        self.checkpoint_errors: list[str] = []
+        self.checkpoint_errors = []
         info = {"workspace_mode": workspace.mode, "sandbox": "bubblewrap" if self.sandbox.isolated else "none"}
         return [Message("system", self.system_prompt), Message("user", task.prompt)], info
 
@@ -145,8 +147,8 @@ class CodeEnv(CodeTools, ToolEnv):
         metrics["edits"], metrics["commands"] = float(self.edits), float(self.commands)
         metrics["test_runs"] = float(self.test_runs)
         if self.config.checkpoint_every_step:
-            metrics["checkpoint_failed"] = float(bool(getattr(self, "checkpoint_errors", [])))
-        if getattr(self, "checkpoint_errors", []):
+            metrics["checkpoint_failed"] = float(bool(self.checkpoint_errors))
+        if self.checkpoint_errors:
             info["checkpoint_errors"] = self.checkpoint_errors[:10]
         if result.tampering:
             info["tampering"] = result.tampering
