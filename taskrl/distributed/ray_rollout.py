@@ -72,8 +72,9 @@ def hf_rollout_policy(config: TrainConfig) -> Policy:
 
     from taskrl.policies.hf import HFPolicy
     from taskrl.training.model import prepare_model
+    from taskrl.training.precision import torch_dtype
 
-    policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=getattr(torch, config.dtype))
+    policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=torch_dtype(config.dtype))
     torch.manual_seed(config.seed)  # the trainer's LoRA initialisation (overwritten by the first push anyway)
     policy.model = prepare_model(policy.model, config)
     return policy
@@ -102,19 +103,22 @@ class RolloutActor:
 
     async def ready(self) -> dict[str, float]:
         """The fingerprint of the frozen weights (empty for a policy without an in-process model)."""
-        model = getattr(self.policy, "model", None)
-        return parameter_sums(model) if hasattr(model, "named_parameters") else {}
+        from taskrl.policies.hf import HFPolicy
+
+        return parameter_sums(self.policy.model) if isinstance(self.policy, HFPolicy) else {}
 
     async def load_weights(self, state: dict[str, torch.Tensor], version: int, served_model: str | None = None) -> int:
         """Copy the learner's trainable tensors into the local model by name (a served policy instead switches to
         ``served_model``, the adapter the server just loaded); stamp later samples ``version``."""
         import torch
 
-        model = getattr(self.policy, "model", None)
-        if served_model is not None and isinstance(model, str):
+        from taskrl.policies.hf import HFPolicy
+        from taskrl.policies.openai import OpenAIPolicy
+
+        if served_model is not None and isinstance(self.policy, OpenAIPolicy):
             self.policy.model = served_model
-        if state and hasattr(model, "named_parameters"):
-            own = _trainable(model)
+        if state and isinstance(self.policy, HFPolicy):
+            own = _trainable(self.policy.model)
             missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
             if missing or unexpected:
                 raise ValueError(
@@ -124,11 +128,7 @@ class RolloutActor:
             with torch.no_grad():
                 for name, param in own.items():
                     param.copy_(state[name].to(param.device, param.dtype))
-        set_version = getattr(self.policy, "set_version", None)
-        if callable(set_version):
-            set_version(version)
-        else:
-            self.policy.version = version
+        self.policy.version = version
         return version
 
     async def play(self, jobs: list[_Job], rollout: RolloutConfig, step: int, epoch: int) -> list[Trajectory]:
@@ -337,9 +337,10 @@ class RaySync:
             self.local(version)  # may raise (a server that refused the adapter): the actors then keep the old one
         if self.rollout.version == version:  # a step without an update keeps the version: nothing to send
             return
-        served = getattr(self.rollout_policy, "model", None)
-        if isinstance(served, str):
-            self.rollout.push({}, version, served_model=served)
+        from taskrl.policies.openai import OpenAIPolicy
+
+        if isinstance(self.rollout_policy, OpenAIPolicy):  # the server already loaded the adapter: switch to it
+            self.rollout.push({}, version, served_model=self.rollout_policy.model)
         else:
             self.rollout.push(self.learner.trainable_state(), version)
 

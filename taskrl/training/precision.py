@@ -3,6 +3,7 @@
 ``resolve(choice, device)`` turns a config value (float32, bfloat16, auto) into a dtype and a one-line reason;
 ``auto`` picks bfloat16 only where the hardware accelerates it: CUDA with ``torch.cuda.is_bf16_supported()``,
 a CPU whose /proc/cpuinfo flags include ``amx_bf16`` or ``avx512_bf16`` (elsewhere bf16 is emulated and slower).
+``torch_dtype(name)`` maps a configured dtype name to torch's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ from pathlib import Path
 import torch
 
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The dtypes a config may name (``TrainConfig.dtype``, ``learner_precision``, ``rollout_dtype``)."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a config names; a ``ValueError`` listing the choices for any other name."""
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
 
 
 @functools.cache
@@ -48,7 +58,7 @@ def resolve(choice: str, device: torch.device, *, same: torch.dtype = torch.floa
     if choice == "auto":
         ok, why = bf16_accelerated(device)
         return (torch.bfloat16, f"auto: {why}") if ok else (torch.float32, f"auto: {why}, so float32")
-    return getattr(torch, choice), "as configured"
+    return torch_dtype(choice), "as configured"
 
 
 def learner_autocast(choice: str, device: torch.device) -> tuple[torch.dtype | None, str]:

@@ -17,19 +17,18 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import torch
 
+from taskrl.policies.hf import HFPolicy
+from taskrl.policies.openai import OpenAIPolicy
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.model import is_peft
 
 if TYPE_CHECKING:
-    from taskrl.policies.hf import HFPolicy
-    from taskrl.policies.openai import OpenAIPolicy
     from taskrl.training.learner import Learner
 
 ADAPTERS = "adapters"
@@ -58,7 +57,7 @@ class InProcessSync:
     """The rollout policy holds the learner's model object: nothing to copy, only the version to bump."""
 
     def __init__(self, policy: Any, model: Any) -> None:
-        if getattr(policy, "model", None) is not model:
+        if not isinstance(policy, HFPolicy) or policy.model is not model:
             raise ValueError(
                 "the rollout policy does not hold the learner's model; pass a weight_sync that pushes weights "
                 "to it (e.g. LoRA adapters to a server)"
@@ -73,8 +72,6 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
     """A second ``HFPolicy`` on a deep copy of ``policy.model`` (same peft adapter structure, same device), its
     weights cast to ``dtype`` when given (a bf16 rollout of an fp32 learner). Take it before the learner shards
     the model (fsdp2): the copy must be whole."""
-    from taskrl.policies.hf import HFPolicy
-
     model = copy.deepcopy(policy.model).requires_grad_(False)
     if dtype is not None:
         model = model.to(dtype)
@@ -91,15 +88,6 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         prefix_cache_bytes=policy.prefix_cache_bytes,
     )
 
-
-def _on_decode_thread(policy: Any, work: Callable[[], None]) -> None:
-    """Run ``work`` between two decode batches of an ``HFPolicy``: its single decode thread runs batches one at
-    a time and reads ``version`` when a batch starts, so no batch ever mixes old and new weights."""
-    run_exclusive = getattr(policy, "run_exclusive", None)
-    if run_exclusive is None:
-        work()
-    else:
-        run_exclusive(work)
 
 
 class CopySync:
@@ -129,7 +117,9 @@ class CopySync:
                         target.copy_(full)
             self.policy.version = version
 
-        _on_decode_thread(self.policy, copy_in)
+        # between two decode batches: the policy's single decode thread reads ``version`` when a batch starts, so
+        # no batch ever mixes old and new weights
+        self.policy.run_exclusive(copy_in)
 
 
 class ServerLoRASync:
@@ -249,7 +239,6 @@ class ServerLoRASync:
 
 def connect_server(config: TrainConfig, *, timeout_s: float = 10.0) -> OpenAIPolicy:
     """The rollout ``OpenAIPolicy`` of ``rollout_policy='server'``, after checking the server serves the model."""
-    from taskrl.policies.openai import OpenAIPolicy
 
     api_key = os.environ.get(config.rollout_api_key_env) or None
     url = config.rollout_url.rstrip("/")
