@@ -15,7 +15,14 @@ Where this departs from the paper (MiniMax-M1, 2025):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from taskrl.algos import grpo
+from taskrl.algos.algorithm import Algorithm
 from taskrl.algos.losses import Tensor
+
+if TYPE_CHECKING:
+    from taskrl.training.config import TrainConfig
 
 
 def policy_loss(
@@ -26,3 +33,16 @@ def policy_loss(
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = -weight * advantages * logprobs
     return loss, {"clipfrac": (weight != ratio).float()}
+
+
+def token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy_loss`` with the config's IS-weight bounds."""
+    return policy_loss(logprobs, old_logprobs, advantages, eps_low=config.cispo_eps_low, eps_high=config.cispo_eps_high)
+
+
+ALGORITHM = Algorithm(
+    "cispo", token_loss, advantages=grpo.advantages, min_group_size=2,
+    config_fields=(*grpo.GROUP_FIELDS, "cispo_eps_low", "cispo_eps_high"),
+)  # fmt: skip

@@ -19,8 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import torch
+
+from taskrl.algos.algorithm import Advantages, Algorithm, TrajectoryInput
 from taskrl.algos.losses import Tensor, clipped_surrogate
+
+if TYPE_CHECKING:
+    from taskrl.training.config import TrainConfig
 
 
 @dataclass
@@ -76,3 +83,41 @@ def policy_loss(
     """Per-token clipped surrogate (sum it with token weights); stats: ``clipfrac``."""
     loss, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low=clip_eps_low, eps_high=clip_eps_high)
     return loss, {"clipfrac": clipped.float()}
+
+
+def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> Advantages:
+    """Group-relative advantages of the trajectories' rewards (less ``kl_coef`` x their summed k1 penalty), the
+    same for every sampled token of a trajectory; shared by ``cispo`` and ``kimi``."""
+    rewards = []
+    for traj in trajectories:
+        penalty = sum(float(kl.sum()) for kl in traj.kl) if traj.kl else 0.0
+        rewards.append(traj.reward - config.kl_coef * penalty)
+    result = group_advantages(
+        rewards,
+        [t.group_id for t in trajectories],
+        normalize_std=config.normalize_std,
+        drop_zero_variance=config.drop_zero_variance,
+    )
+    per_token = [
+        None if advantage is None else [torch.full((size,), advantage) for size in traj.sizes]
+        for traj, advantage in zip(trajectories, result.advantages, strict=True)
+    ]
+    metrics = {"charts/groups": float(result.groups), "charts/dropped_groups": float(result.dropped_groups)}
+    return Advantages(per_token, metrics=metrics)
+
+
+def token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy_loss`` with the config's clip range."""
+    return policy_loss(
+        logprobs, old_logprobs, advantages, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high
+    )
+
+
+GROUP_FIELDS = ("normalize_std", "drop_zero_variance")
+"""Config fields of ``advantages`` (every group-relative algorithm reads them)."""
+ALGORITHM = Algorithm(
+    "grpo", token_loss, advantages=advantages, min_group_size=2,
+    config_fields=(*GROUP_FIELDS, "clip_eps_low", "clip_eps_high"),
+)  # fmt: skip

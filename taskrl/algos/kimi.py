@@ -18,7 +18,14 @@ Where this departs from the papers (Kimi K1.5, 2025; Kimi K2.5, 2026):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from taskrl.algos import grpo
+from taskrl.algos.algorithm import Algorithm
 from taskrl.algos.losses import Tensor
+
+if TYPE_CHECKING:
+    from taskrl.training.config import TrainConfig
 
 
 def policy_loss(
@@ -30,3 +37,18 @@ def policy_loss(
     inside = ((detached >= alpha) & (detached <= beta)).to(logprobs.dtype)
     loss = inside * (-advantages * log_ratio + tau * log_ratio**2)
     return loss, {"clipfrac": 1.0 - inside}
+
+
+def token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy_loss`` with the config's mask bounds and regulariser."""
+    return policy_loss(
+        logprobs, old_logprobs, advantages, alpha=config.kimi_alpha, beta=config.kimi_beta, tau=config.kimi_tau
+    )
+
+
+ALGORITHM = Algorithm(
+    "kimi", token_loss, advantages=grpo.advantages, min_group_size=2,
+    config_fields=(*grpo.GROUP_FIELDS, "kimi_alpha", "kimi_beta", "kimi_tau"),
+)  # fmt: skip

@@ -18,10 +18,15 @@ Where this departs from the paper (Schulman et al. 2017) and common RLHF practic
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from taskrl.algos.algorithm import Advantages, Algorithm, TrajectoryInput, per_sequence
 from taskrl.algos.losses import Tensor, clipped_surrogate
+
+if TYPE_CHECKING:
+    from taskrl.training.config import TrainConfig
 
 
 def gae(
@@ -69,3 +74,44 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: flo
         return 0.5 * unclipped
     clipped = (old_values + (values - old_values).clamp(-clip, clip) - returns) ** 2
     return 0.5 * torch.maximum(unclipped, clipped)
+
+
+def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> Advantages:
+    """GAE over each trajectory's sampled tokens in order: the reward at the last token, ``-kl_coef`` x k1 at
+    every token (kl="k1_reward"), bootstrapped from ``bootstrap_value``."""
+    per_token: list[list[Tensor] | None] = []
+    returns: list[list[Tensor] | None] = []
+    for traj in trajectories:
+        if not traj.sizes:
+            per_token.append([])
+            returns.append([])
+            continue
+        values = torch.cat(traj.values).float().cpu()
+        rewards = torch.zeros_like(values)
+        if traj.kl:
+            rewards -= config.kl_coef * torch.cat(traj.kl).float().cpu()
+        rewards[-1] += traj.reward
+        adv, ret = gae(rewards, values, gamma=config.gamma, lam=config.gae_lambda, bootstrap_value=traj.bootstrap_value)
+        per_token.append(per_sequence(adv, traj.sizes))
+        returns.append(per_sequence(ret, traj.sizes))
+    return Advantages(per_token, returns=returns)
+
+
+def token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy_loss`` with the config's clip range."""
+    return policy_loss(
+        logprobs, old_logprobs, advantages, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high
+    )
+
+
+def value_token_loss(values: Tensor, old_values: Tensor, returns: Tensor, config: TrainConfig) -> Tensor:
+    """``value_loss`` with the config's clip."""
+    return value_loss(values, old_values, returns, clip=config.vf_clip)
+
+
+ALGORITHM = Algorithm(
+    "ppo", token_loss, advantages=advantages, value_loss=value_token_loss,
+    config_fields=("gamma", "gae_lambda", "clip_eps_low", "clip_eps_high", "vf_coef", "vf_clip"),
+)  # fmt: skip

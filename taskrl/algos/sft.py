@@ -13,9 +13,14 @@ Where this departs from common practice:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
+from taskrl.algos.algorithm import Algorithm
 from taskrl.algos.losses import Tensor
 from taskrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from taskrl.training.config import TrainConfig
 
 
 def select(trajectories: Iterable[Trajectory], *, min_reward: float) -> list[Trajectory]:
@@ -30,3 +35,14 @@ def select(trajectories: Iterable[Trajectory], *, min_reward: float) -> list[Tra
 def nll_loss(logprobs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token negative log-likelihood of the sampled tokens."""
     return -logprobs, {}
+
+
+def token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``nll_loss``: imitation has no ratio and no advantage, so ``old_logprobs`` and ``advantages`` play no part."""
+    return nll_loss(logprobs)
+
+
+ALGORITHM = Algorithm("sft", token_loss, config_fields=("sft_min_reward",))
+"""Imitation (no ``advantages``): the learner selects trajectories with ``select`` and trains every sampled token."""

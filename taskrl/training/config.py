@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskrl.algos import ALGORITHMS
 from taskrl.algos.schedules import make_schedule
 from taskrl.validate import finite_at_least, integer_at_least, require
 
-ALGOS = ("grpo", "ppo", "cispo", "kimi", "sft")
 KL_MODES = ("none", "k1_reward", "k3_loss")
 FINETUNE_MODES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -148,7 +148,7 @@ class TrainConfig:
 
     # -- algorithm -----------------------------------------------------------------------------------
     algo: str = "grpo"
-    """grpo, ppo (value head + GAE), cispo, kimi (K2.5 token masking) or sft."""
+    """A name in ``taskrl.algos.ALGORITHMS``: grpo, ppo (value head + GAE), cispo, kimi (K2.5 token masking), sft."""
     lr: float | dict[str, Any] = 1e-5
     """Learning rate of RL (or algo=sft) steps: a number or a schedule such as {kind="cosine", ...}."""
     weight_decay: float = 0.0
@@ -242,7 +242,7 @@ class TrainConfig:
                 temperature=self.temperature, lora_alpha=self.lora_alpha,
                 ray_num_cpus_per_worker=self.ray_num_cpus_per_worker,
                 ray_num_gpus_per_worker=self.ray_num_gpus_per_worker)  # fmt: skip
-        need(self.algo in ALGOS, "algo", f"must be one of {', '.join(ALGOS)}")
+        need(self.algo in ALGORITHMS, "algo", f"must be one of {', '.join(ALGORITHMS)}")  # the table, read now
         need(self.kl in KL_MODES, "kl", f"must be one of {', '.join(KL_MODES)}")
         need(self.finetune in FINETUNE_MODES, "finetune", f"must be one of {', '.join(FINETUNE_MODES)}")
         need(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
@@ -288,8 +288,10 @@ class TrainConfig:
         need(self.sft_warmup_steps <= self.steps, "sft_warmup_steps", f"must be <= steps ({self.steps})")
         need(bool(self.lora_targets), "lora_targets", "must name at least one module")
         need(self.kl == "none" or self.kl_coef > 0, "kl_coef", f"must be > 0 when kl={self.kl!r}")
-        rl = self.algo != "sft" and self.sft_warmup_steps < self.steps
-        need(not rl or self.algo == "ppo" or self.group_size >= 2, "group_size", f"must be >= 2 for {self.algo}")
+        chosen = ALGORITHMS[self.algo]
+        rl = not chosen.imitation and self.sft_warmup_steps < self.steps
+        need(not rl or self.group_size >= chosen.min_group_size, "group_size",
+             f"must be >= {chosen.min_group_size} for {self.algo}")  # fmt: skip
         try:
             for name, value in {"lr": self.lr, "sft_lr": self.sft_lr, "entropy_coef": self.entropy_coef}.items():
                 make_schedule(value, field=f"TrainConfig.{name}")
@@ -301,7 +303,7 @@ class TrainConfig:
     @property
     def phases(self) -> tuple[int, int]:
         """(SFT steps, RL steps) of the run."""
-        if self.algo == "sft":
+        if ALGORITHMS[self.algo].imitation:
             return self.steps, 0
         return self.sft_warmup_steps, self.steps - self.sft_warmup_steps
 

@@ -2,7 +2,8 @@
 
 ``Learner(model, config).update(trajectories, step=...)`` is callable on any trajectories (fresh, replayed,
 from another process): it drops untrainable and too-stale samples, scores them when needed (old logprobs,
-reference logprobs, values), computes advantages (GRPO group-relative or PPO's GAE), and trains only on
+reference logprobs, values), computes advantages with the configured algorithm (looked up in
+``taskrl.algos.ALGORITHMS``: its advantage function, token loss and value loss), and trains only on
 loss_mask = 1 tokens, each weighted 1 / (sampled tokens in the optimizer step), with truncated importance
 weights against the sampler's logprobs. Each call that changes the weights bumps ``version``; the trainer
 syncs that version into the rollout policy.
@@ -25,7 +26,8 @@ from typing import Any
 
 import torch
 
-from taskrl.algos import cispo, grpo, kimi, ppo, sft
+from taskrl.algos import algorithm, sft
+from taskrl.algos.algorithm import TrajectoryInput
 from taskrl.algos.losses import approx_kl, kl_k1, kl_k3, truncated_is_weights
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed import fsdp
@@ -37,7 +39,6 @@ from taskrl.training.model import LearnerGraph, Reference, decoder_layers, forwa
 from taskrl.training.precision import learner_autocast
 from taskrl.types import Trajectory
 
-GROUP_ALGOS = ("grpo", "cispo", "kimi")
 SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "charts/untrainable", "charts/groups",
                      "charts/dropped_groups", "charts/trained_trajectories", "charts/trained_tokens",
                      "charts/forward_tokens")  # fmt: skip
@@ -103,7 +104,8 @@ class Learner:
         self.device = next(model.parameters()).device
         self.version = 0
         self.autocast_dtype, self.precision_note = learner_autocast(config.learner_precision, self.device)
-        self.value_head = make_value_head(model) if config.algo == "ppo" else None
+        self.algorithm = algorithm(config.algo)
+        self.value_head = make_value_head(model) if self.algorithm.value_head else None
         self.reference = Reference(model) if config.kl != "none" else None  # a full-FT copy is taken before sharding
         self.graph = LearnerGraph(model)
         self.ref_graph = LearnerGraph(self.reference.copy) if self.reference and self.reference.copy else None
@@ -126,13 +128,13 @@ class Learner:
 
     # -- public ------------------------------------------------------------------------------------
     def update(self, trajectories: Sequence[Trajectory], *, step: int, sft_mode: bool = False) -> dict[str, float]:
-        """One learner step on ``trajectories``: RL (``config.algo``) or, with ``sft_mode``, behaviour cloning.
+        """One learner step on ``trajectories``: ``config.algo``'s or, with ``sft_mode``, behaviour cloning.
 
         ``step`` drives the schedules (RL steps count from the end of the SFT warm-up) and the minibatch
         shuffle. Returns ``losses/*`` and ``charts/*`` metrics.
         """
         cfg = self.config
-        sft_mode = sft_mode or cfg.algo == "sft"
+        sft_mode = sft_mode or self.algorithm.imitation
         metrics: dict[str, float] = {"charts/offered_trajectories": float(len(trajectories))}
         usable = [t for t in trajectories if t.trainable and t.num_sampled_tokens > 0]
         if sft_mode:
@@ -218,8 +220,9 @@ class Learner:
         return self.version - min(versions) if versions else 0
 
     def _lr(self, step: int, sft_mode: bool) -> float:
-        """``lr`` for RL steps (counted from the end of the warm-up) and algo=sft; ``sft_lr`` in the warm-up."""
-        if self.config.algo == "sft":
+        """``lr`` for RL steps (counted from the end of the warm-up) and imitation algorithms (algo=sft);
+        ``sft_lr`` in the warm-up."""
+        if self.algorithm.imitation:
             return float(self.lr(step))
         if sft_mode:
             return float(self.sft_lr(step))
@@ -233,7 +236,7 @@ class Learner:
     def _score(self, sequences: list[TokenSequence], scores: _Scores) -> None:
         """The pre-update pass: old logprobs (several optimizer steps per batch), reference logprobs, values."""
         cfg = self.config
-        need_old = cfg.epochs_per_batch * cfg.minibatches > 1 or cfg.algo == "ppo" or cfg.kl == "k1_reward"
+        need_old = cfg.epochs_per_batch * cfg.minibatches > 1 or self.algorithm.value_head or cfg.kl == "k1_reward"
         if not (need_old or self.reference is not None):
             return
         self.model.eval()
@@ -281,8 +284,11 @@ class Learner:
     def _advantages(
         self, batch: list[Trajectory], sequences: list[TokenSequence], scores: _Scores, metrics: dict[str, float]
     ) -> set[int]:
-        """Fill ``scores.advantages`` (and PPO returns); return the indices of the sequences that keep a signal."""
+        """Fill ``scores.advantages`` (and value targets) with the algorithm's advantage function; return the
+        indices of the sequences that keep a signal."""
         cfg = self.config
+        advantage_fn = self.algorithm.advantages
+        assert advantage_fn is not None, "imitation algorithms have no advantages (update takes the sft path)"
         by_traj: dict[int, list[int]] = defaultdict(list)
         for i, s in enumerate(sequences):
             by_traj[s.traj_index].append(i)
@@ -291,40 +297,28 @@ class Learner:
             k1 = {i: kl_k1(scores.old[i], scores.ref[i]) for i in range(len(sequences))}
             total, episodes = self.group.sum([sum(float(v.sum()) for v in k1.values()), len(by_traj)])
             metrics["losses/kl_k1_per_episode"] = total / max(episodes, 1)
-        if cfg.algo in GROUP_ALGOS:
-            rewards = []
-            for t_index, traj in enumerate(batch):
-                penalty = sum(float(k1[i].sum()) for i in by_traj[t_index]) if k1 else 0.0
-                rewards.append(traj.reward - cfg.kl_coef * penalty)
-            result = grpo.group_advantages(
-                rewards,
-                [t.group_id for t in batch],
-                normalize_std=cfg.normalize_std,
-                drop_zero_variance=cfg.drop_zero_variance,
-            )
-            metrics["charts/groups"] = float(result.groups)
-            metrics["charts/dropped_groups"] = float(result.dropped_groups)
-            kept = set()
-            for i, s in enumerate(sequences):
-                advantage = result.advantages[s.traj_index]
-                if advantage is not None:
-                    scores.advantages[i] = torch.full((s.num_sampled,), advantage, device=self.device)
-                    kept.add(i)
-            return kept
-        for t_index, traj in enumerate(batch):  # PPO: GAE over the trajectory's sampled tokens, in order
+        inputs = []
+        for t_index, traj in enumerate(batch):
             indices = by_traj[t_index]
-            if not indices:
+            truncated = traj.truncated and not traj.terminated  # a terminated episode bootstraps with 0
+            inputs.append(TrajectoryInput(
+                reward=traj.reward,
+                group_id=traj.group_id,
+                sizes=[sequences[i].num_sampled for i in indices],
+                kl=[k1[i] for i in indices] if k1 else [],
+                values=[scores.values[i] for i in indices] if self.value_head is not None else [],
+                bootstrap_value=scores.last_value[indices[-1]] if truncated and indices and scores.last_value else 0.0,
+            ))  # fmt: skip
+        result = advantage_fn(inputs, cfg)
+        metrics.update(result.metrics)
+        for t_index, per_token in enumerate(result.per_token):
+            if per_token is None:
                 continue
-            values = torch.cat([scores.values[i] for i in indices]).float().cpu()
-            rewards = torch.zeros_like(values)
-            if k1:
-                rewards -= cfg.kl_coef * torch.cat([k1[i] for i in indices]).float().cpu()
-            rewards[-1] += traj.reward
-            bootstrap = scores.last_value[indices[-1]] if traj.truncated and not traj.terminated else 0.0
-            adv, returns = ppo.gae(rewards, values, gamma=cfg.gamma, lam=cfg.gae_lambda, bootstrap_value=bootstrap)
-            sizes = [sequences[i].num_sampled for i in indices]
-            for i, a, r in zip(indices, adv.split(sizes), returns.split(sizes), strict=True):
-                scores.advantages[i], scores.returns[i] = a.to(self.device), r.to(self.device)
+            returns = result.returns[t_index] if result.returns is not None else None
+            for j, i in enumerate(by_traj[t_index]):
+                scores.advantages[i] = per_token[j].to(self.device)
+                if returns is not None:
+                    scores.returns[i] = returns[j].to(self.device)
         return set(scores.advantages)
 
     def _optimize(
@@ -452,7 +446,7 @@ class Learner:
         if out.entropy is not None:
             stats.add("entropy", out.entropy)
         if sft_mode:
-            per_token, _ = sft.nll_loss(logprobs)
+            per_token, _ = sft.ALGORITHM.token_loss(logprobs, logprobs.detach(), logprobs.detach(), cfg)
             stats.add("sft_nll", per_token)
             loss = per_token.sum() / total_tokens
             loss.backward()
@@ -464,18 +458,7 @@ class Learner:
         old = cat(scores.old) if scores.old else logprobs.detach()
         advantages = cat(scores.advantages)
         sampler = torch.cat([s.sampler_logprobs for s in rows]).to(self.device)
-        if cfg.algo == "cispo":
-            per_token, extra = cispo.policy_loss(
-                logprobs, old, advantages, eps_low=cfg.cispo_eps_low, eps_high=cfg.cispo_eps_high
-            )
-        elif cfg.algo == "kimi":
-            per_token, extra = kimi.policy_loss(
-                logprobs, old, advantages, alpha=cfg.kimi_alpha, beta=cfg.kimi_beta, tau=cfg.kimi_tau
-            )
-        else:  # grpo and ppo share the clipped surrogate
-            per_token, extra = grpo.policy_loss(
-                logprobs, old, advantages, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high
-            )
+        per_token, extra = self.algorithm.token_loss(logprobs, old, advantages, cfg)
         stats.add("policy_loss", per_token)
         stats.add("approx_kl", approx_kl(logprobs, old))
         # KL(sampler || learner) by k3 on the sampler's tokens: the inference/training numerics gap (bf16 vs fp32,
@@ -497,8 +480,8 @@ class Learner:
         if cfg.is_truncation > 0:
             stats.add("is_truncated", (weights >= cfg.is_truncation).float())
         loss = (per_token * weights).sum()
-        if out.values is not None:
-            value_loss = ppo.value_loss(out.values, cat(scores.values), cat(scores.returns), clip=cfg.vf_clip)
+        if out.values is not None and self.algorithm.value_loss is not None:
+            value_loss = self.algorithm.value_loss(out.values, cat(scores.values), cat(scores.returns), cfg)
             stats.add("value_loss", value_loss)
             loss = loss + cfg.vf_coef * value_loss.sum()
         loss = loss / total_tokens
