@@ -415,6 +415,13 @@ class CorpusStore:
         deadline = time.monotonic() + budget_s if budget_s is not None else math.inf
         found: list[Chunk] = []
         scanned = 0
+
+        def stopped(scanned: int, total: int) -> GrepStoppedError:
+            within = f"within its {budget_s:g}s budget" if budget_s is not None else "when asked to stop"
+            return GrepStoppedError(
+                f"grep stopped: {pattern!r} scanned {scanned:,} of {total:,} chunks {within}; use a simpler pattern"
+            )
+
         with self._db() as db:
             total = int(db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
             for row in db.execute("SELECT * FROM chunks ORDER BY doc_id, position"):
@@ -422,15 +429,15 @@ class CorpusStore:
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0 or (should_stop is not None and should_stop()):
-                    raise GrepStoppedError(
-                        f"grep stopped: {pattern!r} scanned {scanned:,} of {total:,} chunks within its "
-                        f"{budget_s:g}s budget; use a simpler pattern"
-                    )
+                    raise stopped(scanned, total)
                 try:
                     hit = compiled.search(row[3], timeout=min(timeout_s, left), concurrent=True)
                 except TimeoutError:
-                    if time.monotonic() >= deadline:
-                        continue  # reported by the budget check above, with the progress made
+                    # The per-chunk limit was the budget's remainder: the budget ran out, whichever clock (regex's
+                    # or ours) noticed first, and even on the last chunk. Only a full per-chunk timeout is the
+                    # pattern's own fault.
+                    if left < timeout_s:
+                        raise stopped(scanned, total) from None
                     raise InvalidPatternError(
                         f"regular expression {pattern!r} took over {timeout_s:g}s on one chunk; simplify it"
                     ) from None

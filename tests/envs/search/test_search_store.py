@@ -96,6 +96,8 @@ def test_grep_stops_at_its_total_budget_and_on_request(tmp_path: Path) -> None:
     with pytest.raises(GrepStoppedError, match="scanned 0 of"):
         store.grep("ships", should_stop=lambda: True)
     assert len(store.grep("ships", budget_s=30)) == 5  # a fast pattern is unaffected
+    with pytest.raises(GrepStoppedError, match="scanned 0 of .* when asked to stop"):  # no budget, still stops
+        store.grep("ships", budget_s=None, should_stop=lambda: True)
 
 
 def test_store_errors_name_the_fix(tmp_path: Path) -> None:
