@@ -1,33 +1,70 @@
 """The environment contract, the registry, and ``check_env``.
 
-An env has ``tools`` (a ToolSet), ``tasks(split)``, ``reset(task, seed) -> (messages, info)``,
-``step(tool_calls) -> (results, terminated, truncated, info)`` and ``reward(trajectory) -> {term: value}``.
-Methods may be sync or async. ``ToolEnv`` implements ``step`` for the common case (run the calls on its
-tools); subclass it and write tools, tasks and a reward. ``check_env`` is run on every registered env.
+An env has ``name``, ``tools`` (a ToolSet), ``tasks(split)``, ``reset(task, seed) -> (messages, info)``,
+``step(tool_calls) -> StepOutput(results, terminated, truncated, info)`` and ``reward(trajectory) -> {term: value}``
+(unweighted measurements; ``taskrl.scoring`` turns them into the reward). Methods may be sync or async. ``ToolEnv``
+implements ``step`` for the common case (run the calls on its tools); subclass it and write tools, tasks and a
+reward. ``check_env`` is run on every registered env. ``step`` may return a plain 4-tuple; the loop reads it with
+``step_output``, which names the env when the shape is wrong.
 
-``step`` may put ``"context"`` in its info to change the model's view (pruning, summaries): a new
-``list[Message]``, or a function from the current view (tool results of this step included) to the new one;
-the loop then re-renders the context and opens a new token Segment. ``"append_messages"`` adds messages
-after the tool results. Envs with a ``training`` attribute get ``RolloutConfig.training`` before reset.
+``step``'s info may hold ``"context"``: a new ``list[Message]`` view of the conversation, or a function from the
+current view (this step's tool results included) to the new one (pruning, summaries; the loop re-renders and opens
+a new token Segment); ``"append_messages"``: messages added after the tool results; ``"final_answer"``: the
+episode's answer when the env decides it (a submit tool).
 
-A turn without tool calls ends the episode unless the env defines
-``user_turn(text) -> (messages, terminated, truncated, info)``: a simulated user who answers and lets
-the conversation go on (dialogue tasks, clarifying questions). An env that defines
-``observe_context(used_tokens, max_tokens)`` is told, after every sampled turn and before ``step``, how
-many tokens the model's view holds (token budgets, "[Token usage: ...]" lines).
+The optional contract, declared with its defaults on ``EnvDefaults`` (``ToolEnv`` inherits it; ``check_env``
+checks every hook an env has):
+
+- ``rubric`` (None): a ``taskrl.scoring.Rubric``, how the measured terms become the reward. None: every term at
+  weight 1, failures at ``failure_reward``.
+- ``failure_reward`` (0.0): the reward of a failed episode; no invalid call and no failed gate scores above it.
+- ``training`` (True): the loop sets it to ``RolloutConfig.training`` before reset; envs that add guidance only in
+  training rollouts (Context-1's "prune or answer" note) read it. Eval and sub-agents play with False.
+- ``user_turn`` (None): ``user_turn(text) -> (messages, terminated, truncated, info)``, a simulated user who answers
+  a turn without tool calls and lets the conversation go on. None: such a turn ends the episode.
+- ``finalize_group`` (None): ``finalize_group(group, task)``, a legacy group measurement writing terms into each
+  trajectory of a group of K samples of one task (declare group terms on the rubric instead).
+- ``scripted_rule`` (None): ``rule(messages, tools) -> str``, the env's expert (``--policy scripted``, SFT warm-up).
+- ``set_step(step, epoch)`` (no-op): the training clock, told before every reset and before group scoring. An env
+  forwards it to what it holds that has a schedule (the search env's beta, a composed reward's weights).
+- ``observe_context(used_tokens, max_tokens)`` (no-op): after every sampled turn and before ``step``, how many
+  tokens the model's view holds (token budgets, "[Token usage: ...]" lines).
+- ``record_episode(trajectory)`` (no-op): write the env's keys and children into a trajectory without scoring it
+  (a nested swarm under ``SubagentEnv``).
+- ``close()`` (no-op, may be async): release the episode's resources; the loop calls it after every episode.
+- ``unwrapped`` (the env itself): the innermost env under any ``Wrapper``s.
+
+``Wrapper(env)`` is the base of env wrappers (``LoopGuard``, ``FirstToolHint``, ``SubagentEnv``): it forwards the
+whole contract to ``env`` explicitly, so a wrapper overrides only what it changes. Envs that do not inherit
+``EnvDefaults`` still work: the loop reads their optional contract with ``declared(env, name)``.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
-StepOutput = tuple[list[ToolResult], bool, bool, dict[str, Any]]
+if TYPE_CHECKING:
+    from taskrl.scoring import Rubric
+
+
+class StepOutput(NamedTuple):
+    """What ``step`` returns; a plain 4-tuple in this order is read the same (``step_output``)."""
+
+    results: list[ToolResult]
+    """One result per executed call, carrying the call's id."""
+    terminated: bool
+    """The task ended (an answer was submitted, the goal reached)."""
+    truncated: bool
+    """A budget of the env ran out; the episode was cut off, not finished."""
+    info: dict[str, Any]
+    """Optional keys the loop reads: ``context``, ``append_messages``, ``final_answer``."""
 
 
 class UnknownEnvError(KeyError):
@@ -38,7 +75,7 @@ class UnknownEnvError(KeyError):
 
 
 class EnvCheckError(AssertionError):
-    """An env breaks the contract; the message names the method and what was wrong."""
+    """An env breaks the contract; the message names the env, the method and what was wrong."""
 
 
 @runtime_checkable
@@ -55,22 +92,158 @@ class Env(Protocol):
     def reward(self, trajectory: Trajectory) -> Any: ...
 
 
-def step_hooks(env: Any, name: str) -> list[Callable[..., Any]]:
-    """``env.<name>`` and ``<name>`` of every object the env holds (its reward, its reward's terms): how a trainer
-    reaches optional hooks such as ``set_step(step, epoch)`` and ``finalize_group(group, task)``."""
-    hooks = []
-    for target in [env, *vars(env).values()] if hasattr(env, "__dict__") else [env]:
-        hook = getattr(target, name, None)
-        if callable(hook) and not isinstance(target, type):
-            hooks.append(hook)
-    return hooks
+def step_output(value: Any, env_name: str) -> StepOutput:
+    """``step``'s return value as a ``StepOutput``; ``EnvCheckError`` naming the env when its shape is wrong."""
+    if not (isinstance(value, tuple) and len(value) == 4):
+        got = f"a {len(value)}-tuple" if isinstance(value, tuple) else type(value).__name__
+        raise EnvCheckError(f"env '{env_name}': step must return (results, terminated, truncated, info), got {got}")
+    results, terminated, truncated, info = value
+    if not isinstance(results, list) or not all(isinstance(r, ToolResult) for r in results):
+        raise EnvCheckError(f"env '{env_name}': step must return a list of ToolResult as its results")
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
+        raise EnvCheckError(f"env '{env_name}': step must return bools for terminated/truncated and a dict for info")
+    return StepOutput(results, terminated, truncated, info)
 
 
 async def maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-class ToolEnv:
+class EnvDefaults:
+    """The optional env contract with its defaults (see the module docstring); ``ToolEnv`` inherits it."""
+
+    rubric: Rubric | None = None
+    """How the measured terms become the reward; None: every term at weight 1 (``taskrl.scoring.rubric_of``)."""
+    failure_reward: float = 0.0
+    """Reward of a failed episode; trajectories with invalid tool calls or failed gates score no better."""
+    training: bool = True
+    """Set by the loop before reset (``RolloutConfig.training``): False in eval and sub-agent episodes."""
+    user_turn: Callable[[str], Any] | None = None
+    """``user_turn(text) -> (messages, terminated, truncated, info)``; None: a turn without tool calls ends it."""
+    finalize_group: Callable[[Sequence[Trajectory], Task | None], None] | None = None
+    """Legacy group measurement ``finalize_group(group, task)``; prefer ``Rubric.group_terms``."""
+    scripted_rule: Callable[[list[Message], list[dict[str, Any]] | None], str] | None = None
+    """The env's expert ``rule(messages, tools) -> str``; None: the env has none."""
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        """The training clock (before reset and before group scoring); forward it to what has a schedule."""
+
+    def observe_context(self, used_tokens: int, max_tokens: int) -> None:
+        """Tokens in the model's view after a sampled turn, before ``step``."""
+
+    def record_episode(self, trajectory: Trajectory) -> None:
+        """Write the env's keys and children into ``trajectory`` without scoring it."""
+
+    def close(self) -> Any:
+        """Release the episode's resources (may return an awaitable)."""
+
+    @property
+    def unwrapped(self) -> Any:
+        """The innermost env under any wrappers: this env."""
+        return self
+
+
+_OPTIONAL: dict[str, Any] = {
+    "name": "", "rubric": None, "failure_reward": 0.0, "training": True, "user_turn": None, "finalize_group": None,
+    "scripted_rule": None, "set_step": None, "observe_context": None, "record_episode": None, "close": None,
+}  # fmt: skip
+_ARITY = {"user_turn": 1, "finalize_group": 2, "scripted_rule": 2, "set_step": 2, "observe_context": 2,
+          "record_episode": 1, "close": 0}  # fmt: skip
+
+
+def declared(env: Any, name: str) -> Any:
+    """The env's value of one optional contract entry, or its default for an env that does not inherit
+    ``EnvDefaults`` (a hook it lacks reads None). The one place the optional contract is probed."""
+    if name not in _OPTIONAL:
+        raise ValueError(f"'{name}' is not part of the optional env contract: {', '.join(_OPTIONAL)}")
+    return getattr(env, name, _OPTIONAL[name])
+
+
+def call_hook(env: Any, name: str, *args: Any) -> Any:
+    """Call the env's optional hook ``name`` if it has one (its result may be awaitable); None otherwise."""
+    if name not in _ARITY:
+        raise ValueError(f"'{name}' is not an optional env hook: {', '.join(_ARITY)}")
+    fn = declared(env, name)
+    return fn(*args) if fn is not None else None
+
+
+class Wrapper(EnvDefaults):
+    """An env around ``env`` (Gymnasium's ``Wrapper``): forwards the whole contract explicitly, so a subclass
+    overrides only what it changes. Writes of ``name`` and ``training`` reach the wrapped env."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.env.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.env.name = value
+
+    @property
+    def tools(self) -> ToolSet:
+        return self.env.tools
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        return self.env.tasks(split)
+
+    def reset(self, task: Task, seed: int | None = None) -> Any:
+        return self.env.reset(task, seed=seed)
+
+    def step(self, tool_calls: list[ToolCall]) -> Any:
+        return self.env.step(tool_calls)
+
+    def reward(self, trajectory: Trajectory) -> Any:
+        return self.env.reward(trajectory)
+
+    @property
+    def rubric(self) -> Rubric | None:  # type: ignore[override]
+        return declared(self.env, "rubric")
+
+    @property
+    def failure_reward(self) -> float:  # type: ignore[override]
+        return declared(self.env, "failure_reward")
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        return declared(self.env, "training")
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        self.env.training = value  # type: ignore[attr-defined]
+
+    @property
+    def user_turn(self) -> Callable[[str], Any] | None:  # type: ignore[override]
+        return declared(self.env, "user_turn")
+
+    @property
+    def finalize_group(self) -> Callable[[Sequence[Trajectory], Task | None], None] | None:  # type: ignore[override]
+        return declared(self.env, "finalize_group")
+
+    @property
+    def scripted_rule(self) -> Callable[[list[Message], list[dict[str, Any]] | None], str] | None:  # type: ignore[override]
+        return declared(self.env, "scripted_rule")
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        call_hook(self.env, "set_step", step, epoch)
+
+    def observe_context(self, used_tokens: int, max_tokens: int) -> None:
+        call_hook(self.env, "observe_context", used_tokens, max_tokens)
+
+    def record_episode(self, trajectory: Trajectory) -> None:
+        call_hook(self.env, "record_episode", trajectory)
+
+    def close(self) -> Any:
+        return call_hook(self.env, "close")
+
+    @property
+    def unwrapped(self) -> Any:
+        return self.env.unwrapped if isinstance(self.env, EnvDefaults) else self.env
+
+
+class ToolEnv(EnvDefaults):
     """Base class: an env whose actions are calls to its ``@tool`` methods.
 
     Subclasses set ``name`` and ``system_prompt``, define ``@tool`` methods, ``tasks`` and ``reward``;
@@ -80,8 +253,6 @@ class ToolEnv:
     name: str = "tool_env"
     system_prompt: str = "You are a helpful assistant. Use the tools when they help."
     max_parallel: int | None = None
-    failure_reward: float = 0.0
-    """Reward of a failed episode; trajectories with invalid tool calls score no better than this."""
 
     def __init__(self) -> None:
         self.tools = ToolSet.from_object(self, max_parallel=self.max_parallel)
@@ -95,7 +266,7 @@ class ToolEnv:
         return [Message("system", self.system_prompt), Message("user", task.prompt)], {}
 
     async def step(self, tool_calls: list[ToolCall]) -> StepOutput:
-        return await self.tools.execute(tool_calls), False, False, {}
+        return StepOutput(await self.tools.execute(tool_calls), False, False, {})
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         return {}
@@ -137,28 +308,64 @@ def make(name: str, **kwargs: Any) -> Env:
             "(see `taskrl env list`)"
         )
     env = specs[name].factory(**kwargs)
-    if not getattr(env, "name", None):
+    if not declared(env, "name"):
         env.name = name
     return env
 
 
+def _takes(fn: Callable[..., Any], arity: int) -> bool:
+    """Whether ``fn`` can be called with ``arity`` positional arguments (True where Python cannot tell)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have no signature
+        return True
+    try:
+        signature.bind(*range(arity))
+    except TypeError:
+        return False
+    return True
+
+
+def _check_optional(env: Any, fail: Callable[[str], None]) -> None:
+    """The optional contract: declared values of the right type, hooks callable with their arguments."""
+    from taskrl.scoring import Rubric  # the scoring leaf is imported by the loop; the env contract sits above it
+
+    rubric = declared(env, "rubric")
+    if rubric is not None and not isinstance(rubric, Rubric):
+        fail(f"rubric must be a taskrl.scoring.Rubric or None, got {type(rubric).__name__}")
+    failure = declared(env, "failure_reward")
+    if isinstance(failure, bool) or not isinstance(failure, int | float) or not math.isfinite(failure):
+        fail(f"failure_reward must be a finite float, got {failure!r}")
+    if not isinstance(declared(env, "training"), bool):
+        fail(f"training must be a bool, got {declared(env, 'training')!r}")
+    for name, arity in _ARITY.items():
+        fn = declared(env, name)
+        if fn is None:
+            continue
+        if not callable(fn):
+            fail(f"{name} must be callable or None, got {type(fn).__name__}")
+        if not _takes(fn, arity):
+            fail(f"{name} must take {arity} positional argument{'s' if arity != 1 else ''}: {inspect.signature(fn)}")
+
+
 async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
     """Exercise an env through the contract; raise ``EnvCheckError`` naming what is wrong."""
+    env_name = declared(env, "name") or type(env).__name__
 
     def fail(msg: str) -> None:
-        raise EnvCheckError(f"env '{getattr(env, 'name', type(env).__name__)}': {msg}")
+        raise EnvCheckError(f"env '{env_name}': {msg}")
 
-    async def call(method: str, *args: Any, **kwargs: Any) -> Any:
+    async def call(method: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            return await maybe_await(getattr(env, method)(*args, **kwargs))
+            return await maybe_await(fn(*args, **kwargs))
         except Exception as e:  # noqa: BLE001 - reported as a contract failure naming the method
             fail(f"{method} raised {type(e).__name__}: {e}")
 
     async def reward_for_answer(task: Task, messages: list[Message], answer: str) -> float:
-        await call("reset", task, seed=0)
+        await call("reset", env.reset, task, seed=0)
         traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
         traj.info["final_answer"] = answer
-        rewards = await call("reward", traj)
+        rewards = await call("reward", env.reward, traj)
         if not isinstance(rewards, dict):
             fail(f"reward must return a dict of terms, got {type(rewards).__name__}")
         return float(sum(v for v in rewards.values() if v is not None))
@@ -172,33 +379,23 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
         fn = schema.get("function", {})
         if not fn.get("name") or not fn.get("description") or fn.get("parameters", {}).get("type") != "object":
             fail(f"tool schema incomplete: {schema}")
-    tasks = list(await call("tasks", "train"))[:num_tasks]
+    _check_optional(env, fail)
+    tasks = list(await call("tasks", env.tasks, "train"))[:num_tasks]
     if not tasks:
         fail("tasks('train') returned no tasks")
     for task in tasks:
         if not isinstance(task, Task):
             fail(f"tasks() must yield Task objects, got {type(task).__name__}")
-        out = await call("reset", task, seed=0)
+        out = await call("reset", env.reset, task, seed=0)
         if not (isinstance(out, tuple) and len(out) == 2):
             fail("reset must return (messages, info)")
         messages, info = out
         if not messages or not all(isinstance(m, Message) for m in messages) or not isinstance(info, dict):
             fail("reset must return a non-empty list[Message] and a dict")
         bogus = ToolCall("call_check", "__no_such_tool__", {})
-        step = await call("step", [bogus])
-        if not (isinstance(step, tuple) and len(step) == 4):
-            fail("step must return (results, terminated, truncated, info)")
-        results, terminated, truncated, info = step
-        if (
-            not isinstance(results, list)
-            or len(results) != 1
-            or not isinstance(results[0], ToolResult)
-            or not results[0].is_error
-            or results[0].call_id != "call_check"
-        ):
+        results = step_output(await call("step", env.step, [bogus]), env_name).results
+        if len(results) != 1 or not results[0].is_error or results[0].call_id != "call_check":
             fail("step must answer an unknown tool with one error ToolResult carrying the call id")
-        if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
-            fail("step must return bools for terminated/truncated and a dict for info")
         if task.answer is not None:
             gold = await reward_for_answer(task, messages, str(task.answer))
             wrong = await reward_for_answer(task, messages, "__certainly wrong__")

@@ -13,16 +13,31 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from taskrl import context as summaries
 from taskrl.context import SummaryConfig
-from taskrl.env import Env, maybe_await, step_hooks
+from taskrl.env import Env, call_hook, declared, maybe_await, step_output
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
 from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
 from taskrl.scoring import Clock, rubric_of, score
 from taskrl.seeding import derive_seed as derive_seed  # re-exported: taskrl.rollout.derive_seed
 from taskrl.types import Message, Segment, Task, ToolResult, Trajectory
+
+
+class EpisodeInfo(TypedDict, total=False):
+    """The ``Trajectory.info`` keys the loop writes (besides the env's ``reset`` info, which it copies in). Envs
+    document their own keys where they write them (``SearchEnv.reward``, ``SwarmEnv.record_episode``,
+    ``CodeEnv.reward``, ``SubagentRuntime.run``); ``FirstToolHint`` adds ``first_tool_hint`` at reset."""
+
+    final_answer: str | None
+    """The answer: the text of the last turn without tool calls, or the env's (a step info's ``final_answer``)."""
+    truncation: Literal["max_context_tokens", "max_new_tokens", "max_turns", "env", "timeout"]
+    """Why a truncated episode was cut off (``timeout``: a sub-agent past its wall limit)."""
+    untrainable_reason: str
+    """Why ``trainable`` is False although the episode ran (the backend gave no token ids)."""
+    summaries: list[dict[str, Any]]
+    """One ``taskrl.context.record`` per self-summary (``context.SUMMARIES_KEY``)."""
 
 
 @dataclass
@@ -42,7 +57,7 @@ class RolloutConfig:
     seed: int = 0
     """Root seed; every episode and turn seed derives from it, so runs are reproducible."""
     training: bool = True
-    """Set on envs that have a ``training`` attribute before reset: some add guidance only in training."""
+    """Set on every env (``env.training``) before reset: some add guidance only in training."""
     summary: SummaryConfig | None = None
     """Self-summarization at a token trigger (see ``taskrl.context``); None = off."""
     clock: Clock = field(default_factory=Clock)
@@ -160,10 +175,8 @@ async def run_episode(
     )
     segments = _SegmentBuilder()
     try:
-        for set_step in step_hooks(env, "set_step"):  # measurements with their own schedules (Context-1's beta)
-            set_step(config.clock.step, config.clock.epoch)
-        if hasattr(env, "training"):
-            env.training = config.training
+        call_hook(env, "set_step", config.clock.step, config.clock.epoch)  # measurement schedules (Context-1's beta)
+        env.training = config.training
         messages, info = await maybe_await(env.reset(task, seed=seed))
         traj.info.update({k: v for k, v in info.items() if k != "context"})
         ctx = _Context(policy, messages, env.tools.schemas())
@@ -192,12 +205,11 @@ async def run_episode(
             metrics["invalid_tool_calls"] += len(parsed.invalid)
             assistant = Message("assistant", parsed.content, tool_calls=parsed.all_calls)
             traj.messages.append(assistant)
-            observe = getattr(env, "observe_context", None)
-            if observe is not None:  # envs that show or enforce a token budget (Context-1) need this
-                observe(_context_tokens(ctx, prompt_ids, completion), config.max_context_tokens)
+            # envs that show or enforce a token budget (Context-1) need this
+            call_hook(env, "observe_context", _context_tokens(ctx, prompt_ids, completion), config.max_context_tokens)
             if parsed.is_final:
                 traj.info["final_answer"] = parsed.final_answer
-                user_turn = getattr(env, "user_turn", None)
+                user_turn = declared(env, "user_turn")
                 if completion.finish_reason == "length":
                     traj.truncated, traj.info["truncation"] = True, "max_new_tokens"
                     break
@@ -206,7 +218,9 @@ async def run_episode(
                     break
                 observations, terminated, truncated, step_info = await maybe_await(user_turn(parsed.content))
             else:
-                results, terminated, truncated, step_info = await maybe_await(env.step(parsed.tool_calls))
+                results, terminated, truncated, step_info = step_output(
+                    await maybe_await(env.step(parsed.tool_calls)), env.name
+                )
                 metrics["tool_cost"] += env.tools.cost(parsed.tool_calls)
                 results = _merge_results(parsed, results)
                 metrics["tool_errors"] += sum(r.is_error for r in results)
@@ -338,9 +352,7 @@ async def run_episodes(
             try:
                 traj = await run_episode(env, policy, task, config, seed=seed, group_id=group)
             finally:
-                close = getattr(env, "close", None)
-                if close is not None:
-                    await maybe_await(close())
+                await maybe_await(call_hook(env, "close"))
             if on_trajectory is not None:
                 await maybe_await(on_trajectory(traj))
             return traj

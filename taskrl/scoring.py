@@ -280,31 +280,27 @@ def score_collected(
     measure: MeasureFn | None = None,
 ) -> None:
     """The one scoring path of a collected batch, shared by the trainer and ``taskrl eval`` (so one trajectory
-    gets one reward in both): the env's group measurements (a legacy ``finalize_group`` hook on the env or an
-    object it holds, per group of two samples or more, at ``clock``), ``measure``, then ``score``.
+    gets one reward in both): the env's legacy ``finalize_group`` hook per group of two samples or more (after
+    ``set_step`` at ``clock``; an env forwards both to the reward objects it holds), ``measure``, then ``score``.
 
     ``env`` is a probe env of the run, used only for its hooks and rubric; ``rubric`` defaults to its rubric.
     """
-    from taskrl.env import step_hooks  # the env contract sits above the scoring leaf
+    from taskrl.env import call_hook, declared  # the env contract sits above the scoring leaf
 
     rubric = rubric if rubric is not None else rubric_of(env)
     for traj in trajectories:
         measured_terms(traj)  # hand-built or schema-1 trajectories: their reward terms are the measurements
-    finalizers = step_hooks(env, "finalize_group")
+    finalize = declared(env, "finalize_group")
     groups: dict[str, list[Trajectory]] = {}
     for traj in trajectories:
         groups.setdefault(_group_key(traj), []).append(traj)
     for group in groups.values():  # one order however the episodes finished: order-dependent hooks agree
         group.sort(key=lambda t: (t.seed if t.seed is not None else -1, t.id))
-    if finalizers and any(len(g) > 1 for g in groups.values()):
-        for set_step in step_hooks(env, "set_step"):  # the group terms' weights at this batch's clock
-            set_step(clock.step, clock.epoch)
+    if finalize is not None and any(len(g) > 1 for g in groups.values()):
+        call_hook(env, "set_step", clock.step, clock.epoch)  # the group terms' weights at this batch's clock
         for group in groups.values():
-            if len(group) < 2:
-                continue
-            task = task_of(group[0].task_id) if task_of is not None else None
-            for finalize in finalizers:
-                finalize(group, task)
+            if len(group) > 1:
+                finalize(group, task_of(group[0].task_id) if task_of is not None else None)
     if measure is not None:
         measure(clock.step, trajectories)
     for traj in trajectories:  # reward keys a hook added (measure, a legacy finalize_group) are measurements
@@ -316,10 +312,10 @@ def score_collected(
 
 def rubric_of(env: Any) -> Rubric:
     """The env's declared ``rubric``, or ``Rubric(failure_reward=env.failure_reward)`` when it declares none."""
-    rubric = getattr(env, "rubric", None)
-    if rubric is not None:
-        return rubric
-    return Rubric(failure_reward=float(getattr(env, "failure_reward", 0.0)))
+    from taskrl.env import declared  # the env contract sits above the scoring leaf
+
+    rubric = declared(env, "rubric")
+    return rubric if rubric is not None else Rubric(failure_reward=float(declared(env, "failure_reward")))
 
 
 def _mean(values: Sequence[float]) -> float:

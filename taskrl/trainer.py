@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, make, maybe_await, step_hooks
+from taskrl.env import Env, make, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import Policy, SamplingParams
@@ -161,15 +161,9 @@ class Trainer:
         return step < self.config.phases[0]
 
     def env_factory_at(self, step: int, epoch: int) -> Callable[[], Env]:
-        """Envs for this step: each is told ``set_step(step, epoch)``, and so is every reward object it holds."""
-
-        def factory() -> Env:
-            env = self.env_factory()
-            for target in step_hooks(env, "set_step"):
-                target(step, epoch)
-            return env
-
-        return factory
+        """Envs for this step: the run's factory. ``run_episode`` tells each env the step's clock (the declared
+        ``set_step(step, epoch)``, from ``RolloutConfig.clock``) before reset; the env forwards it to what it holds."""
+        return self.env_factory
 
     def collect(self, step: int) -> list[Trajectory]:
         """Play this step's episodes (the expert's or a JSONL's in SFT warm-up steps) and add group terms."""

@@ -9,15 +9,22 @@ import pytest
 import taskrl.env as env_module
 from taskrl.env import (
     EnvCheckError,
+    EnvDefaults,
+    StepOutput,
     ToolEnv,
     UnknownEnvError,
+    Wrapper,
     acheck_env,
+    call_hook,
     check_env,
+    declared,
     make,
     register,
     registry,
+    step_output,
 )
 from taskrl.envs.builtin import PRICES, NoopEnv, ShopEnv, last_number, make_shop_tasks, safe_eval
+from taskrl.scoring import Rubric, rubric_of
 from taskrl.tools import ToolSet, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
@@ -381,3 +388,186 @@ async def test_noop_env() -> None:
     env.reset(env.tasks()[0])
     assert env.reward(_answered(env.tasks()[0], " Done ")) == {"done": 1.0}
     assert env.reward(_answered(env.tasks()[0], "not yet")) == {"done": 0.0}
+
+
+# -- the optional contract: EnvDefaults, declared hooks, Wrapper, StepOutput -------------------------------
+
+
+class RubricNotARubric(GoodEnv):
+    rubric = {"correct": 1.0}  # type: ignore[assignment]
+
+
+class FailureRewardNotANumber(GoodEnv):
+    failure_reward = "0"  # type: ignore[assignment]
+
+
+class TrainingNotABool(GoodEnv):
+    training = "yes"  # type: ignore[assignment]
+
+
+class SetStepNotCallable(GoodEnv):
+    set_step = 3  # type: ignore[assignment]
+
+
+class UserTurnTakesNothing(GoodEnv):
+    def user_turn(self) -> Any:  # type: ignore[override]
+        return [], True, False, {}
+
+
+class ObserveContextOneArgument(GoodEnv):
+    def observe_context(self, used_tokens: int) -> None:  # type: ignore[override]
+        pass
+
+
+class FinalizeGroupWithoutTask(GoodEnv):
+    def finalize_group(self, trajectories: list[Trajectory]) -> None:  # type: ignore[override]
+        pass
+
+
+class RuleWithoutTools(GoodEnv):
+    scripted_rule = staticmethod(lambda messages: "4")  # type: ignore[assignment]
+
+
+class CloseNeedsAnArgument(GoodEnv):
+    def close(self, force: bool) -> None:  # type: ignore[override]
+        pass
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "problem"),
+    [
+        (RubricNotARubric, "rubric must be a taskrl.scoring.Rubric or None, got dict"),
+        (FailureRewardNotANumber, "failure_reward must be a finite float, got '0'"),
+        (TrainingNotABool, "training must be a bool, got 'yes'"),
+        (SetStepNotCallable, "set_step must be callable or None, got int"),
+        (UserTurnTakesNothing, "user_turn must take 1 positional argument: ()"),
+        (ObserveContextOneArgument, "observe_context must take 2 positional arguments: (used_tokens: int)"),
+        (FinalizeGroupWithoutTask, "finalize_group must take 2 positional arguments"),
+        (RuleWithoutTools, "scripted_rule must take 2 positional arguments: (messages)"),
+        (CloseNeedsAnArgument, "close must take 0 positional arguments: (force: bool)"),
+    ],
+)
+async def test_check_env_checks_the_optional_contract(env_cls: type, problem: str) -> None:
+    with pytest.raises(EnvCheckError) as err:
+        await acheck_env(env_cls())
+    assert str(err.value).startswith("env 'good': ") and problem in str(err.value), str(err.value)
+
+
+class PlainEnv:
+    """A third-party env that does not inherit EnvDefaults: only the required contract, a plain 4-tuple step."""
+
+    name = "plain"
+
+    def __init__(self) -> None:
+        self.tools = ToolSet()
+        self.task: Task | None = None
+
+    def tasks(self, split: str = "train") -> Sequence[Task]:
+        return [TASK]
+
+    def reset(self, task: Task, seed: int | None = None) -> Any:
+        self.task = task
+        return [Message("user", task.prompt)], {}
+
+    def step(self, tool_calls: list[ToolCall]) -> Any:
+        return [ToolResult(c.id, c.name, "no such tool", is_error=True) for c in tool_calls], False, False, {}
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        return {"correct": float(trajectory.final_answer == "4")}
+
+
+async def test_an_env_without_env_defaults_passes_and_reads_the_defaults() -> None:
+    env = PlainEnv()
+    await acheck_env(env)
+    assert declared(env, "rubric") is None and declared(env, "failure_reward") == 0.0
+    assert declared(env, "training") is True and declared(env, "user_turn") is None
+    assert call_hook(env, "set_step", 3, 1) is None and call_hook(env, "close") is None
+    assert rubric_of(env).failure_reward == 0.0
+    with pytest.raises(ValueError, match="'reward_fn' is not part of the optional env contract"):
+        declared(env, "reward_fn")
+    with pytest.raises(ValueError, match="'rubric' is not an optional env hook"):
+        call_hook(env, "rubric")
+
+
+def test_tool_env_declares_the_defaults() -> None:
+    env = GoodEnv()
+    assert isinstance(env, EnvDefaults) and env.unwrapped is env
+    assert (env.rubric, env.failure_reward, env.training) == (None, 0.0, True)
+    assert env.user_turn is None and env.finalize_group is None and env.scripted_rule is None
+    assert env.set_step(1, 0) is None and env.observe_context(1, 2) is None and env.close() is None
+
+
+def test_step_output_reads_plain_tuples_and_names_the_env_on_a_wrong_shape() -> None:
+    result = ToolResult("c1", "echo", "hi")
+    out = step_output(([result], True, False, {"k": 1}), "mine")
+    assert isinstance(out, StepOutput) and out.results == [result] and out.terminated and out.info == {"k": 1}
+    results, terminated, truncated, info = out  # unpacks like the tuple it replaces
+    assert (terminated, truncated) == (True, False)
+    for bad, problem in [
+        (([result], True, {}), "step must return (results, terminated, truncated, info), got a 3-tuple"),
+        ([[result], True, False, {}], "got list"),
+        ((result, True, False, {}), "a list of ToolResult"),
+        (([result], 1, False, {}), "bools for terminated/truncated"),
+        (([result], True, False, None), "a dict for info"),
+    ]:
+        with pytest.raises(EnvCheckError, match=r"^env 'mine': ") as err:
+            step_output(bad, "mine")
+        assert problem in str(err.value)
+
+
+class Recorder(GoodEnv):
+    """Records every optional hook it is called with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, ...]] = []
+        self.rubric = Rubric(failure_reward=-1.0)
+        self.failure_reward = -1.0
+
+    def user_turn(self, text: str) -> Any:
+        return [Message("user", "go on")], True, False, {}
+
+    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
+        self.calls.append(("finalize_group", len(trajectories)))
+
+    def scripted_rule(self, messages: list[Message], tools: Any) -> str:
+        return "4"
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        self.calls.append(("set_step", step, epoch))
+
+    def observe_context(self, used_tokens: int, max_tokens: int) -> None:
+        self.calls.append(("observe_context", used_tokens, max_tokens))
+
+    def record_episode(self, trajectory: Trajectory) -> None:
+        self.calls.append(("record_episode", trajectory.id))
+
+    def close(self) -> None:
+        self.calls.append(("close",))
+
+
+async def test_wrapper_forwards_the_whole_contract_explicitly() -> None:
+    inner = Recorder()
+    wrapped = Wrapper(Wrapper(inner))
+    await acheck_env(wrapped)
+    assert wrapped.name == "good" and wrapped.tools is inner.tools and wrapped.tasks() == [TASK]
+    assert wrapped.unwrapped is inner and wrapped.rubric is inner.rubric and wrapped.failure_reward == -1.0
+    assert wrapped.user_turn("x")[1] is True and wrapped.scripted_rule([], None) == "4"
+    wrapped.set_step(7, 2)
+    wrapped.observe_context(10, 20)
+    wrapped.record_episode(Trajectory(id="t"))
+    wrapped.finalize_group([Trajectory(), Trajectory()], None)
+    wrapped.close()
+    assert inner.calls == [("set_step", 7, 2), ("observe_context", 10, 20), ("record_episode", "t"),
+                           ("finalize_group", 2), ("close",)]  # fmt: skip
+    wrapped.training, wrapped.name = False, "renamed"  # the loop's and make's writes reach the wrapped env
+    assert inner.training is False and inner.name == "renamed"
+    with pytest.raises(AttributeError):  # no __getattr__: only the declared contract is forwarded
+        wrapped.calls  # noqa: B018
+
+
+async def test_wrapper_of_an_env_without_env_defaults() -> None:
+    wrapped = Wrapper(PlainEnv())
+    await acheck_env(wrapped)
+    assert wrapped.rubric is None and wrapped.user_turn is None and wrapped.unwrapped is wrapped.env
+    assert wrapped.set_step(1, 0) is None and wrapped.close() is None

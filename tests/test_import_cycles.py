@@ -17,13 +17,12 @@ ROOT = Path(taskrl.__file__).parent
 
 REMAINING = [
     # env <-> rollout <-> rewards <-> envs: envs import the loop and reward terms; the registry imports the envs
-    # lazily; taskrl.scoring reaches the env's hooks (``step_hooks``) lazily.
+    # lazily; taskrl.scoring reads the env's optional contract (``declared``) lazily.
     {"taskrl.distributed.ray_rollout", "taskrl.distributed.ray_subagents", "taskrl.env", "taskrl.envs",
      "taskrl.envs.builtin", "taskrl.envs.code", "taskrl.envs.code.env", "taskrl.envs.prices", "taskrl.envs.search",
      "taskrl.envs.search.env", "taskrl.envs.swarm", "taskrl.envs.swarm.credit", "taskrl.envs.swarm.env",
-     "taskrl.envs.swarm.reward", "taskrl.envs.swarm.subagents", "taskrl.rewards", "taskrl.rewards.compose",
-     "taskrl.rewards.loops", "taskrl.rewards.parl", "taskrl.rewards.presets", "taskrl.rewards.terms",
-     "taskrl.rollout", "taskrl.scoring"},
+     "taskrl.envs.swarm.reward", "taskrl.envs.swarm.subagents", "taskrl.rewards.compose", "taskrl.rewards.parl",
+     "taskrl.rewards.presets", "taskrl.rewards.terms", "taskrl.rollout", "taskrl.scoring"},
     {"taskrl.monitors.checks", "taskrl.monitors.config", "taskrl.monitors.episode", "taskrl.monitors.runner",
      "taskrl.monitors.swarm"},
     {"taskrl.deploy.server", "taskrl.deploy.thread"},

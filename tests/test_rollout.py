@@ -188,6 +188,22 @@ async def test_env_error_ends_only_that_episode(fmt: ChatFormat) -> None:
     assert not traj.trainable
 
 
+class ThreeTupleEnv(BrokenEnv):
+    name = "three_tuple"
+
+    async def step(self, tool_calls):  # type: ignore[no-untyped-def]
+        return await self.tools.execute(tool_calls), False, {}
+
+
+async def test_a_step_of_the_wrong_shape_ends_the_episode_naming_the_env(fmt: ChatFormat) -> None:
+    policy = ScriptedPolicy.from_turns([call("ping")], chat_format=fmt)
+    traj = await run_episode(ThreeTupleEnv(), policy, Task("t", "x"), RolloutConfig(), seed=0)
+    assert traj.error == (
+        "EnvCheckError: env 'three_tuple': step must return (results, terminated, truncated, info), got a 3-tuple"
+    )
+    assert not traj.trainable
+
+
 class FailingPolicy(ScriptedPolicy):
     async def generate(self, **kwargs: Any) -> Completion:
         messages = kwargs["messages"]

@@ -52,9 +52,17 @@ SHARED = StepAwareReward()
 
 
 class HookedPriceEnv(PriceEnv):
+    """Forwards the declared hooks to the reward object it holds (the trainer reaches only the env's own hooks)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.reward_fn = SHARED
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        self.reward_fn.set_step(step, epoch)
+
+    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
+        self.reward_fn.finalize_group(trajectories, task)
 
 
 def test_sft_warmup_then_grpo_writes_a_complete_run_dir(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taskrl.env import Env, make, step_hooks
+from taskrl.env import Env, make
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.types import Task, Trajectory
 
@@ -131,16 +131,11 @@ class RolloutActor:
         self.policy.version = version
         return version
 
-    async def play(self, jobs: list[_Job], rollout: RolloutConfig, step: int, epoch: int) -> list[Trajectory]:
-        """``rollout.group_size`` episodes per job, seeded by the job's index in the step as a local run seeds it."""
-        def env_at_step() -> Env:
-            env = self.env_factory()
-            for hook in step_hooks(env, "set_step"):
-                hook(step, epoch)
-            return env
-
+    async def play(self, jobs: list[_Job], rollout: RolloutConfig) -> list[Trajectory]:
+        """``rollout.group_size`` episodes per job, seeded by the job's index in the step as a local run seeds it;
+        each env is told ``rollout.clock`` by ``run_episode`` (the declared ``set_step``), as in a local run."""
         tasks, indices = [job.task for job in jobs], [job.index for job in jobs]
-        return await run_episodes(env_at_step, self.policy, tasks, rollout, task_indices=indices)
+        return await run_episodes(self.env_factory, self.policy, tasks, rollout, task_indices=indices)
 
 
 class RayRollout:
@@ -265,13 +260,14 @@ class RayRollout:
 
         An actor that dies is restarted (with the current weights) and its share is played once more; a second
         death, or any error raised while playing, fails with ``RolloutWorkerError`` naming the worker and tasks.
+        ``step`` names the step in errors; the envs see ``rollout.clock`` (``epoch`` is that clock's, unused here).
         """
         import ray
 
         shares = self.shares(tasks)
         busy = [w for w, share in enumerate(shares) if share]
         results: dict[int, list[Trajectory]] = {}
-        pending = {w: self.actors[w].play.remote(shares[w], rollout, step, epoch) for w in busy}
+        pending = {w: self.actors[w].play.remote(shares[w], rollout) for w in busy}
         for attempt in (0, 1):
             dead = []
             for worker, ref in pending.items():
@@ -291,7 +287,7 @@ class RayRollout:
                     ) from e
             for worker in dead:
                 self._restart(worker)
-            pending = {w: self.actors[w].play.remote(shares[w], rollout, step, epoch) for w in dead}
+            pending = {w: self.actors[w].play.remote(shares[w], rollout) for w in dead}
             if not pending:
                 break
         by_index: dict[int, list[Trajectory]] = {}

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taskrl.env import maybe_await
+from taskrl.env import Env, Wrapper, maybe_await
 from taskrl.monitors.episode import tool_calls
 from taskrl.monitors.runner import Monitors
 from taskrl.types import Message, Task, Trajectory
@@ -74,24 +74,18 @@ def least_used_first_tool(trajectories: Iterable[Trajectory], tool_names: Iterab
     return min(names, key=lambda n: (firsts[n], n)) if names else None
 
 
-class FirstToolHint:
+class FirstToolHint(Wrapper):
     """Wraps an env: its opening prompt ends with a request to start with ``tool`` (forced alternative first tool).
 
     Everything else is the inner env's; the hint is a prompt message (loss mask 0), not a forced sample.
     """
 
-    def __init__(self, env: Any, tool: str) -> None:
-        object.__setattr__(self, "_env", env)
-        object.__setattr__(self, "hint", f"Start by calling the `{tool}` tool.")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._env, name, value)  # e.g. the loop setting ``training`` must reach the inner env
+    def __init__(self, env: Env, tool: str) -> None:
+        super().__init__(env)
+        self.hint = f"Start by calling the `{tool}` tool."
 
     async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
-        messages, info = await maybe_await(self._env.reset(task, seed=seed))
+        messages, info = await maybe_await(self.env.reset(task, seed=seed))
         return [*messages, Message("user", self.hint)], {**info, "first_tool_hint": self.hint}
 
 

@@ -25,6 +25,15 @@ Term = Callable[[Trajectory, "Task | None"], "float | None"]
 GroupTerm = Callable[[Sequence[Trajectory], "Task | None"], "Sequence[float | None]"]
 """A term that needs the whole group of K samples of one task (exploration, agreement): one value each."""
 
+
+class ScheduledTerm:
+    """Base of a term whose value follows the reward's clock (Context-1's annealed β): the composed reward calls
+    ``set_step(step, epoch)`` on it before scoring. Plain functions and other terms have no schedule."""
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define set_step(step, epoch)")
+
+
 RAW_PREFIX = "reward_raw/"
 """``trajectory.metrics`` key prefix of the unweighted term values."""
 
@@ -168,9 +177,8 @@ class ComposedReward:
     def _sync_terms(self) -> None:
         # Terms with their own schedules (Context-1's beta) follow the same clock as the weights.
         for t in self.terms + self.group_terms:
-            sync = getattr(t.fn, "set_step", None)
-            if sync is not None:
-                sync(self.clock.step, self.clock.epoch)
+            if isinstance(t.fn, ScheduledTerm):
+                t.fn.set_step(self.clock.step, self.clock.epoch)
 
     def raw_values(self, trajectory: Trajectory, task: Task | None) -> dict[str, float | None]:
         """Unweighted value of every (per-episode) term."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from taskrl.env import maybe_await
+from taskrl.env import Env, StepOutput, Wrapper, maybe_await, step_output
 from taskrl.rewards.views import call_key, tool_exchanges
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
@@ -114,19 +114,17 @@ class LoopPenalty:
 LoopResponse = Literal["warn", "truncate", "penalize"]
 
 
-class LoopGuard:
-    """Wraps an env and watches its tool calls for loops; forwards the rest of the Env contract untouched.
+class LoopGuard(Wrapper):
+    """Wraps an env and watches its tool calls for loops; the rest of the Env contract is the wrapped env's.
 
     ``response``: ``warn`` appends a user message telling the model it is looping; ``truncate`` ends the
     episode as truncated; ``penalize`` adds ``rewards["loop_penalty"] = -penalty · detections``. Every
     response records ``trajectory.metrics["loop_detections"]``.
     """
 
-    _OWN = frozenset({"env", "response", "penalty", "detector", "warning"})
-
     def __init__(
         self,
-        env: Any,
+        env: Env,
         response: LoopResponse = "warn",
         *,
         config: LoopConfig | None = None,
@@ -137,33 +135,20 @@ class LoopGuard:
             raise ValueError(f"LoopGuard.response must be 'warn', 'truncate' or 'penalize', got {response!r}")
         if not penalty >= 0:
             raise ValueError(f"LoopGuard.penalty must be >= 0, got {penalty}")
-        object.__setattr__(self, "env", env)
-        object.__setattr__(self, "response", response)
-        object.__setattr__(self, "penalty", float(penalty))
-        object.__setattr__(self, "detector", LoopDetector(config))
-        object.__setattr__(self, "warning", warning)
-
-    def __getattr__(self, name: str) -> Any:
-        # Optional hooks (user_turn, observe_context, close, task, failure_reward, ...) exist iff the env has them.
-        if name in LoopGuard._OWN:  # only reached before __init__ finished (e.g. while unpickling)
-            raise AttributeError(name)
-        return getattr(self.env, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The loop sets ``env.training`` and ``make`` may set ``env.name``: they belong to the wrapped env.
-        if name in LoopGuard._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.env, name, value)
+        super().__init__(env)
+        self.response = response
+        self.penalty = float(penalty)
+        self.detector = LoopDetector(config)
+        self.warning = warning
 
     async def reset(self, task: Task, seed: int | None = None) -> Any:
         self.detector.reset()
         return await maybe_await(self.env.reset(task, seed=seed))
 
-    async def step(self, tool_calls: list[ToolCall]) -> tuple[Any, bool, bool, dict[str, Any]]:
-        results, terminated, truncated, info = await maybe_await(self.env.step(tool_calls))
+    async def step(self, tool_calls: list[ToolCall]) -> StepOutput:
+        results, terminated, truncated, info = step_output(await maybe_await(self.env.step(tool_calls)), self.name)
         if not self.detector.observe(tool_calls):
-            return results, terminated, truncated, info
+            return StepOutput(results, terminated, truncated, info)
         info = dict(info)
         info["loop_detected"] = True
         if self.response == "warn":
@@ -171,7 +156,7 @@ class LoopGuard:
             info["append_messages"] = [*info.get("append_messages", []), Message("user", text)]
         elif self.response == "truncate":
             truncated = True
-        return results, terminated, truncated, info
+        return StepOutput(results, terminated, truncated, info)
 
     async def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         rewards = dict(await maybe_await(self.env.reward(trajectory)))

@@ -19,6 +19,7 @@ from taskrl.rewards.compose import (
     Gate,
     PenaltyClamp,
     RewardClock,
+    ScheduledTerm,
     Term,
     WeightedTerm,
     make_weight,
@@ -72,7 +73,7 @@ def _fact_chunks(task: Task | None) -> list[set[Hashable]] | None:
 
 
 @dataclass
-class OutputFBeta:
+class OutputFBeta(ScheduledTerm):
     """Context-1's F-beta on the final output, fact-level. Over the documents it lists (``info["output_doc_ids"]``,
     as the search env writes it): a fact is recalled when the first ``max_output_docs`` listed documents include
     one holding a chunk that supports it; precision is the share of listed documents holding a supporting or

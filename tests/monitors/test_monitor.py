@@ -271,7 +271,7 @@ async def test_hinted_env_plays_a_real_episode_and_real_batches_are_judged() -> 
     assert played[0].info["first_tool_hint"]
     wrapped = hinted()
     wrapped.training = False  # attribute writes (the loop sets ``training``) must reach the inner env
-    assert wrapped._env.training is False and wrapped.tools is wrapped._env.tools
+    assert wrapped.env.training is False and wrapped.tools is wrapped.env.tools
 
     config = RolloutConfig(group_size=4, max_turns=6)
     expert = await run_episodes(lambda: make("shop"), ScriptedPolicy(env.scripted_rule), tasks, config)

@@ -57,7 +57,8 @@ async def test_loop_guard_keeps_the_env_contract() -> None:
     assert guard.name == "shop" and "lookup_price" in guard.tools
     guard.training = False  # what the loop does: it must reach the wrapped env
     assert guard.env.training is False
-    assert not hasattr(guard, "user_turn") and hasattr(guard, "scripted_rule")
+    assert guard.user_turn is None and guard.scripted_rule == guard.env.scripted_rule  # declared, forwarded
+    assert guard.unwrapped is guard.env and LoopGuard(guard).unwrapped is guard.env
 
 
 class Catalogue(ToolEnv):

@@ -109,7 +109,7 @@ class CodeEnv(CodeTools, ToolEnv):
                 # the rollout loop reads only its own keys of a step's info: the reward records these
                 self.checkpoint_errors.append(f"step {self.steps}: {str(e)[:300]}")
                 info = {**info, "checkpoint_error": str(e)[:300]}
-        return results, terminated, truncated, info
+        return StepOutput(results, terminated, truncated, info)
 
     def snapshot(self, name: str) -> None:
         """Checkpoint the workspace now; ``restore(name)`` brings it back."""

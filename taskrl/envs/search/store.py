@@ -40,6 +40,12 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
 
+class _ThreadConnection(threading.local):
+    """Each thread's own sqlite3 connection (None until the thread first uses the store)."""
+
+    conn: sqlite3.Connection | None = None
+
+
 class CorpusStoreError(ValueError):
     """A corpus directory is missing, incompatible with the request, or a Chroma server is unreachable.
 
@@ -146,7 +152,7 @@ class CorpusStore:
         self.collection = self._client.get_or_create_collection(
             manifest["collection"], embedding_function=None, configuration={"hnsw": {"space": "cosine"}}
         )
-        self._local = threading.local()
+        self._local = _ThreadConnection()
         self._vector_count: int | None = None
         self._bm25: Any = None
         self._bm25_ids: list[str] = []
@@ -166,7 +172,7 @@ class CorpusStore:
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         """A per-thread connection (sqlite3 objects must stay in their thread); commits on success."""
-        conn = getattr(self._local, "conn", None)
+        conn = self._local.conn
         if conn is None:
             conn = sqlite3.connect(self.path / "chunks.sqlite", timeout=60)
             conn.execute("PRAGMA journal_mode=WAL")

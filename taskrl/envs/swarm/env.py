@@ -247,6 +247,10 @@ class SwarmEnv(ToolEnv):
         """Move the λ annealing (the reward toolkit's clock)."""
         self.reward_fn.set_step(step, epoch)
 
+    def finalize_group(self, trajectories: Sequence[Trajectory], task: Task | None) -> None:
+        """The composed reward's group terms over K samples of one task (PARL's has none: a no-op)."""
+        self.reward_fn.finalize_group(trajectories, task)
+
     def _launches(self, turns: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
         return [sorted(turn, key=lambda c: c.info.get("assignment", 0)) for turn in turns]
 

@@ -13,12 +13,15 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from taskrl.env import Env, maybe_await
+from taskrl.env import Env, Wrapper, call_hook, declared, maybe_await
 from taskrl.policies.base import Policy
 from taskrl.rollout import RolloutConfig, run_episode
-from taskrl.types import Message, Task, ToolCall, Trajectory
+from taskrl.types import Message, Task, Trajectory
+
+if TYPE_CHECKING:
+    from taskrl.chat import ChatFormat
 
 
 @dataclass(frozen=True)
@@ -33,32 +36,31 @@ class Subagent:
     """Instructions the orchestrator wrote for it (put before the wrapped env's own system prompt)."""
 
 
-class SubagentEnv:
+class SubagentEnv(Wrapper):
     """The wrapped env as one sub-agent sees it: the orchestrator's instructions first, the env's tools, no reward.
 
-    Sub-agents are never trained, so their episodes carry no reward; the orchestrator's reward scores the outcome.
+    Sub-agents are never trained, so their episodes carry no reward (no rubric, no group terms, no tasks of their
+    own); the orchestrator's reward scores the outcome. Every other hook (``observe_context``, ``close``,
+    ``scripted_rule``, ``training``, ...) is the wrapped env's.
     """
 
-    def __init__(self, inner: Env, agent: Subagent) -> None:
-        self.inner = inner
-        self.agent = agent
-        self.name = f"{getattr(inner, 'name', 'env')}@subagent"
-        self.tools = inner.tools
-        if hasattr(inner, "training"):
-            self.training = False
+    rubric = None
+    failure_reward = 0.0
+    finalize_group = None
 
-    def __getattr__(self, attr: str) -> Any:  # observe_context and other optional hooks reach the wrapped env
-        if attr in ("observe_context", "scripted_rule", "close"):
-            return getattr(self.inner, attr)
-        raise AttributeError(attr)
+    def __init__(self, inner: Env, agent: Subagent) -> None:
+        super().__init__(inner)
+        self.agent = agent
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"{declared(self.env, 'name') or 'env'}@subagent"
 
     def tasks(self, split: str = "train") -> list[Task]:
         return []
 
     async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
-        if hasattr(self.inner, "training"):
-            self.inner.training = getattr(self, "training", False)
-        messages, info = await maybe_await(self.inner.reset(task, seed=seed))
+        messages, info = await maybe_await(self.env.reset(task, seed=seed))
         messages = list(messages)
         if messages and messages[0].role == "system":
             messages[0] = Message("system", f"{self.agent.system_prompt.strip()}\n\n{messages[0].content}")
@@ -66,13 +68,8 @@ class SubagentEnv:
             messages.insert(0, Message("system", self.agent.system_prompt))
         return messages, info
 
-    async def step(self, tool_calls: list[ToolCall]) -> Any:
-        return await maybe_await(self.inner.step(tool_calls))
-
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        record = getattr(self.inner, "record_episode", None)
-        if record is not None:  # a nested swarm attaches its own sub-agents and critical steps, unscored
-            record(trajectory)
+        self.record_episode(trajectory)  # a nested swarm attaches its own sub-agents and critical steps, unscored
         return {}
 
 
@@ -84,8 +81,17 @@ class _CountedPolicy:
         self.inner = inner
         self.turns = 0
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @property
+    def chat_format(self) -> ChatFormat | None:
+        return self.inner.chat_format
 
     async def generate(self, **kwargs: Any) -> Any:
         self.turns += 1
@@ -129,13 +135,11 @@ class SubagentRuntime:
             child.info["truncation"] = "timeout"
             child.metrics["turns"] = float(min(policy.turns, config.max_turns))  # the turn in flight counts
         finally:
-            close = getattr(env.inner, "close", None)
-            if close is not None:
-                await maybe_await(close())
+            await maybe_await(call_hook(env, "close"))
         child.trainable = False
         child.info.update(
             {"started_at": started, "ended_at": time.monotonic(), "name": agent.name, "agent_id": agent.agent_id,
-             "policy": getattr(self.policy, "name", type(self.policy).__name__)}
+             "policy": self.policy.name}
         )  # fmt: skip
         child.metrics.setdefault("turns", 0.0)
         return child
