@@ -3,7 +3,8 @@
 A term is a plain function ``f(trajectory, task) -> float | None`` (None = not applicable: excluded, not zero).
 ``ComposedReward(terms)(trajectory, task)`` returns the WEIGHTED terms (what ``Trajectory.rewards`` holds) and
 records each unweighted value in ``trajectory.metrics["reward_raw/<name>"]``. Use it as an env's reward:
-``def reward(self, trajectory): return self.composed(trajectory, self.task)``; the trainer calls ``set_step``.
+``def reward(self, trajectory): return self.composed(trajectory, self.task)``, and forward the env's ``set_step``
+(and ``finalize_group`` for group terms) to it: the loop calls only the env's own hooks.
 """
 
 from __future__ import annotations

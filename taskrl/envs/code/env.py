@@ -128,6 +128,10 @@ class CodeEnv(CodeTools, ToolEnv):
 
     # -- reward --------------------------------------------------------------------------------------------
     async def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        """The hidden tests' score (``tests``, and ``effort`` when configured); writes metrics (``tests_passed``,
+        ``tampering``, ...) and, where they apply, ``trajectory.info`` keys: ``checkpoint_errors`` (up to 10),
+        ``tampering`` (what was tampered with), ``test_failure`` (why the tests could not run), ``hidden_tests``
+        (outcome counts), ``agent_tests`` and ``test_coverage`` (the agent's own tests under coverage)."""
         if self.task is None or self.workspace is None or not self.workspace.alive:
             return {"tests": 0.0}
         metrics, info = trajectory.metrics, trajectory.info

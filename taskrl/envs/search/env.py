@@ -426,6 +426,9 @@ class SearchEnv(ToolEnv):
 
     # -- reward -------------------------------------------------------------------------------------
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        """The Context-1 terms (``reward.score_episode``); writes ``search/*`` metrics and ``trajectory.info``:
+        ``encountered_chunk_ids`` (every chunk shown, in order, pruned ones included), ``pruned_chunk_ids``
+        (sorted) and ``output_doc_ids`` (the documents the final answer lists), which the ``context1`` preset reads."""
         assert self.task is not None, "reward() before reset()"
         calls = tuple(c.name for m in trajectory.messages if m.role == "assistant" for c in m.tool_calls)
         record = EpisodeRecord(

@@ -346,7 +346,11 @@ class SwarmEnv(ToolEnv):
     # -- reward -------------------------------------------------------------------------------------
     def record_episode(self, trajectory: Trajectory) -> None:
         """Attach the sub-agent episodes and write the swarm's keys (children, step clock, critical steps, what each
-        sub-task was worth, independent checks); no reward. ``reward`` calls it; a nested swarm's wrapper too."""
+        sub-task was worth, independent checks); no reward. ``reward`` calls it; a nested swarm's wrapper too.
+
+        ``trajectory.info`` keys: ``started_at``/``ended_at`` (monotonic seconds), ``subagents_created``,
+        ``turn_subagent_steps`` (per tool turn, each assignment's steps), ``TASK_SIZE_KEY`` (items of a wide task)
+        and ``failed_checks`` (``["decoy_subtasks"]`` when work was done for credit, not the task)."""
         if self._recorded == trajectory.id:
             return
         self._recorded = trajectory.id

@@ -117,7 +117,9 @@ class SubagentRuntime:
         self.timeout_s = timeout_s
 
     async def run(self, agent: Subagent, task_text: str, *, task_id: str, seed: int, max_steps: int) -> Trajectory:
-        """One assignment as a child trajectory (``trainable=False``) with ``info["started_at"/"ended_at"]``.
+        """One assignment as a child trajectory (``trainable=False``). Its ``info`` adds ``started_at``/``ended_at``
+        (monotonic seconds), ``name``, ``agent_id`` and ``policy``; ``SwarmEnv`` adds ``turn``, ``assignment``,
+        ``task`` and, in ``record_episode``, ``critical``, ``step_start``/``step_end`` and the credit keys.
 
         A sub-agent that times out or whose env breaks still returns a trajectory (with ``error`` set), so the
         orchestrator sees what happened and the episode goes on.
