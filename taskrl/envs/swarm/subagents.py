@@ -39,8 +39,8 @@ class Subagent:
 class SubagentEnv(Wrapper):
     """The wrapped env as one sub-agent sees it: the orchestrator's instructions first, the env's tools, no reward.
 
-    Sub-agents are never trained, so their episodes carry no reward (no rubric, no group terms, no tasks of their
-    own); the orchestrator's reward scores the outcome. Every other hook (``observe_context``, ``close``,
+    Sub-agents are never trained, so their episodes carry no reward (no rubric, no group terms, no clock, no tasks
+    of their own); the orchestrator's reward scores the outcome. Every other hook (``observe_context``, ``close``,
     ``scripted_rule``, ``training``, ...) is the wrapped env's.
     """
 
@@ -58,6 +58,10 @@ class SubagentEnv(Wrapper):
 
     def tasks(self, split: str = "train") -> list[Task]:
         return []
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        """Not forwarded: the episode is unscored, and the sub-agent's clock (its rollout's, always 0) must not move
+        the wrapped env's schedules (a search env's β is shared by every env on its corpus in the process)."""
 
     async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         messages, info = await maybe_await(self.env.reset(task, seed=seed))
