@@ -16,8 +16,8 @@ from typing import Any, Literal
 from taskrl.algos.schedules import Schedule
 from taskrl.rewards.formulas import context1_clamp
 from taskrl.scoring import INVALID_CALL_CAP as INVALID_CALL_CAP  # the one invalid-call cap lives in taskrl.scoring
+from taskrl.scoring import ClampRule, GateRule, Rubric, TermWeight, cap_invalid_calls, check_value
 from taskrl.scoring import RewardTermError as RewardTermError  # one error type and validator for every term
-from taskrl.scoring import cap_invalid_calls, check_value
 from taskrl.scoring import make_weight as make_weight
 from taskrl.types import Task, Trajectory
 
@@ -168,8 +168,31 @@ class ComposedReward:
 
     def set_step(self, step: int, epoch: int = 0) -> None:
         """Move this reward's clock to ``step``/``epoch`` (the rollout tells every env, and the env its reward,
-        the batch's ``taskrl.scoring.Clock`` through this hook; rewards that share a given clock move together)."""
+        the batch's ``taskrl.scoring.Clock`` through this hook; rewards that share a given clock move together),
+        and the terms with schedules of their own with it (Context-1's β)."""
         self.clock.set(step, epoch)
+        self._sync_terms()
+
+    def measure(self, trajectory: Trajectory, task: Task | None = None) -> dict[str, float | None]:
+        """What an env's ``reward`` returns when this is its reward: every per-episode term and every gate's
+        check, UNWEIGHTED (terms with schedules at this reward's clock); ``taskrl.scoring.score`` with
+        ``self.rubric()`` turns them into the same reward ``evaluate`` gives (group terms included)."""
+        self._sync_terms()
+        raw = self.raw_values(trajectory, task)
+        for gate in self.gates:
+            raw[gate.name] = check_value(gate.name, gate.check, gate.check(trajectory, task))
+        return raw
+
+    def rubric(self) -> Rubric:
+        """This reward as a ``taskrl.scoring.Rubric``: the same term names, weights (schedules and clocks),
+        group terms, gates, clamp and failure reward; what an env that measures with ``measure`` declares."""
+        return Rubric(
+            terms=[TermWeight(t.name, t.schedule, t.clock) for t in self.terms],
+            group_terms=[TermWeight(t.name, t.schedule, t.clock, fn=t.fn) for t in self.group_terms],  # type: ignore[arg-type]
+            gates=[GateRule(g.name, g.min_value) for g in self.gates],
+            clamp=ClampRule(self.clamp.epsilon) if self.clamp is not None else None,
+            failure_reward=self.failure_reward,
+        )
 
     def weights(self) -> dict[str, float]:
         """Current weight of every term and group term (for logging annealing)."""

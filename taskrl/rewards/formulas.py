@@ -1,6 +1,8 @@
 """Pure reward formulas (closed forms from the recipes, or our documented stand-ins), golden-tested.
 
-Context-1: ``f_beta``, ``f_beta_sets``, ``prune_penalty``, ``turn_penalty``, ``context1_clamp``; Composer:
+Context-1: ``f_beta``, ``f_beta_sets``, ``fact_recall``, ``output_precision``, ``answer_correct``,
+``prune_penalty``, ``turn_penalty``, ``context1_clamp`` (the ``context1`` preset's terms and the search env's
+metrics both call these); Composer:
 ``effort_penalty``; PARL: ``r_parallel``, ``r_finish``, ``r_efficiency``. Inputs are validated: a bad value raises
 ``ValueError`` naming the argument, so a bad config fails at start instead of producing NaN rewards.
 """
@@ -8,7 +10,7 @@ Context-1: ``f_beta``, ``f_beta_sets``, ``prune_penalty``, ``turn_penalty``, ``c
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Set
+from collections.abc import Hashable, Iterable, Sequence, Set
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -139,3 +141,38 @@ def context1_clamp(total: float, pre_penalty: float, *, epsilon: float, complete
     episode that completed (final answer, no error) and at 0 otherwise. The floor wins when r_pre < ε, so a
     completed episode always beats a failed one (the search env's reward reads DESIGN §6 the same way)."""
     return max(epsilon if completed else 0.0, min(total, pre_penalty))
+
+
+def doc_of(chunk_id: Hashable) -> Hashable:
+    """The document of a chunk id, ``"doc#3"`` -> ``"doc"`` (the search corpus's id rule,
+    ``taskrl.envs.search.corpus.doc_id_of``); a document id, or a non-string id, is returned unchanged."""
+    return chunk_id.split("#", 1)[0] if isinstance(chunk_id, str) else chunk_id
+
+
+def fact_recall(
+    facts: Sequence[Iterable[Hashable]], found_chunks: Iterable[Hashable] = (), found_docs: Iterable[Hashable] = ()
+) -> float:
+    """Context-1's fact-level recall: the share of facts with a supporting chunk in ``found_chunks`` or in a
+    document of ``found_docs`` (a fact backed by a chunk repeated in two documents counts once). 0 without facts."""
+    chunks, docs = set(found_chunks), set(found_docs)
+    hits = sum(any(c in chunks or doc_of(c) in docs for c in fact) for fact in facts)
+    return hits / len(facts) if facts else 0.0
+
+
+def output_precision(listed_docs: Iterable[Hashable], relevant_docs: Iterable[Hashable]) -> float:
+    """Context-1's document precision: the share of listed documents that hold a supporting or answer chunk
+    (0 when none are listed)."""
+    out = set(listed_docs)
+    return len(out & set(relevant_docs)) / len(out) if out else 0.0
+
+
+def normalise_answer(text: str) -> str:
+    """The form answers are compared in: casefolded, inner whitespace collapsed, edge quotes/punctuation gone."""
+    return " ".join(text.casefold().split()).strip(" .,;:!?\"'`*()[]")
+
+
+def answer_correct(given: str | None, gold: str | None) -> bool:
+    """The given answer is exactly the gold one (after ``normalise_answer``); a list of guesses is not."""
+    return given is not None and gold is not None and bool(normalise_answer(gold)) and (
+        normalise_answer(given) == normalise_answer(gold)
+    )

@@ -24,7 +24,16 @@ from taskrl.rewards.compose import (
     WeightedTerm,
     make_weight,
 )
-from taskrl.rewards.formulas import f_beta, f_beta_sets, prune_penalty, turn_penalty
+from taskrl.rewards.formulas import (
+    answer_correct,
+    doc_of,
+    f_beta,
+    f_beta_sets,
+    fact_recall,
+    output_precision,
+    prune_penalty,
+    turn_penalty,
+)
 from taskrl.rewards.parl import CriticalEfficiency, UsefulFinish, UsefulParallelism
 from taskrl.rewards.terms import (
     AnswerMatch,
@@ -38,10 +47,12 @@ from taskrl.rewards.views import assistant_turns, tool_exchanges
 from taskrl.types import Task, Trajectory
 
 # Keys the Context-1 terms read: task keys as ``taskrl datagen multihop`` writes them; trajectory keys as the
-# search env writes them (``encountered_chunk_ids``, ``output_doc_ids``), else the older chunk-level keys.
+# search env writes them (``encountered_chunk_ids``, ``output_doc_ids``, ``answer_line``), else the older
+# chunk-level keys.
 OUTPUT_DOCS = "output_doc_ids"
 OUTPUT_CHUNKS = "output_chunks"
 SEEN_CHUNKS = ("encountered_chunk_ids", "seen_chunks")
+ANSWER_LINE = "answer_line"
 FACTS = "facts"
 RELEVANT_CHUNKS = "relevant_chunks"
 ANSWER_CHUNKS = "answer_chunk_ids"
@@ -54,11 +65,6 @@ def _ids(mapping: Mapping[str, Any], key: str | tuple[str, ...]) -> set[Hashable
             value = mapping[name]
             return None if value is None else set(value)
     return None
-
-
-def _doc_of(chunk_id: Hashable) -> Hashable:
-    """The document of a chunk id, ``"doc#3"`` -> ``"doc"`` (``taskrl.envs.search.corpus.doc_id_of``'s rule)."""
-    return chunk_id.split("#", 1)[0] if isinstance(chunk_id, str) else chunk_id
 
 
 def _fact_chunks(task: Task | None) -> list[set[Hashable]] | None:
@@ -77,8 +83,9 @@ class OutputFBeta(ScheduledTerm):
     """Context-1's F-beta on the final output, fact-level. Over the documents it lists (``info["output_doc_ids"]``,
     as the search env writes it): a fact is recalled when the first ``max_output_docs`` listed documents include
     one holding a chunk that supports it; precision is the share of listed documents holding a supporting or
-    answer chunk. Over chunks (``info["output_chunks"]``) when an env records those instead. β follows ``beta``
-    on the reward's clock (``set_step``), by epoch unless ``clock="step"``."""
+    answer chunk (``formulas.fact_recall``/``output_precision``). Over chunks (``info["output_chunks"]``) when an
+    env records those instead. β follows ``beta`` on the reward's clock (``set_step``), by epoch unless
+    ``clock="step"``."""
 
     beta: float | dict[str, Any] | Schedule = field(
         default_factory=lambda: {"kind": "linear", "start": 4.0, "end": 2.0, "steps": 4}
@@ -91,6 +98,8 @@ class OutputFBeta(ScheduledTerm):
     value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
+        if self.max_output_docs < 1:
+            raise ValueError(f"OutputFBeta.max_output_docs must be >= 1, got {self.max_output_docs}")
         self._schedule = make_weight(self.beta, field="OutputFBeta.beta")
         self.current_beta = float(self._schedule(0))
 
@@ -101,23 +110,18 @@ class OutputFBeta(ScheduledTerm):
         facts = _fact_chunks(task)
         if facts is None:
             return None
+        assert task is not None
+        supporting = set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())
         if OUTPUT_DOCS in trajectory.info:
-            return self._over_documents(list(trajectory.info[OUTPUT_DOCS] or []), facts, task)
+            listed = list(trajectory.info[OUTPUT_DOCS] or [])
+            recall = fact_recall(facts, found_docs=listed[: self.max_output_docs])
+            precision = output_precision(listed, {doc_of(c) for c in supporting})
+            return f_beta(precision, recall, self.current_beta)
         output = _ids(trajectory.info, OUTPUT_CHUNKS) or set()
         if not facts:
             return f_beta_sets(output, set(), self.current_beta)[0]
-        supporting = set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())  # type: ignore[union-attr]
-        recall = sum(bool(chunks & output) for chunks in facts) / len(facts)
+        recall = fact_recall(facts, found_chunks=output)
         precision = len(output & supporting) / len(output) if output else 0.0
-        return f_beta(precision, recall, self.current_beta)
-
-    def _over_documents(self, listed: list[Hashable], facts: list[set[Hashable]], task: Task | None) -> float:
-        assert task is not None
-        relevant = {_doc_of(c) for c in set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())}
-        recalling = set(listed[: self.max_output_docs])
-        recall = sum(any(_doc_of(c) in recalling for c in fact) for fact in facts) / len(facts) if facts else 0.0
-        out = set(listed)
-        precision = len(out & relevant) / len(out) if out else 0.0
         return f_beta(precision, recall, self.current_beta)
 
 
@@ -131,8 +135,7 @@ class TrajectoryRecall:
         facts = _fact_chunks(task)
         if not facts:
             return None
-        seen = _ids(trajectory.info, SEEN_CHUNKS) or set()
-        return sum(bool(chunks & seen) for chunks in facts) / len(facts)
+        return fact_recall(facts, found_chunks=_ids(trajectory.info, SEEN_CHUNKS) or set())
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,20 @@ class AnswerFound:
         return float(bool(answer_chunks & (_ids(trajectory.info, SEEN_CHUNKS) or set())))
 
 
+@dataclass(frozen=True)
+class AnswerCorrect:
+    """The search env's optional answer term (off in pure Context-1): 1 when the ``ANSWER:`` line the env
+    recorded (``info["answer_line"]``, None without one) equals ``task.info["answer"]`` (``formulas.answer_correct``:
+    case, spaces and edge punctuation ignored; a list of guesses is wrong). None when either is not recorded."""
+
+    value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        if task is None or task.info.get("answer") is None or ANSWER_LINE not in trajectory.info:
+            return None
+        return float(answer_correct(trajectory.info[ANSWER_LINE], str(task.info["answer"])))
+
+
 def _streaks(names: Iterable[str], tool: str) -> list[int]:
     out, run = [], 0
     for name in names:
@@ -161,57 +178,95 @@ def _streaks(names: Iterable[str], tool: str) -> list[int]:
 
 @dataclass(frozen=True)
 class PrunePenalty:
-    """Context-1's p_prune, negated: 0.1 per ``prune_chunks`` call beyond a consecutive streak of 3, capped
-    at 0.5. Consecutive = in call order, across turns."""
+    """Context-1's p_prune, negated: ``per_call`` (0.1) per ``prune_chunks`` call beyond a consecutive streak of
+    ``free_streak`` (3), capped at ``cap`` (0.5). Consecutive = in call order, across turns; calls that never ran
+    (invalid) are left out, any other call ends the streak."""
 
     tool: str = "prune_chunks"
     """Name of the pruning tool."""
-    value_range: ClassVar[tuple[float, float]] = (-0.5, 0.0)
+    per_call: float = 0.1
+    """Cost of each prune call beyond the free streak."""
+    free_streak: int = 3
+    """Consecutive prune calls that cost nothing."""
+    cap: float = 0.5
+    """Most the penalty can take."""
+
+    def __post_init__(self) -> None:
+        prune_penalty((), free_streak=self.free_streak, per_call=self.per_call, cap=self.cap)  # validates them
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return (-self.cap, 0.0)
 
     def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
         names = [e.call.name for e in tool_exchanges(trajectory) if not e.is_invalid]
-        return -prune_penalty(_streaks(names, self.tool))
+        penalty = prune_penalty(_streaks(names, self.tool), free_streak=self.free_streak, per_call=self.per_call,
+                                cap=self.cap)  # fmt: skip
+        return 0.0 - penalty  # 0.0 - x, not -x: no "-0.0" in logs
 
 
 @dataclass(frozen=True)
 class TurnPenalty:
-    """Context-1's p_turn, negated: linear from 0 at ``start`` assistant turns to 0.5 at ``end``."""
+    """Context-1's p_turn, negated: linear from 0 at ``start`` assistant turns to ``max_penalty`` (0.5) at ``end``."""
 
     start: int = 64
     """Turns that cost nothing."""
     end: int = 128
-    """Turns at which the full 0.5 is reached."""
-    value_range: ClassVar[tuple[float, float]] = (-0.5, 0.0)
+    """Turns at which the full penalty is reached."""
+    max_penalty: float = 0.5
+    """The penalty at and beyond ``end``."""
 
     def __post_init__(self) -> None:
-        turn_penalty(0, start=self.start, end=self.end)  # validates start < end
+        turn_penalty(0, start=self.start, end=self.end, max_penalty=self.max_penalty)  # validates them
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return (-self.max_penalty, 0.0)
 
     def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
-        return -turn_penalty(assistant_turns(trajectory), start=self.start, end=self.end)
+        penalty = turn_penalty(assistant_turns(trajectory), start=self.start, end=self.end,
+                               max_penalty=self.max_penalty)  # fmt: skip
+        return 0.0 - penalty
 
 
 def context1(
     *,
     beta: float | dict[str, Any] | Schedule | None = None,
     epsilon: float = 0.01,
+    f_beta_weight: float = 0.7,
+    trajectory_recall_weight: float = 0.3,
+    answer_found_weight: float = 1.0,
+    answer_weight: float = 0.0,
+    max_output_docs: int = 10,
+    prune: PrunePenalty | None = None,
+    turns: TurnPenalty | None = None,
     clock: RewardClock | None = None,
 ) -> ComposedReward:
-    """Chroma Context-1 (Chroma's Context-1 technical report): r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn,
-    ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See DESIGN §6.
+    """Chroma Context-1 (Chroma's Context-1 technical report): r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune −
+    p_turn, ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See DESIGN §6.
+    ``answer_weight`` > 0 adds ``answer_correct`` (the ANSWER line equals the task's answer; off = pure Context-1).
 
-    Reads what the search env writes: ``trajectory.info["output_doc_ids"]`` (documents the final output lists)
-    and ``["encountered_chunk_ids"]`` (every chunk returned to the agent, pruned included); or, from other envs,
+    This is the search env's reward: ``SearchEnv`` builds it from its ``RewardConfig``, measures with its terms
+    and declares its rubric (``ComposedReward.rubric``). Reads what the search env writes:
+    ``trajectory.info["output_doc_ids"]`` (documents the final output lists), ``["encountered_chunk_ids"]``
+    (every chunk returned to the agent, pruned included) and ``["answer_line"]``; or, from other envs,
     ``["output_chunks"]`` and ``["seen_chunks"]``; and the task as ``taskrl datagen multihop`` writes it:
-    ``task.info["facts"][i]["chunk_ids"]`` (or a flat ``["relevant_chunks"]``) and ``["answer_chunk_ids"]``.
-    On the search env's episodes it gives the env's own reward (``taskrl/envs/search/reward.py``; tested).
+    ``task.info["facts"][i]["chunk_ids"]`` (or a flat ``["relevant_chunks"]``), ``["answer_chunk_ids"]`` and
+    ``["answer"]``.
     """
-    fbeta = OutputFBeta() if beta is None else OutputFBeta(beta=beta)
+    fbeta = OutputFBeta(max_output_docs=max_output_docs)
+    if beta is not None:
+        fbeta = OutputFBeta(beta, max_output_docs=max_output_docs)
     terms = [
-        WeightedTerm("f_beta", fbeta, 0.7),
-        WeightedTerm("trajectory_recall", TrajectoryRecall(), 0.3),
-        WeightedTerm("answer_found", AnswerFound(), 1.0),
-        WeightedTerm("prune_penalty", PrunePenalty(), 1.0),
-        WeightedTerm("turn_penalty", TurnPenalty(), 1.0),
+        WeightedTerm("f_beta", fbeta, f_beta_weight),
+        WeightedTerm("trajectory_recall", TrajectoryRecall(), trajectory_recall_weight),
+        WeightedTerm("answer_found", AnswerFound(), answer_found_weight),
+    ]
+    if answer_weight > 0:
+        terms.append(WeightedTerm("answer_correct", AnswerCorrect(), answer_weight))
+    terms += [
+        WeightedTerm("prune_penalty", prune or PrunePenalty(), 1.0),
+        WeightedTerm("turn_penalty", turns or TurnPenalty(), 1.0),
     ]
     return ComposedReward(terms, clamp=PenaltyClamp(epsilon), clock=clock)
 

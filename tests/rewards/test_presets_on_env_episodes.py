@@ -1,5 +1,6 @@
 """The presets apply for real (issue 15): on episodes the registered envs play, each recipe's preset reads only
-keys its env writes, every term it needs gets a value, and the search env's reward is the ``context1`` preset's.
+keys its env writes, every term it needs gets a value, and the search env's reward is the ``context1`` preset
+(it measures with the preset's terms and declares the preset's rubric).
 
 A preset used to read ``info["seen_chunks"]`` (the search env writes ``encountered_chunk_ids``) and
 ``info["tests_passed"/"tests_tampered"]`` (the code env writes ``metrics["tests_passed"]``/``["tampering"]``),
@@ -18,7 +19,8 @@ import pytest
 from taskrl.env import make
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rewards.presets import make_reward
+from taskrl.rewards.presets import PrunePenalty, TurnPenalty, make_reward
+from taskrl.scoring import Clock, Rubric
 from taskrl.types import Task, Trajectory
 
 
@@ -102,10 +104,40 @@ def test_composer_tamper_gate_reads_the_code_env_flag() -> None:
     assert tampered.total == pytest.approx(reward.failure_reward)
 
 
+def described(rubric: Rubric) -> tuple[Any, ...]:
+    """What a rubric decides, comparable: term names and weights along the clock, group terms, gates, clamp."""
+    clocks = [Clock(step, epoch) for step in (0, 500, 5000) for epoch in (0, 2, 9)]
+    return (
+        [t.name for t in rubric.terms], [t.name for t in rubric.group_terms], [rubric.weights(c) for c in clocks],
+        [(g.name, g.min_value) for g in rubric.gates], rubric.clamp, rubric.failure_reward, rubric.default_weight,
+    )  # fmt: skip
+
+
 def test_the_search_env_reward_is_the_context1_preset() -> None:
+    """One formula: the env measures with the preset's own terms and declares the preset's rubric, so its reward
+    (scored by ``taskrl.scoring``) is the preset's on the episodes it recorded."""
+    env, preset = make("search"), make_reward("context1")
+    assert described(env.rubric) == described(preset.rubric())
+    assert [(t.name, t.fn, t.clock) for t in env.preset.terms] == [(t.name, t.fn, t.clock) for t in preset.terms]
+    assert env.rubric.clamp is not None and env.rubric.clamp.epsilon == preset.clamp.epsilon == 0.01
     trajectories, tasks = _expert_episodes("search", tasks=3)
-    reward = make_reward("context1")
     for traj in trajectories:
-        env_total = sum(v for v in traj.terms.values() if v is not None)
-        assert reward.evaluate(traj, tasks[traj.task_id]).total == pytest.approx(env_total), traj.task_id
+        task = tasks[traj.task_id]
+        assert traj.terms == pytest.approx(preset.measure(traj, task)), traj.task_id  # unweighted measurements
+        assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
+        assert traj.rewards["f_beta"] == pytest.approx(0.7 * traj.terms["f_beta"])  # weighted by the rubric
     assert any(t.reward > 0.5 for t in trajectories)  # the expert's episodes are not all trivial
+
+
+def test_a_configured_search_env_is_the_preset_with_those_parameters() -> None:
+    config = {"f_beta_weight": 0.5, "answer_weight": 0.25, "floor": 0.05, "beta_start": 3.0, "max_output_docs": 4,
+              "prune_penalty": 0.2, "turn_penalty_start": 8, "turn_penalty_end": 16}  # fmt: skip
+    env = make("search", reward=config)
+    preset = make_reward(
+        "context1", beta={"kind": "linear", "start": 3.0, "end": 2.0, "steps": 4}, epsilon=0.05, f_beta_weight=0.5,
+        answer_weight=0.25, max_output_docs=4, prune=PrunePenalty(per_call=0.2), turns=TurnPenalty(8, 16),
+    )  # fmt: skip
+    assert described(env.rubric) == described(preset.rubric())
+    assert [(t.name, t.fn) for t in env.preset.terms] == [(t.name, t.fn) for t in preset.terms]
+    assert "answer_correct" in {t.name for t in env.rubric.terms}
+    assert described(env.rubric) != described(make("search").rubric)  # the config reaches the rubric

@@ -29,11 +29,13 @@ from taskrl.envs.search.reward import (
     EpisodeRecord,
     GroundTruth,
     RewardConfig,
-    SearchReward,
     check_field_types,
+    episode_metrics,
 )
 from taskrl.envs.search.search import HybridSearcher, fit_budget
 from taskrl.envs.search.store import CorpusStore
+from taskrl.rewards.compose import ComposedReward
+from taskrl.rewards.presets import ANSWER_LINE, OutputFBeta, PrunePenalty, TurnPenalty, context1
 from taskrl.tools import call_budget, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
@@ -159,14 +161,36 @@ class SearchEnvConfig:
         return cls(**{"soft_fraction": 0.9, "hard_fraction": 1.0, **overrides})
 
 
+def context1_reward(config: RewardConfig) -> ComposedReward:
+    """The search env's reward: the ``context1`` preset with ``config``'s weights, penalties, ε and β schedule
+    (β linear from ``beta_start`` to ``beta_end`` over ``beta_anneal_epochs`` epochs)."""
+    beta = {"kind": "linear", "start": config.beta_start, "end": config.beta_end, "steps": config.beta_anneal_epochs}
+    return context1(
+        beta=beta,
+        epsilon=config.floor,
+        f_beta_weight=config.f_beta_weight,
+        trajectory_recall_weight=config.trajectory_recall_weight,
+        answer_found_weight=config.answer_found_bonus,
+        answer_weight=config.answer_weight,
+        max_output_docs=config.max_output_docs,
+        prune=PrunePenalty(PRUNE_TOOL, config.prune_penalty, config.prune_free_streak, config.prune_penalty_cap),
+        turns=TurnPenalty(config.turn_penalty_start, config.turn_penalty_end, config.turn_penalty_max),
+    )
+
+
+def beta_of(reward: ComposedReward) -> float:
+    """The current β of a ``context1`` reward (its F_β term's, at the reward's clock)."""
+    return next(t.fn.current_beta for t in reward.terms if isinstance(t.fn, OutputFBeta))
+
+
 @dataclass
 class _Shared:
-    """What every env on one corpus shares in a process: the store, searcher, tasks and the β schedule."""
+    """What every env on one corpus shares in a process: the store, searcher, tasks and the reward (its β)."""
 
     store: CorpusStore
     searcher: HybridSearcher
     tasks: list[Task]
-    reward: SearchReward
+    reward: ComposedReward
 
 
 _SHARED: dict[tuple[Any, ...], _Shared] = {}
@@ -189,7 +213,7 @@ def _shared(config: SearchEnvConfig) -> _Shared:
                     f"no tasks at {tasks_path}; generate them with "
                     f"`taskrl datagen multihop --corpus {corpus} --n 64 --out {tasks_path}`"
                 )
-            _SHARED[key] = _Shared(store, HybridSearcher(store), read_tasks(tasks_path), SearchReward(config.reward))
+            _SHARED[key] = _Shared(store, HybridSearcher(store), read_tasks(tasks_path), context1_reward(config.reward))
         return _SHARED[key]
 
 
@@ -243,6 +267,9 @@ class SearchEnv(ToolEnv):
         self._shared = _shared(self.config)
         self.store = self._shared.store
         self.searcher = self._shared.searcher
+        self.rubric = self._shared.reward.rubric()
+        """The ``context1`` preset's weights, clamp (ε) and caps: how ``taskrl.scoring`` scores what ``reward``
+        measures."""
         self.training = True
         if not self.config.expert_grep:
             self.scripted_rule = functools.partial(expert_rule, grep=False)
@@ -275,6 +302,16 @@ class SearchEnv(ToolEnv):
     def set_step(self, step: int, epoch: int = 0) -> None:
         """Move the β schedule; shared by every env on this corpus in the process (one env per episode)."""
         self._shared.reward.set_step(step, epoch)
+
+    @property
+    def preset(self) -> ComposedReward:
+        """The ``context1`` reward this env measures with (``self.rubric`` is its rubric)."""
+        return self._shared.reward
+
+    @property
+    def beta(self) -> float:
+        """The F_β term's current β."""
+        return beta_of(self._shared.reward)
 
     def observe_context(self, used_tokens: int, max_tokens: int) -> None:
         self.used_tokens = used_tokens
@@ -426,9 +463,10 @@ class SearchEnv(ToolEnv):
 
     # -- reward -------------------------------------------------------------------------------------
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        """The Context-1 terms (``reward.score_episode``); writes ``search/*`` metrics and ``trajectory.info``:
-        ``encountered_chunk_ids`` (every chunk shown, in order, pruned ones included), ``pruned_chunk_ids``
-        (sorted) and ``output_doc_ids`` (the documents the final answer lists), which the ``context1`` preset reads."""
+        """The Context-1 terms, unweighted, measured by the ``context1`` preset (``self.rubric`` weighs them). First
+        writes ``trajectory.info``, which the preset reads: ``encountered_chunk_ids`` (every chunk shown, in order,
+        pruned ones included), ``pruned_chunk_ids`` (sorted), ``output_doc_ids`` (the documents the final answer
+        lists) and ``answer_line`` (its ANSWER line, None without one); then the ``search/*`` metrics."""
         assert self.task is not None, "reward() before reset()"
         calls = tuple(c.name for m in trajectory.messages if m.role == "assistant" for c in m.tool_calls)
         record = EpisodeRecord(
@@ -438,17 +476,20 @@ class SearchEnv(ToolEnv):
             pruned=frozenset(self.pruned),
             tool_calls=calls,
             turns=sum(m.role == "assistant" for m in trajectory.messages),
-            completed=trajectory.terminated and trajectory.error is None,
-        )
-        breakdown = self._shared.reward(record, GroundTruth.from_info(self.task.info))
-        trajectory.metrics.update(breakdown.metrics)
-        trajectory.metrics["search/context_utilisation"] = (
-            self.peak_tokens / self.budget if self.budget else float("nan")
         )
         trajectory.info["encountered_chunk_ids"] = list(self.seen)
         trajectory.info["pruned_chunk_ids"] = sorted(self.pruned)
         trajectory.info["output_doc_ids"] = list(record.output_docs)
-        return dict(breakdown.terms)
+        trajectory.info[ANSWER_LINE] = record.answer
+        terms = self._shared.reward.measure(trajectory, self.task)
+        truth = GroundTruth.from_info(self.task.info)
+        trajectory.metrics.update(
+            episode_metrics(record, truth, terms, beta=beta_of(self._shared.reward), config=self.config.reward)
+        )
+        trajectory.metrics["search/context_utilisation"] = (
+            self.peak_tokens / self.budget if self.budget else float("nan")
+        )
+        return terms
 
     # -- expert rule ----------------------------------------------------------------------------------
     scripted_rule = staticmethod(expert_rule)

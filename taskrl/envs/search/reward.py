@@ -1,5 +1,8 @@
-"""Context-1's reward and metrics for the search env, exactly as DESIGN.md §6.
+"""Context-1's reward configuration, ground truth and metrics for the search env (DESIGN.md §6).
 
+The reward itself is the ``context1`` preset (``taskrl.rewards.presets``), one formula: ``SearchEnv`` builds it
+from ``RewardConfig`` (``context1_reward``), measures every term unweighted with it and declares its rubric, and
+``taskrl.scoring.score`` applies weights, clamp and caps:
 r = clamp(0.7·F_β + 0.3·r_traj + r_fa + w_ans·r_ans − p_prune − p_turn, ε, r_pre), r_pre the same without penalties:
 - F_β over the documents the final answer lists, with fact-level recall (a fact counts as found when any
   document holding one of its supporting chunks is listed) and document precision; β anneals 4 -> 2. Only the
@@ -12,21 +15,19 @@ r = clamp(0.7·F_β + 0.3·r_traj + r_fa + w_ans·r_ans − p_prune − p_turn, 
 - p_turn: 0 at 64 turns rising linearly to 0.5 at 128 turns.
 - Floor ε for an episode that completed (final answer, no error); the floor wins over the cap when r_pre < ε,
   so a completed episode always beats a failed one. Episodes that did not complete are floored at 0.
-``SearchReward`` holds the β schedule; the trainer moves it with ``set_step(step, epoch)``.
-``independent_checks`` are the verifier's verdicts the reward-hacking monitor reads (``fabricated``: an answer
-that is not the task's; ``verifier_disagrees``: most listed documents support nothing), whatever the weights.
+β moves with the env's ``set_step(step, epoch)``. ``independent_checks`` are the verifier's verdicts the
+reward-hacking monitor reads (``fabricated``: an answer that is not the task's; ``verifier_disagrees``: most
+listed documents support nothing), whatever the weights; ``episode_metrics`` are the ``search/*`` metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taskrl.algos.schedules import make_schedule
 from taskrl.envs.search.corpus import doc_id_of
-from taskrl.rewards.formulas import f_beta
+from taskrl.rewards.formulas import answer_correct, fact_recall, normalise_answer, output_precision
 from taskrl.validate import above, finite_at_least, require
 
 PRUNE_TOOL = "prune_chunks"
@@ -151,22 +152,8 @@ class EpisodeRecord:
     """Names of all tool calls in the order the model wrote them."""
     turns: int
     """Assistant turns."""
-    completed: bool
-    """The episode ended with a final answer and no error."""
     answer: str | None = None
     """The text after ``ANSWER:`` in the final answer (None when there is no such line)."""
-
-
-def normalise_answer(text: str) -> str:
-    """The form answers are compared in: casefolded, inner whitespace collapsed, edge quotes/punctuation gone."""
-    return " ".join(text.casefold().split()).strip(" .,;:!?\"'`*()[]")
-
-
-def answer_correct(given: str | None, gold: str | None) -> bool:
-    """The given answer is exactly the gold one (after ``normalise_answer``); a list of guesses is not."""
-    return given is not None and gold is not None and bool(normalise_answer(gold)) and (
-        normalise_answer(given) == normalise_answer(gold)
-    )
 
 
 def independent_checks(record: EpisodeRecord, truth: GroundTruth, config: RewardConfig) -> dict[str, float]:
@@ -185,126 +172,31 @@ def independent_checks(record: EpisodeRecord, truth: GroundTruth, config: Reward
     return {"fabricated": float(fabricated), "verifier_disagrees": float(disagrees)}
 
 
-def fact_recall(
-    facts: Sequence[Iterable[str]], found_chunks: Iterable[str] = (), found_docs: Iterable[str] = ()
-) -> float:
-    """Share of facts with a supporting chunk in ``found_chunks`` or in a document of ``found_docs``."""
-    chunks, docs = set(found_chunks), set(found_docs)
-    hits = sum(any(c in chunks or doc_id_of(c) in docs for c in fact) for fact in facts)
-    return hits / len(facts) if facts else 0.0
-
-
-def output_precision(output_docs: Iterable[str], relevant_docs: Iterable[str]) -> float:
-    """Share of the listed documents that hold a supporting or answer chunk (0 when none are listed)."""
-    out = set(output_docs)
-    return len(out & set(relevant_docs)) / len(out) if out else 0.0
-
-
-def prune_penalty(tool_calls: Iterable[str], *, per_call: float = 0.1, free_streak: int = 3, cap: float = 0.5) -> float:
-    """``per_call`` for each prune call that extends a run of consecutive prune calls past ``free_streak``.
-
-    Any other tool call ends the run. Capped at ``cap``.
-    """
-    streak, penalty = 0, 0.0
-    for name in tool_calls:
-        streak = streak + 1 if name == PRUNE_TOOL else 0
-        if streak > free_streak:
-            penalty += per_call
-    return min(penalty, cap)
-
-
-def turn_penalty(turns: int, *, start: int = 64, end: int = 128, maximum: float = 0.5) -> float:
-    """0 up to ``start`` turns, then linear to ``maximum`` at ``end``, flat after."""
-    return maximum * min(max(turns - start, 0) / (end - start), 1.0)
-
-
-def clamp_reward(value: float, pre_penalty: float, *, completed: bool, floor: float) -> float:
-    """clamp(value, ε, r_pre) for completed episodes (the floor wins if r_pre < ε); failures floor at 0."""
-    lower = floor if completed else 0.0
-    return max(lower, min(value, pre_penalty))
-
-
-@dataclass(frozen=True)
-class RewardBreakdown:
-    """The weighted terms (they add up to the reward) and the unweighted metrics of one episode."""
-
-    terms: dict[str, float]
-    metrics: dict[str, float]
-
-    @property
-    def total(self) -> float:
-        return sum(self.terms.values())
-
-
-def score_episode(
-    record: EpisodeRecord, truth: GroundTruth, *, beta: float, config: RewardConfig | None = None
-) -> RewardBreakdown:
-    """The Context-1 reward of one episode, term by term, plus its metrics."""
-    cfg = config or RewardConfig()
-    recall = fact_recall(truth.facts, found_docs=record.output_docs[: cfg.max_output_docs])
-    precision = output_precision(record.output_docs, truth.relevant_docs)
-    f = f_beta(precision, recall, beta)
-    traj_recall = fact_recall(truth.facts, found_chunks=record.encountered)
-    answer_found = float(bool(truth.answer_chunk_ids & record.encountered))
-    p_prune = prune_penalty(
-        record.tool_calls, per_call=cfg.prune_penalty, free_streak=cfg.prune_free_streak, cap=cfg.prune_penalty_cap
-    )
-    p_turn = turn_penalty(
-        record.turns, start=cfg.turn_penalty_start, end=cfg.turn_penalty_end, maximum=cfg.turn_penalty_max
-    )
-    terms = {
-        "f_beta": cfg.f_beta_weight * f,
-        "trajectory_recall": cfg.trajectory_recall_weight * traj_recall,
-        "answer_found": cfg.answer_found_bonus * answer_found,
-    }
-    correct = answer_correct(record.answer, truth.answer)
-    if cfg.answer_weight > 0:
-        terms["answer_correct"] = cfg.answer_weight * float(correct)
-    terms["prune_penalty"] = 0.0 - p_prune  # 0.0 - x, not -x: no "-0.0" in logs
-    terms["turn_penalty"] = 0.0 - p_turn
-    pre_penalty = terms["f_beta"] + terms["trajectory_recall"] + terms["answer_found"] + terms.get("answer_correct", 0)
-    raw = pre_penalty - p_prune - p_turn
-    terms["clamp"] = clamp_reward(raw, pre_penalty, completed=record.completed, floor=cfg.floor) - raw
+def episode_metrics(
+    record: EpisodeRecord, truth: GroundTruth, terms: dict[str, float | None], *, beta: float, config: RewardConfig
+) -> dict[str, float]:
+    """The ``search/*`` metrics and independent checks of one episode; ``terms`` are the episode's measured
+    (unweighted) Context-1 terms, reported as they are."""
     relevant = truth.relevant_chunks
-    metrics = {
-        "search/output_recall": recall,
-        "search/output_precision": precision,
-        "search/f_beta": f,
+
+    def term(name: str) -> float:
+        value = terms.get(name)
+        return float("nan") if value is None else float(value)
+
+    return {
+        "search/output_recall": fact_recall(truth.facts, found_docs=record.output_docs[: config.max_output_docs]),
+        "search/output_precision": output_precision(record.output_docs, truth.relevant_docs),
+        "search/f_beta": term("f_beta"),
         "search/beta": beta,
-        "search/trajectory_recall": traj_recall,
-        "search/answer_found": answer_found,
+        "search/trajectory_recall": term("trajectory_recall"),
+        "search/answer_found": term("answer_found"),
         "search/prune_accuracy": (
             len(record.pruned - relevant) / len(record.pruned) if record.pruned else float("nan")
         ),
         "search/pruned_chunks": float(len(record.pruned)),
         "search/encountered_chunks": float(len(record.encountered)),
         "search/tool_calls_per_turn": len(record.tool_calls) / record.turns if record.turns else 0.0,
-        "search/answer_correct": float(correct),
+        "search/answer_correct": float(answer_correct(record.answer, truth.answer)),
         "search/output_docs": float(len(record.output_docs)),
-        **independent_checks(record, truth, cfg),
+        **independent_checks(record, truth, config),
     }
-    return RewardBreakdown(terms, metrics)
-
-
-class SearchReward:
-    """The reward with its β schedule; ``set_step(step, epoch)`` moves β (linear over epochs, 4 -> 2)."""
-
-    def __init__(self, config: RewardConfig | None = None) -> None:
-        self.config = config or RewardConfig()
-        self._beta = make_schedule(
-            {"kind": "linear", "start": self.config.beta_start, "end": self.config.beta_end,
-             "steps": self.config.beta_anneal_epochs},
-            field="RewardConfig.beta",
-        )  # fmt: skip
-        self.step = 0
-        self.epoch = 0
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.step, self.epoch = int(step), int(epoch)
-
-    @property
-    def beta(self) -> float:
-        return self._beta(self.epoch)
-
-    def __call__(self, record: EpisodeRecord, truth: GroundTruth) -> RewardBreakdown:
-        return score_episode(record, truth, beta=self.beta, config=self.config)

@@ -3,7 +3,8 @@ middle and end of the β schedule and is flagged by the reward-hacking monitor; 
 
 Runs on the namespaced corpus (``pkg:name-part``, ``g++-12``, ``lib:a-b`` beside ``lib:a-b-c``), where the old
 expert resolved few tasks and "cite everything seen" beat it. Every policy plays each task once; the episodes are
-then re-scored at each β with the env's own ``score_episode`` (the env's score at the current β is checked equal).
+then re-scored at each β from what they recorded, measured by the env's reward (the ``context1`` preset) and scored
+by its rubric (the env's score at the current β is checked equal).
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from context1_episodes import episode, rescore
 
 from taskrl.chat import format_tool_call
 from taskrl.envs.search.env import SearchEnv, parse_answer, parse_output_docs
 from taskrl.envs.search.expert import chunk_blocks
-from taskrl.envs.search.reward import EpisodeRecord, GroundTruth, RewardConfig, score_episode
+from taskrl.envs.search.reward import GroundTruth, RewardConfig, episode_metrics
 from taskrl.envs.search.store import CorpusStore
 from taskrl.monitor import Monitors, failed_checks
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
-from taskrl.types import Message, Trajectory
+from taskrl.types import Message, Task, Trajectory
 
 Rule = Callable[[list[Message], Any], str]
 ANSWER_ON = RewardConfig(answer_weight=0.5, beta_anneal_epochs=2)
@@ -103,28 +105,13 @@ def _play(store: CorpusStore, rule: Rule, reward: RewardConfig) -> list[Trajecto
     return asyncio.run(run_episodes(factory, ScriptedPolicy(rule), tasks, RolloutConfig(max_turns=6)))
 
 
-def _rescore(traj: Trajectory, truth: GroundTruth, reward: RewardConfig, epoch: int) -> float:
-    """The episode's reward at another point of the β schedule (same record, same formula as the env)."""
-    beta = reward.beta_start + (reward.beta_end - reward.beta_start) * min(epoch / reward.beta_anneal_epochs, 1.0)
-    record = EpisodeRecord(
-        output_docs=parse_output_docs(traj.final_answer),
-        encountered=frozenset(traj.info["encountered_chunk_ids"]),
-        pruned=frozenset(traj.info["pruned_chunk_ids"]),
-        tool_calls=tuple(c.name for m in traj.messages if m.role == "assistant" for c in m.tool_calls),
-        turns=sum(m.role == "assistant" for m in traj.messages),
-        completed=traj.terminated and traj.error is None,
-        answer=parse_answer(traj.final_answer),
-    )
-    return score_episode(record, truth, beta=beta, config=reward).total
-
-
 def _mean_rewards(store: CorpusStore, trajs: list[Trajectory], reward: RewardConfig) -> dict[str, float]:
     env = SearchEnv(corpus=str(store.path), reward=reward)
-    truths = {t.id: GroundTruth.from_info(t.info) for t in env._shared.tasks}
+    tasks = {t.id: t for t in env._shared.tasks}
     for traj in trajs:  # the re-scoring reproduces the env's own reward at the β it was played at
-        assert _rescore(traj, truths[traj.task_id], reward, 0) == pytest.approx(traj.reward)
+        assert rescore(traj, tasks[traj.task_id], reward, 0).reward == pytest.approx(traj.reward)
     return {
-        point: sum(_rescore(t, truths[t.task_id], reward, epoch) for t in trajs) / len(trajs)
+        point: sum(rescore(t, tasks[t.task_id], reward, epoch).reward for t in trajs) / len(trajs)
         for point, epoch in BETAS.items()
     }
 
@@ -168,12 +155,16 @@ def test_the_prompt_says_what_is_scored(namespaced_corpus: CorpusStore) -> None:
 
 
 def test_listing_more_than_the_cap_earns_no_recall() -> None:
-    truth = GroundTruth(facts=(("a#0",), ("b#0",)), answer_chunk_ids=frozenset({"b#0"}), answer="x")
-    record = EpisodeRecord(output_docs=("a", *[f"junk{i}" for i in range(12)], "b"), encountered=frozenset(),
-                           pruned=frozenset(), tool_calls=(), turns=1, completed=True, answer="x")  # fmt: skip
-    capped = score_episode(record, truth, beta=4.0, config=RewardConfig(max_output_docs=10))
-    assert capped.metrics["search/output_recall"] == 0.5  # "b" came 14th: past the cap
-    assert capped.metrics["verifier_disagrees"] == 1.0 and capped.metrics["fabricated"] == 0.0
+    info = {"facts": [{"chunk_ids": ["a#0"]}, {"chunk_ids": ["b#0"]}], "answer_chunk_ids": ["b#0"], "answer": "x"}
+    task, truth = Task("t", "q", info=info), GroundTruth.from_info(info)
+    traj, record = episode(output_docs=("a", *[f"junk{i}" for i in range(12)], "b"), turns=1, answer="x")
+    capped = rescore(traj, task, RewardConfig(max_output_docs=10))
+    metrics = episode_metrics(record, truth, capped.terms, beta=4.0, config=RewardConfig(max_output_docs=10))
+    assert metrics["search/output_recall"] == 0.5  # "b" came 14th: past the cap
+    assert metrics["verifier_disagrees"] == 1.0 and metrics["fabricated"] == 0.0
     assert "answer_correct" not in capped.terms  # off in the pure preset: not a term at all
-    on = score_episode(record, truth, beta=4.0, config=RewardConfig(answer_weight=0.5))
-    assert on.terms["answer_correct"] == 0.5 and on.metrics["search/answer_correct"] == 1.0
+    on = rescore(traj, task, RewardConfig(answer_weight=0.5))
+    assert on.terms["answer_correct"] == 1.0 and on.rewards["answer_correct"] == 0.5
+    assert metrics["search/answer_correct"] == 1.0
+    wrong, _ = episode(output_docs=("a", "b"), turns=1, answer="y")
+    assert rescore(wrong, task, RewardConfig(answer_weight=0.5)).rewards["answer_correct"] == 0.0

@@ -231,9 +231,9 @@ def test_set_step_anneals_beta_for_every_env_on_the_corpus(planted_corpus: Corpu
     first = SearchEnv(corpus=str(planted_corpus.path), reward={"beta_anneal_epochs": 2})
     first.set_step(10, epoch=1)
     second = SearchEnv(corpus=str(planted_corpus.path), reward={"beta_anneal_epochs": 2})
-    assert second._shared.reward.beta == pytest.approx(3.0)
+    assert second.beta == pytest.approx(3.0)
     first.set_step(20, epoch=2)
-    assert second._shared.reward.beta == 2.0
+    assert second.beta == 2.0
 
 
 @pytest.mark.parametrize(
