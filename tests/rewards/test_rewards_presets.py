@@ -9,6 +9,7 @@ import pytest
 from taskrl.rewards.compose import RewardClock
 from taskrl.rewards.formulas import f_beta
 from taskrl.rewards.presets import PRESETS, composer, context1, make_reward, parl, seed_weighted
+from taskrl.scoring import Clock, score
 from taskrl.types import Task, Trajectory
 
 
@@ -156,3 +157,47 @@ def test_presets_by_name() -> None:
     assert make_reward("parl", k=2).weights()["parallel"] == 0.3
     with pytest.raises(ValueError, match="unknown reward preset 'kimi'; presets: context1, parl"):
         make_reward("kimi")
+
+
+def _episodes(build) -> list[Trajectory]:
+    """One group of a task's samples, as varied as the presets' terms: honest, a cheat (tampered, fabricated),
+    an invalid call, a pruner, a truncated one, and a swarm."""
+    info = {"output_chunks": ["c1", "c3"], "seen_chunks": ["c1", "c3", "c9"], "test_coverage": 0.3}
+    prune = build("2 x apple")
+    for _ in range(6):
+        prune.turn(("prune_chunks", {"chunk_ids": ["c9"]}, "pruned"))
+    out = [
+        build("2 x apple").turn(("price", {"item": "apple"}, "3")).turn(("calc", {}, "6")).answer("6", **info),
+        build("2 x apple").turn(("price", {}, "3")).answer("6", **info, tests_tampered=True),
+        build().turn(("nope", {}, "Unknown tool 'nope'. Available tools: x.")).answer("6", **info),
+        prune.answer("7", output_chunks=["c2"], seen_chunks=["c2"]),
+        build().turn(("calc", {}, "1")).answer(None, **info),
+        swarm(3, parallel=True, answer="6", critical=4),
+    ]
+    out[0].metrics["tests_passed"] = 1.0
+    out[2].metrics["invalid_tool_calls"] = 1.0
+    for i, traj in enumerate(out):
+        traj.id, traj.group_id, traj.task_id = f"s{i}", "g", "q"
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize(("step", "epoch"), [(0, 0), (500, 2), (5000, 9)])
+def test_a_presets_rubric_scores_its_measurements_as_the_preset_does(build, name: str, step: int, epoch: int) -> None:
+    """One formula: an env that measures with a preset (``measure``) and declares its rubric (``rubric``) gets,
+    from ``taskrl.scoring.score``, the rewards the preset itself gives (group terms, clamp, gates, invalid-call cap
+    included), at any point of the schedules."""
+    task = Task("q", "2 x apple", answer="6", info={"relevant_chunks": ["c1", "c2", "c3"], "answer_chunk_ids": ["c3"]})
+    reward = make_reward(name)
+    reward.set_step(step, epoch)
+    own = _episodes(build)
+    for traj in own:
+        traj.rewards = reward(traj, task)
+    reward.rescore(own, lambda _: task)
+    measured = _episodes(build)
+    for traj in measured:
+        traj.terms = reward.measure(traj, task)
+    score(measured, reward.rubric(), Clock(step, epoch), task_of=lambda _: task)
+    for mine, theirs in zip(measured, own, strict=True):
+        assert mine.rewards == pytest.approx(theirs.rewards), (name, mine.id)
+    assert len({round(t.reward, 6) for t in own}) > 2  # the episodes differ under every preset
