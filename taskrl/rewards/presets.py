@@ -357,6 +357,8 @@ def composer(
     trivial_tests_weight: float = 0.5,
     tamper_key: str = "tests_tampered",
     tamper_metric: str = "tampering",
+    tamper_gate: bool = True,
+    floor_at_failure: bool = False,
     clock: RewardClock | None = None,
 ) -> ComposedReward:
     """Cursor Composer 2 (Cursor's Composer 2 technical report): hidden tests + valid tool use + effort
@@ -365,6 +367,12 @@ def composer(
     ``info[tamper_key]``) scores as a failure, "no tests collected" scores 0, and generated tests are penalised
     by how little they cover (``TrivialTests``, reading ``trajectory.info["test_coverage"]``). ``tests``
     defaults to ``RecordedTests()``: the code env's verified ``metrics["tests_passed"]``, else pass/total counts.
+
+    A term at weight 0 is off (not a term at all). ``tamper_gate=False`` leaves the gate out, for an env whose
+    tests term is already 0 on tampering and that pays nothing else (the code env without valid-tool-use
+    credit); ``floor_at_failure`` floors the total at 0 (Context-1's clamp with ε = 0): the penalties never take
+    an episode below a failure, the code env's reading of its effort penalty. This is the code env's reward:
+    ``CodeEnv`` builds it from its ``CodeRewardConfig`` and declares its rubric.
     """
     for name, value in (("valid_tool_use_weight", valid_tool_use_weight), ("effort_weight", effort_weight),
                         ("trivial_tests_weight", trivial_tests_weight)):  # fmt: skip
@@ -376,8 +384,10 @@ def composer(
         WeightedTerm("effort", effort or EffortPenalty(), effort_weight),
         WeightedTerm("trivial_tests", TrivialTests(), trivial_tests_weight),
     ]
-    intact = Untampered(tamper_metric, tamper_key)
-    return ComposedReward(terms, gates=[Gate("tests_intact", intact)], clock=clock)
+    terms = [t for t in terms if t.name == "tests" or t.weight != 0]
+    gates = [Gate("tests_intact", Untampered(tamper_metric, tamper_key))] if tamper_gate else []
+    clamp = PenaltyClamp(0.0) if floor_at_failure else None
+    return ComposedReward(terms, gates=gates, clamp=clamp, clock=clock)
 
 
 PRESETS: dict[str, Callable[..., ComposedReward]] = {

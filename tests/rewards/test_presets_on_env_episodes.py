@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 
 from taskrl.env import make
+from taskrl.envs.code.env import CodeEnvConfig
+from taskrl.envs.code.reward import CodeRewardConfig
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards.presets import PrunePenalty, TurnPenalty, make_reward
+from taskrl.rewards.terms import EffortPenalty
 from taskrl.scoring import Clock, Rubric
 from taskrl.types import Task, Trajectory
 
@@ -53,13 +56,13 @@ def _walk(traj: Trajectory) -> Iterator[Trajectory]:
         yield from _walk(child)
 
 
-def _expert_episodes(env_name: str, tasks: int = 2) -> tuple[list[Trajectory], dict[str, Task]]:
-    env = make(env_name)
+def _expert_episodes(env_name: str, tasks: int = 2, **kwargs: Any) -> tuple[list[Trajectory], dict[str, Task]]:
+    env = make(env_name, **kwargs)
     chosen = list(env.tasks("test") or env.tasks("train"))[:tasks]
     played: list[Trajectory] = []
     config = EvalConfig(samples_per_task=1, max_turns=16, concurrency=2, seed=0, bootstrap_resamples=10)
     policy = ScriptedPolicy(env.scripted_rule)  # type: ignore[attr-defined]
-    asyncio.run(evaluate(lambda: make(env_name), {"expert": policy}, chosen, config,
+    asyncio.run(evaluate(lambda: make(env_name, **kwargs), {"expert": policy}, chosen, config,
                          on_trajectory=lambda _name, t: played.append(t)))  # fmt: skip
     assert len(played) == len(chosen)
     return played, {t.id: t for t in chosen}
@@ -141,3 +144,33 @@ def test_a_configured_search_env_is_the_preset_with_those_parameters() -> None:
     assert [(t.name, t.fn) for t in env.preset.terms] == [(t.name, t.fn) for t in preset.terms]
     assert "answer_correct" in {t.name for t in env.rubric.terms}
     assert described(env.rubric) != described(make("search").rubric)  # the config reaches the rubric
+
+
+CODE_CONFIGS = {  # the code env's reward config -> the composer preset it must be
+    "default": ({}, {"valid_tool_use_weight": 0.0, "effort_weight": 0.0, "trivial_tests_weight": 0.0,
+                     "tamper_gate": False}),
+    "every term": (
+        {"effort_weight": 0.1, "effort_k": 1.0, "effort_q": 2.0, "valid_tool_use_weight": 0.1,
+         "trivial_tests_weight": 0.5},
+        {"effort": EffortPenalty(1.0, 2.0), "floor_at_failure": True},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(CODE_CONFIGS))
+def test_the_code_env_reward_is_the_composer_preset(case: str) -> None:
+    """One formula: the code env measures with the composer preset's terms and declares its rubric; with every
+    term on it is Composer's defaults (plus the floor at a failure), and its rewards are the preset's."""
+    reward_config, preset_kwargs = CODE_CONFIGS[case]
+    config = CodeEnvConfig(reward=CodeRewardConfig(**reward_config))
+    env, preset = make("code-bugs", config=config), make_reward("composer", **preset_kwargs)
+    assert described(env.rubric) == described(preset.rubric())
+    assert [(t.name, t.fn) for t in env.composed.terms] == [(t.name, t.fn) for t in preset.terms]
+    assert [(g.name, g.check) for g in env.composed.gates] == [(g.name, g.check) for g in preset.gates]
+    trajectories, tasks = _expert_episodes("code-bugs", tasks=2, config=config)
+    for traj in trajectories:
+        task = tasks[traj.task_id]
+        assert traj.terms == pytest.approx(preset.measure(traj, task)), traj.task_id
+        assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
+        assert traj.terms["tests"] == 1.0  # the expert's gold fix passes the hidden tests
+    assert len({t.name for t in env.rubric.terms}) == (1 if case == "default" else 4)

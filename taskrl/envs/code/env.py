@@ -22,7 +22,6 @@ from taskrl.envs.code.reward import (
     CodeRewardConfig,
     Score,
     asked_a_question,
-    effort_term,
     protect,
     score,
     tree_state,
@@ -31,6 +30,9 @@ from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
 from taskrl.envs.code.tasks import BUILTIN_BUGS, humaneval_tasks, load_bug_tasks
 from taskrl.envs.code.tools import CodeTools
 from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, WorkspaceError, pool_for
+from taskrl.rewards.compose import ComposedReward
+from taskrl.rewards.presets import composer
+from taskrl.rewards.terms import EffortPenalty
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 SYSTEM_PROMPT = (
@@ -61,6 +63,20 @@ class CodeEnvConfig:
                 raise ValueError(f"CodeEnvConfig.{name} must be a {kind.__name__}, got {type(value).__name__}")
 
 
+def composer_reward(config: CodeRewardConfig) -> ComposedReward:
+    """The code env's reward: the ``composer`` preset with ``config``'s weights and effort penalty, floored at a
+    failure (0) so no penalty takes a success below one; the tamper gate is on whenever valid-tool-use credit is
+    (the tests term alone is already 0 on tampering)."""
+    return composer(
+        valid_tool_use_weight=config.valid_tool_use_weight,
+        effort=EffortPenalty(config.effort_k, config.effort_q, config.effort_measure),
+        effort_weight=config.effort_weight,
+        trivial_tests_weight=config.trivial_tests_weight,
+        tamper_gate=config.valid_tool_use_weight > 0,
+        floor_at_failure=config.effort_weight > 0 or config.trivial_tests_weight > 0,
+    )
+
+
 class CodeEnv(CodeTools, ToolEnv):
     """A coding task in a sandboxed workspace, scored by hidden tests. Subclasses provide ``tasks``."""
 
@@ -74,6 +90,9 @@ class CodeEnv(CodeTools, ToolEnv):
             config = replace(config, sandbox=replace(config.sandbox, unsafe_no_sandbox=True))
         self.config = config
         self.sandbox = Sandbox(self.config.sandbox)
+        self.composed = composer_reward(self.config.reward)
+        """The ``composer`` reward ``reward`` measures with; ``rubric`` is its rubric."""
+        self.rubric = self.composed.rubric()
         self.workspace: Workspace | None = None
         self._finalizer: weakref.finalize | None = None
         self._protected: dict[str, str] = {}
@@ -128,7 +147,8 @@ class CodeEnv(CodeTools, ToolEnv):
 
     # -- reward --------------------------------------------------------------------------------------------
     async def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        """The hidden tests' score (``tests``, and ``effort`` when configured); writes metrics (``tests_passed``,
+        """The ``composer`` terms, unweighted: the hidden tests' score (``tests``) and the terms configured on;
+        first writes what they read: metrics (``tests_passed``,
         ``tampering``, ...) and, where they apply, ``trajectory.info`` keys: ``checkpoint_errors`` (up to 10),
         ``tampering`` (what was tampered with), ``test_failure`` (why the tests could not run), ``hidden_tests``
         (outcome counts), ``agent_tests`` and ``test_coverage`` (the agent's own tests under coverage)."""
@@ -164,11 +184,7 @@ class CodeEnv(CodeTools, ToolEnv):
             info["agent_tests"] = result.agent_tests
         if result.coverage is not None:
             info["test_coverage"] = result.coverage
-        rewards: dict[str, float | None] = {"tests": result.tests}
-        effort = effort_term(result.tests, trajectory, self.config.reward)
-        if effort is not None:
-            rewards["effort"] = effort
-        return rewards
+        return self.composed.measure(trajectory, self.task)  # reads metrics["tests_passed"/"tampering"]
 
     # -- expert --------------------------------------------------------------------------------------------
     def scripted_rule(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:

@@ -1,11 +1,13 @@
-"""Hidden-test reward of the code env, with the anti-hacking checks Composer needed.
+"""Hidden-test measurement of the code env, with the anti-hacking checks Composer needed.
 
 ``protect(workspace)`` hashes every test and test-configuration file before the episode; ``score(...)`` after
 it reports tampering (any protected file changed or deleted, or a new conftest/pytest config/``.pth``), runs
 the hidden tests in the sandbox and returns the share that passes. Tampering scores 0 without running
 anything; no tests collected, collection errors, a missing report and timeouts score 0 too. Tests the agent
-wrote are run under coverage.py and their coverage of the code under test is reported (the reward toolkit's
-trivial-test penalty reads it). The effort penalty is Composer's ((1+k·x)^(1-q)-1)/(k·(1-q)).
+wrote are run under coverage.py and their coverage of the code under test is reported (the trivial-test
+penalty reads it). The reward is the ``composer`` preset (``taskrl.rewards.presets``), built from
+``CodeRewardConfig`` by ``taskrl.envs.code.env.composer_reward``: one formula, Composer's effort penalty
+((1+k·x)^(1-q)-1)/(k·(1-q)) included.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from taskrl.envs.code.checks import run_function_check
 from taskrl.envs.code.sandbox import Sandbox
 from taskrl.envs.code.testrun import TestRun, line_coverage, run_pytest
 from taskrl.envs.code.workspace import Workspace, walk_tree
-from taskrl.rewards.formulas import effort_penalty
 from taskrl.types import Task, Trajectory
 
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py")
@@ -38,10 +39,11 @@ _QUESTION_RE = re.compile(r"\?\s*(?:</answer>)?\s*$")
 
 @dataclass
 class CodeRewardConfig:
-    """How an episode of the code env is scored."""
+    """How an episode of the code env is scored: the ``composer`` preset's parameters (defaults: hidden tests
+    only, each extra term off) and the test run's."""
 
     effort_weight: float = 0.0
-    """Weight of the effort penalty; 0 turns it off. It never takes a success below a failure (0)."""
+    """Weight of the effort penalty; 0 turns it off. Penalties never take an episode below a failure (0)."""
     effort_measure: Literal["tool_calls", "turns"] = "tool_calls"
     """What x counts in the effort penalty."""
     effort_k: float = 0.1
@@ -52,10 +54,16 @@ class CodeRewardConfig:
     """Wall limit of the hidden-test run; a run past it scores 0."""
     measure_coverage: bool = True
     """Run tests the agent wrote under coverage.py and record ``info["test_coverage"]``."""
+    valid_tool_use_weight: float = 0.0
+    """Weight of Composer's valid-tool-use credit (share of calls that were valid); 0 turns it off. When on, the
+    tamper gate is on too: a tampering episode earns no credit."""
+    trivial_tests_weight: float = 0.0
+    """Weight of Composer's trivial-test penalty on tests the agent wrote (needs ``measure_coverage``); 0: off."""
 
     def __post_init__(self) -> None:
-        if self.effort_weight < 0:
-            raise ValueError(f"CodeRewardConfig.effort_weight must be >= 0, got {self.effort_weight}")
+        for name in ("effort_weight", "valid_tool_use_weight", "trivial_tests_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"CodeRewardConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.effort_measure not in ("tool_calls", "turns"):
             raise ValueError(
                 f"CodeRewardConfig.effort_measure must be tool_calls or turns, got {self.effort_measure!r}"
@@ -195,21 +203,6 @@ async def score(
         return out
     out.tests = out.run.fraction_passed(fail_to_pass) * (out.run.fraction_passed(pass_to_pass) if pass_to_pass else 1.0)
     return out
-
-
-def effort(trajectory: Trajectory, measure: str) -> int:
-    assistant = [m for m in trajectory.messages if m.role == "assistant"]
-    return sum(len(m.tool_calls) for m in assistant) if measure == "tool_calls" else len(assistant)
-
-
-def effort_term(tests: float, trajectory: Trajectory, config: CodeRewardConfig) -> float | None:
-    """Minus the weighted effort penalty, never more than the test reward (a success stays >= a failure)."""
-    if config.effort_weight == 0:
-        return None
-    penalty = config.effort_weight * effort_penalty(
-        effort(trajectory, config.effort_measure), config.effort_k, config.effort_q
-    )
-    return -min(tests, penalty)
 
 
 def asked_a_question(trajectory: Trajectory) -> bool:

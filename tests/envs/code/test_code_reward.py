@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from taskrl.envs.code.env import composer_reward
 from taskrl.envs.code.reward import (
     CodeRewardConfig,
     asked_a_question,
-    effort_term,
     find_tampering,
     is_protected,
     protect,
@@ -25,6 +25,9 @@ from taskrl.envs.code.reward import (
 from taskrl.envs.code.sandbox import CommandResult, Sandbox
 from taskrl.envs.code.testrun import FORGED, PIPE_LOST, TestRun, parse_junit, read_report, run_pytest
 from taskrl.envs.code.workspace import WorkspaceConfig, pool_for
+from taskrl.rewards.formulas import effort_penalty
+from taskrl.scoring import Clock
+from taskrl.scoring import score as score_terms
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -244,15 +247,39 @@ def trajectory(calls: int, answer: str = "done") -> Trajectory:
     return traj
 
 
+def rubric_scored(tests: float, traj: Trajectory, config: CodeRewardConfig, *, tampering: bool = False) -> Trajectory:
+    """``traj`` as the code env scores it: the hidden tests' share in its metrics, measured by the env's
+    ``composer`` reward and scored by its rubric."""
+    traj.metrics.update(tests_passed=tests, tampering=float(tampering))
+    reward = composer_reward(config)
+    traj.terms = reward.measure(traj, None)
+    score_terms([traj], reward.rubric(), Clock())
+    return traj
+
+
 def test_effort_term_golden() -> None:
     config = CodeRewardConfig(effort_weight=0.1, effort_k=1.0, effort_q=0.5)
     # ((1 + 1*3)^(1-0.5) - 1) / (1 * 0.5) = 2, times the weight 0.1
-    assert effort_term(1.0, trajectory(3), config) == pytest.approx(-0.2)
-    assert effort_term(0.05, trajectory(3), config) == pytest.approx(-0.05)  # never below a failure
-    assert effort_term(0.0, trajectory(3), config) == 0.0
-    assert effort_term(1.0, trajectory(3), CodeRewardConfig()) is None  # weight 0: off
+    solved = rubric_scored(1.0, trajectory(3), config)
+    assert solved.rewards["effort"] == pytest.approx(-0.2) and solved.reward == pytest.approx(0.8)
+    assert solved.terms["effort"] == pytest.approx(-2.0)  # measured: unweighted
+    assert rubric_scored(0.05, trajectory(3), config).reward == pytest.approx(0.0)  # never below a failure
+    assert rubric_scored(0.0, trajectory(3), config).reward == 0.0
+    off = rubric_scored(1.0, trajectory(3), CodeRewardConfig())  # weight 0: off, not a term at all
+    assert off.rewards == {"tests": 1.0} and off.terms == {"tests": 1.0}
     turns = CodeRewardConfig(effort_weight=0.5, effort_k=1.0, effort_q=1.0, effort_measure="turns")
-    assert effort_term(1.0, trajectory(7), turns) == pytest.approx(-0.5 * math.log(3))  # 2 turns; q=1: log(1+kx)/k
+    by_turns = rubric_scored(1.0, trajectory(7), turns)  # 2 turns; q=1: log(1+kx)/k
+    assert by_turns.rewards["effort"] == pytest.approx(-0.5 * math.log(3))
+    assert by_turns.reward == pytest.approx(1.0 - 0.5 * math.log(3))
+
+
+def test_valid_tool_use_credit_brings_the_tamper_gate() -> None:
+    config = CodeRewardConfig(valid_tool_use_weight=0.1)
+    honest = rubric_scored(1.0, trajectory(3), config)
+    assert honest.rewards["valid_tool_use"] == pytest.approx(0.1) and honest.reward == pytest.approx(1.1)
+    tampered = rubric_scored(0.0, trajectory(3), config, tampering=True)  # the env scores a tampered workspace 0
+    assert tampered.terms["tests_intact"] == 0.0 and tampered.reward == 0.0  # no credit for its valid calls
+    assert "tests_intact" not in rubric_scored(1.0, trajectory(3), CodeRewardConfig()).terms  # tests alone: no gate
 
 
 @given(
@@ -265,8 +292,9 @@ def test_effort_term_golden() -> None:
 def test_effort_never_takes_a_success_below_a_failure(
     tests: float, calls: int, weight: float, k: float, q: float
 ) -> None:
-    term = effort_term(tests, trajectory(calls), CodeRewardConfig(effort_weight=weight, effort_k=k, effort_q=q))
-    assert term is None or -tests <= term <= 0.0
+    traj = rubric_scored(tests, trajectory(calls), CodeRewardConfig(effort_weight=weight, effort_k=k, effort_q=q))
+    assert 0.0 <= traj.reward <= tests + 1e-12
+    assert traj.reward == pytest.approx(max(tests - weight * effort_penalty(calls, k, q), 0.0), abs=1e-9)
 
 
 def test_clarifying_questions() -> None:
