@@ -19,6 +19,7 @@ import pytest
 from taskrl.env import make
 from taskrl.envs.code.env import CodeEnvConfig
 from taskrl.envs.code.reward import CodeRewardConfig
+from taskrl.envs.swarm.reward import TaskPerformance
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards.presets import PrunePenalty, TurnPenalty, make_reward
@@ -174,3 +175,20 @@ def test_the_code_env_reward_is_the_composer_preset(case: str) -> None:
         assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
         assert traj.terms["tests"] == 1.0  # the expert's gold fix passes the hidden tests
     assert len({t.name for t in env.rubric.terms}) == (1 if case == "default" else 4)
+
+
+def test_the_swarm_env_reward_is_the_parl_preset() -> None:
+    """One formula: the swarm env measures with the parl preset's terms (r_perf = the task's own score) and
+    declares its rubric, λ1 and λ2 annealed by the rubric on the scoring clock."""
+    env = make("swarm")
+    budget = env.config.max_critical_steps or env.config.reward.critical_steps_budget
+    preset = make_reward("parl", perf=TaskPerformance(), critical_steps_budget=budget)
+    assert described(env.rubric) == described(preset.rubric())
+    assert [(t.name, t.fn) for t in env.reward_fn.terms] == [(t.name, t.fn) for t in preset.terms]
+    assert env.rubric.weights(Clock(step=500))["parallel"] == pytest.approx(0.15)  # annealed halfway
+    trajectories, tasks = _expert_episodes("swarm", tasks=2)
+    for traj in trajectories:
+        task = tasks[traj.task_id]
+        assert traj.terms == pytest.approx(preset.measure(traj, task), nan_ok=True), traj.task_id
+        assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
+    assert any(t.reward > 1.0 for t in trajectories)  # the expert's sub-agents earn auxiliary credit

@@ -223,6 +223,8 @@ class SwarmEnv(ToolEnv):
             policy = subagent_policy or _default_policy(self.config, env_factory)
             self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
         self.reward_fn = swarm_reward(self.config.reward, budget=self.config.max_critical_steps)
+        """The ``parl`` reward ``reward`` measures with; ``rubric`` is its rubric (weights, λ annealing)."""
+        self.rubric = self.reward_fn.rubric()
         self._reset_state(0)
 
     def _reset_state(self, seed: int) -> None:
@@ -244,12 +246,8 @@ class SwarmEnv(ToolEnv):
         return super().reset(task, seed)
 
     def set_step(self, step: int, epoch: int = 0) -> None:
-        """Move the λ annealing (the reward toolkit's clock)."""
+        """Move the reward's clock (its terms' schedules; the λ weights are the rubric's, on the scoring clock)."""
         self.reward_fn.set_step(step, epoch)
-
-    def finalize_group(self, trajectories: Sequence[Trajectory], task: Task | None) -> None:
-        """The composed reward's group terms over K samples of one task (PARL's has none: a no-op)."""
-        self.reward_fn.finalize_group(trajectories, task)
 
     def _launches(self, turns: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
         return [sorted(turn, key=lambda c: c.info.get("assignment", 0)) for turn in turns]
@@ -401,7 +399,7 @@ class SwarmEnv(ToolEnv):
         self.record_episode(trajectory)
         scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
         trajectory.metrics.update({f"swarm/{k}": v for k, v in scores.items()})
-        return self.reward_fn(trajectory, self.task)
+        return self.reward_fn.measure(trajectory, self.task)  # unweighted: the rubric anneals λ1, λ2
 
 
 def _max_overlap(children: Sequence[Trajectory]) -> int:
