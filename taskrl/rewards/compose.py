@@ -1,14 +1,17 @@
 """Composed rewards: named terms with scheduled weights, gates that score cheats as failures, stage-wise credit.
 
 A term is a plain function ``f(trajectory, task) -> float | None`` (None = not applicable: excluded, not zero).
-``ComposedReward(terms)(trajectory, task)`` returns the WEIGHTED terms (what ``Trajectory.rewards`` holds) and
-records each unweighted value in ``trajectory.metrics["reward_raw/<name>"]``. Use it as an env's reward:
-``def reward(self, trajectory): return self.composed(trajectory, self.task)``, and forward the env's ``set_step``
-(and ``finalize_group`` for group terms) to it: the loop calls only the env's own hooks.
+Use one as an env's reward the way the search, code and swarm envs use their presets: ``reward`` returns
+``composed.measure(trajectory, task)`` (the UNWEIGHTED terms and gate checks) and the env declares
+``rubric = composed.rubric()``, so ``taskrl.scoring.score`` applies weights, group terms, clamp, gates and the
+invalid-call cap, once; forward the env's ``set_step`` to it when a term has its own schedule (Context-1's β).
+``ComposedReward(terms)(trajectory, task)`` returns the WEIGHTED terms (``evaluate``, through the same ``score``)
+and records each unweighted value in ``trajectory.metrics["reward_raw/<name>"]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,7 +19,7 @@ from typing import Any, Literal
 from taskrl.algos.schedules import Schedule
 from taskrl.rewards.formulas import context1_clamp
 from taskrl.scoring import INVALID_CALL_CAP as INVALID_CALL_CAP  # the one invalid-call cap lives in taskrl.scoring
-from taskrl.scoring import ClampRule, GateRule, Rubric, TermWeight, cap_invalid_calls, check_value
+from taskrl.scoring import ClampRule, Clock, GateRule, Rubric, TermWeight, cap_invalid_calls, check_value, score
 from taskrl.scoring import RewardTermError as RewardTermError  # one error type and validator for every term
 from taskrl.scoring import make_weight as make_weight
 from taskrl.types import Task, Trajectory
@@ -183,12 +186,14 @@ class ComposedReward:
             raw[gate.name] = check_value(gate.name, gate.check, gate.check(trajectory, task))
         return raw
 
-    def rubric(self) -> Rubric:
+    def rubric(self, *, group_terms: bool = True) -> Rubric:
         """This reward as a ``taskrl.scoring.Rubric``: the same term names, weights (schedules and clocks),
-        group terms, gates, clamp and failure reward; what an env that measures with ``measure`` declares."""
+        group terms, gates, clamp and failure reward; what an env that measures with ``measure`` declares.
+        ``group_terms=False``: the per-episode part only (``evaluate``; ``finalize_group`` adds the rest)."""
+        groups = self.group_terms if group_terms else []
         return Rubric(
             terms=[TermWeight(t.name, t.schedule, t.clock) for t in self.terms],
-            group_terms=[TermWeight(t.name, t.schedule, t.clock, fn=t.fn) for t in self.group_terms],  # type: ignore[arg-type]
+            group_terms=[TermWeight(t.name, t.schedule, t.clock, fn=t.fn) for t in groups],  # type: ignore[arg-type]
             gates=[GateRule(g.name, g.min_value) for g in self.gates],
             clamp=ClampRule(self.clamp.epsilon) if self.clamp is not None else None,
             failure_reward=self.failure_reward,
@@ -209,13 +214,13 @@ class ComposedReward:
         return {t.name: check_value(t.name, t.fn, t.fn(trajectory, task)) for t in self.terms}
 
     def evaluate(self, trajectory: Trajectory, task: Task | None = None) -> RewardBreakdown:
-        """Score one episode without touching it."""
-        self._sync_terms()
-        weights = self.weights()
-        raw = self.raw_values(trajectory, task)
-        weighted = {name: None if v is None else weights[name] * v for name, v in raw.items()}
-        self._settle(trajectory, task, weighted, raw)
-        return RewardBreakdown(raw, weighted, weights)
+        """Score one episode without touching it: ``measure``, then ``taskrl.scoring.score`` with ``rubric()`` at
+        this reward's clock, on a copy without the loop's metrics (so without the invalid-call cap, which
+        ``rescore`` and the loop apply)."""
+        raw = self.measure(trajectory, task)
+        copy = dataclasses.replace(trajectory, terms=dict(raw), rewards={}, metrics={})
+        score([copy], self.rubric(group_terms=False), Clock(self.clock.step, self.clock.epoch))
+        return RewardBreakdown(raw, copy.rewards, self.weights())
 
     def __call__(self, trajectory: Trajectory, task: Task | None = None) -> dict[str, float | None]:
         """The weighted terms for ``Trajectory.rewards``; unweighted values go to ``trajectory.metrics``."""
@@ -243,37 +248,30 @@ class ComposedReward:
         for traj in trajectories:
             weighted = {k: v for k, v in traj.rewards.items() if k not in adjusted}
             raw = {g.name: traj.metrics.get(RAW_PREFIX + g.name) for g in self.gates}
-            self._settle(traj, task, weighted, raw, recheck_gates=False)
+            self._settle(traj, weighted, raw)
             self._cap_invalid_calls(traj, weighted)
             traj.rewards = weighted
 
     def rescore(self, trajectories: Sequence[Trajectory], task_of: Callable[[str], Task | None]) -> None:
-        """Score finished trajectories again in place (e.g. read back from JSONL): per-episode terms, group
-        terms per ``group_id``, and the loop's invalid-call cap. ``task_of`` maps a task id to its Task."""
-        groups: dict[str, list[Trajectory]] = {}
+        """Score finished trajectories again in place (e.g. read back from JSONL) the way training scores them:
+        ``measure`` each into ``terms`` (unweighted values also in ``metrics["reward_raw/<name>"]``), then
+        ``taskrl.scoring.score`` with ``rubric()`` at this reward's clock: group terms per ``group_id`` (two
+        samples or more), clamp, gates, the invalid-call cap. ``task_of`` maps a task id to its Task."""
         for traj in trajectories:
-            weighted = self(traj, task_of(traj.task_id))
-            self._cap_invalid_calls(traj, weighted)
-            traj.rewards = weighted
-            groups.setdefault(traj.group_id or traj.id, []).append(traj)
-        for group in groups.values():
-            self.finalize_group(group, task_of(group[0].task_id))
+            traj.terms, traj.rewards = self.measure(traj, task_of(traj.task_id)), {}
+        score(trajectories, self.rubric(), Clock(self.clock.step, self.clock.epoch), task_of=task_of)
+        for traj in trajectories:
+            record_raw(traj, traj.terms)
 
     def _cap_invalid_calls(self, trajectory: Trajectory, weighted: dict[str, float | None]) -> None:
         """The loop's invariant, kept when rewards change after it ran: invalid calls never beat a failure
         (``taskrl.scoring.cap_invalid_calls``, the one implementation)."""
         cap_invalid_calls(trajectory, weighted, self.failure_reward)
 
-    def _settle(
-        self,
-        trajectory: Trajectory,
-        task: Task | None,
-        weighted: dict[str, float | None],
-        raw: dict[str, float | None],
-        *,
-        recheck_gates: bool = True,
-    ) -> None:
-        """Append the clamp adjustment and the gate caps to ``weighted`` (gate values to ``raw``)."""
+    def _settle(self, trajectory: Trajectory, weighted: dict[str, float | None], raw: dict[str, float | None]) -> None:
+        """Append the clamp adjustment and the gate caps (from the recorded gate values ``raw``) to ``weighted``:
+        ``finalize_group``'s legacy path, for envs that hold weighted terms in ``rewards``; ``evaluate`` and
+        ``rescore`` go through ``taskrl.scoring.score`` (tested equal on every preset)."""
         if self.clamp is not None:
             total = _total(weighted)
             pre_penalty = float(sum(v for v in weighted.values() if v is not None and v > 0))
@@ -283,8 +281,6 @@ class ComposedReward:
             )
         for gate in self.gates:
             value = raw.get(gate.name)
-            if recheck_gates:
-                value = raw[gate.name] = check_value(gate.name, gate.check, gate.check(trajectory, task))
             if value is None:
                 weighted[f"{gate.name}_cap"] = None
                 continue
