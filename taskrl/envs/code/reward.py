@@ -61,9 +61,11 @@ class CodeRewardConfig:
     """Weight of Composer's trivial-test penalty on tests the agent wrote (needs ``measure_coverage``); 0: off."""
 
     def __post_init__(self) -> None:
-        for name in ("effort_weight", "valid_tool_use_weight", "trivial_tests_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"CodeRewardConfig.{name} must be >= 0, got {getattr(self, name)}")
+        weights = {"effort_weight": self.effort_weight, "valid_tool_use_weight": self.valid_tool_use_weight,
+                   "trivial_tests_weight": self.trivial_tests_weight}  # fmt: skip
+        for name, value in weights.items():
+            if not value >= 0:
+                raise ValueError(f"CodeRewardConfig.{name} must be >= 0, got {value}")
         if self.effort_measure not in ("tool_calls", "turns"):
             raise ValueError(
                 f"CodeRewardConfig.effort_measure must be tool_calls or turns, got {self.effort_measure!r}"
