@@ -277,7 +277,7 @@ async def evaluate(
     result = {
         "name": name,
         "step": step,
-        "env": getattr(probe, "name", ""),
+        "env": probe.name,
         "config": asdict(config),
         "wall_time_s": time.perf_counter() - start,
         **score(by_policy, tasks, config, monitor_config, tool_names, step),
