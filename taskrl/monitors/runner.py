@@ -31,6 +31,10 @@ class MonitorSpec:
     needs: str = ""
     """What the env must have for the metric to mean anything: "tools" (at least one tool), or "" (any env)."""
 
+    def threshold_in(self, config: MonitorConfig) -> float:
+        """This monitor's threshold in ``config`` (the field named by ``threshold``)."""
+        return float(getattr(config, self.threshold))
+
 
 def not_applicable_reason(spec: MonitorSpec, tool_names: frozenset[str] | None) -> str | None:
     """Why ``spec`` can never apply to an env with these tools; None when it may (or the tools are unknown)."""
@@ -115,7 +119,7 @@ class Monitors:
             if value is None:
                 continue
             metrics[f"monitor/{name}"] = float(value)
-            threshold = float(getattr(cfg, spec.threshold))
+            threshold = spec.threshold_in(cfg)
             if (value > threshold + EPS) if spec.bad_when_above else (value < threshold - EPS):
                 side = ">" if spec.bad_when_above else "<"
                 message = f"{spec.meaning}: {name} = {value:.3g} {side} {threshold:g} ({spec.threshold})"

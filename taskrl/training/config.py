@@ -336,9 +336,9 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; see recipes/ or TrainConfig docs")
-    defaults = TrainConfig()
+    defaults = TrainConfig().to_dict()
     for key, value in data.items():
-        default = getattr(defaults, key)
+        default = defaults[key]
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
         if key in _SCHEDULE_FIELDS:
             ok, expected = is_number or isinstance(value, dict), "a number or a schedule table"
