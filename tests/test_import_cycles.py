@@ -24,8 +24,6 @@ REMAINING = [
      "taskrl.envs.swarm.reward", "taskrl.envs.swarm.subagents", "taskrl.rewards", "taskrl.rewards.compose",
      "taskrl.rewards.loops", "taskrl.rewards.parl", "taskrl.rewards.presets", "taskrl.rewards.terms",
      "taskrl.rollout", "taskrl.scoring"},
-    {"taskrl.monitors.checks", "taskrl.monitors.config", "taskrl.monitors.episode", "taskrl.monitors.runner",
-     "taskrl.monitors.swarm"},
     {"taskrl.deploy.server", "taskrl.deploy.thread"},
 ]  # fmt: skip
 ACYCLIC = {"taskrl.distributed.ddp", "taskrl.distributed.fsdp", "taskrl.distributed.launch", "taskrl.seeding",
