@@ -24,7 +24,6 @@ REMAINING = [
      "taskrl.envs.swarm.reward", "taskrl.envs.swarm.subagents", "taskrl.rewards", "taskrl.rewards.compose",
      "taskrl.rewards.loops", "taskrl.rewards.parl", "taskrl.rewards.presets", "taskrl.rewards.terms",
      "taskrl.rollout", "taskrl.scoring"},
-    {"taskrl.deploy.server", "taskrl.deploy.thread"},
 ]  # fmt: skip
 ACYCLIC = {"taskrl.distributed.ddp", "taskrl.distributed.fsdp", "taskrl.distributed.launch", "taskrl.seeding",
            "taskrl.trainer", "taskrl.training.learner", "taskrl.training.checkpoint", "taskrl.training.sync",
