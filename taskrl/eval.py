@@ -24,7 +24,7 @@ import typer
 
 import taskrl.cli_options as opts
 from taskrl.algos.schedules import Schedule
-from taskrl.env import Env, maybe_await
+from taskrl.env import Env, call_hook, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.rollout import RolloutConfig, run_episode, summarize
@@ -209,9 +209,7 @@ async def _play(
             try:
                 traj = await run_episode(env, policy, task, rollout, seed=seed, group_id=f"{task.id}#{rollout.seed}")
             finally:
-                close = getattr(env, "close", None)
-                if close is not None:
-                    await maybe_await(close())
+                await maybe_await(call_hook(env, "close"))
         sink(traj)
         return traj
 

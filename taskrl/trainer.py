@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, make, maybe_await
+from taskrl.env import Env, call_hook, declared, make, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
@@ -93,7 +93,7 @@ class Trainer:
         tasks = list(probe.tasks(cfg.split))
         if not tasks:
             raise ConfigError(f"TrainConfig.split: env '{cfg.env}' has no tasks in split '{cfg.split}'")
-        rule = getattr(probe, "scripted_rule", None)
+        rule = declared(probe, "scripted_rule")
         if cfg.phases[0] and cfg.sft_data == "expert" and rule is None:
             raise ConfigError(
                 f"TrainConfig.sft_data='expert' needs env '{cfg.env}' to define scripted_rule; "
@@ -440,9 +440,9 @@ class Trainer:
         self.run.close()
         if self.ray_rollout is not None:
             self.ray_rollout.close()
-        close_env = getattr(self.probe, "close", None)
-        if close_env is not None:
-            asyncio.run(maybe_await(close_env()))
+        closing = call_hook(self.probe, "close")
+        if closing is not None:
+            asyncio.run(maybe_await(closing))
         if self._ahead is not None:
             self._ahead[1].cancel()
         own_rollout_policy = self.policy is not self.learner_policy  # a copy or a server client this trainer built
