@@ -36,6 +36,7 @@ from typing import Any
 
 from taskrl.env import ToolEnv
 from taskrl.training.config import TrainConfig
+from taskrl.training.data import TaskSampler
 from taskrl.types import Task, Trajectory
 
 SYSTEM = "You are a helpful assistant."
@@ -80,8 +81,8 @@ class PromptEnv(ToolEnv):
         return {"distinct_words": reward_of(trajectory.final_answer or "")}
 
 
-class InOrder:
-    """Prompts in list order, one per step, as TRL's unshuffled sampler takes them."""
+class InOrder(TaskSampler):
+    """Prompts in list order, one per step, as TRL's unshuffled sampler takes them (rewards change nothing)."""
 
     def __init__(self, tasks: list[Task]) -> None:
         self.tasks, self.position = tasks, 0
@@ -90,12 +91,6 @@ class InOrder:
         out = [self.tasks[(self.position + i) % len(self.tasks)] for i in range(n)]
         self.position += n
         return out
-
-    def update(self, task_id: str, rewards: Any) -> None:
-        """Prompts come in a fixed order: rewards change nothing."""
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"position": self.position}

@@ -9,9 +9,12 @@ tool schemas in the system prompt in Hermes format, and tool results as ``<tool_
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskrl.types import Message
+
+if TYPE_CHECKING:  # transformers is imported by whoever built the tokenizer; envs import this module without it
+    from transformers import PreTrainedTokenizerBase
 
 HERMES_TOOL_PROMPT = (
     "You are a function calling AI model. You are provided with function signatures within "
@@ -40,8 +43,10 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
 class ChatFormat:
     """Renders conversations for one tokenizer. Build once per tokenizer; cheap to call."""
 
-    def __init__(self, tokenizer: Any, *, native_tools: bool | None = None) -> None:
-        if not getattr(tokenizer, "chat_template", None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, native_tools: bool | None = None) -> None:
+        from transformers import PreTrainedTokenizerFast
+
+        if not tokenizer.chat_template:
             raise ChatTemplateError(
                 "tokenizer has no chat_template; set tokenizer.chat_template to a Jinja chat template"
             )
@@ -49,7 +54,7 @@ class ChatFormat:
         self.native_tools = (
             "tools" in tokenizer.chat_template if native_tools is None else native_tools
         )
-        self._fast = getattr(tokenizer, "backend_tokenizer", None)
+        self._fast = tokenizer.backend_tokenizer if isinstance(tokenizer, PreTrainedTokenizerFast) else None
         self.stop_token_ids = self._find_stop_ids()
         self._turn_suffix = self._assistant_suffix()
         self._close_cache: dict[int | None, list[int]] = {}
@@ -156,7 +161,7 @@ class ChatFormat:
 
     def _find_stop_ids(self) -> set[int]:
         ids: set[int] = set()
-        eos = getattr(self.tokenizer, "eos_token_id", None)
+        eos = self.tokenizer.eos_token_id
         if eos is not None:
             ids.add(int(eos))
         vocab = self.tokenizer.get_vocab()

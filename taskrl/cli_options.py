@@ -48,7 +48,8 @@ def parse_env_kwargs(raw: str | None, corpus: str | None = None) -> dict[str, An
         try:
             value = json.loads(raw)
         except (json.JSONDecodeError, RecursionError) as e:
-            raise EnvOptionsError(f"--env-kwargs is not valid JSON ({getattr(e, 'msg', e)}): {raw[:200]!r}") from None
+            why = e.msg if isinstance(e, json.JSONDecodeError) else e
+            raise EnvOptionsError(f"--env-kwargs is not valid JSON ({why}): {raw[:200]!r}") from None
         if not isinstance(value, dict):
             example = '{"corpus": "DIR"}'
             raise EnvOptionsError(f"--env-kwargs must be a JSON object such as '{example}', got {raw[:200]!r}")

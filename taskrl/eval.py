@@ -24,7 +24,7 @@ import typer
 
 import taskrl.cli_options as opts
 from taskrl.algos.schedules import Schedule
-from taskrl.env import Env, maybe_await
+from taskrl.env import Env, call_hook, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.rollout import RolloutConfig, run_episode, summarize
@@ -32,6 +32,7 @@ from taskrl.runlog import RunLog, read_trajectories
 from taskrl.scoring import Clock, rubric_of, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
+from taskrl.validate import at_least, require
 
 CI_METHOD = "percentile bootstrap over tasks (tasks resampled with replacement; a task's K samples stay together)"
 
@@ -68,10 +69,10 @@ class EvalConfig:
     """Root seed of episodes (the same for every policy) and of the bootstrap."""
 
     def __post_init__(self) -> None:
-        for name in ("samples_per_task", "bootstrap_resamples", "max_turns", "max_context_tokens",
-                     "max_new_tokens", "concurrency"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require("EvalConfig", "must be >= 1", at_least(1), samples_per_task=self.samples_per_task,
+                bootstrap_resamples=self.bootstrap_resamples, max_turns=self.max_turns,
+                max_context_tokens=self.max_context_tokens, max_new_tokens=self.max_new_tokens,
+                concurrency=self.concurrency)  # fmt: skip
         if not 0 < self.confidence < 1:
             raise ValueError(f"EvalConfig.confidence must be in (0, 1), got {self.confidence}")
         if self.temperature < 0:
@@ -208,9 +209,7 @@ async def _play(
             try:
                 traj = await run_episode(env, policy, task, rollout, seed=seed, group_id=f"{task.id}#{rollout.seed}")
             finally:
-                close = getattr(env, "close", None)
-                if close is not None:
-                    await maybe_await(close())
+                await maybe_await(call_hook(env, "close"))
         sink(traj)
         return traj
 
@@ -276,7 +275,7 @@ async def evaluate(
     result = {
         "name": name,
         "step": step,
-        "env": getattr(probe, "name", ""),
+        "env": probe.name,
         "config": asdict(config),
         "wall_time_s": time.perf_counter() - start,
         **score(by_policy, tasks, config, monitor_config, tool_names, step),

@@ -23,6 +23,7 @@ from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
 from taskrl.scoring import Clock, rubric_of, score
 from taskrl.seeding import derive_seed as derive_seed  # re-exported: taskrl.rollout.derive_seed
 from taskrl.types import Message, Segment, Task, ToolResult, Trajectory
+from taskrl.validate import at_least, require
 
 
 class EpisodeInfo(TypedDict, total=False):
@@ -65,9 +66,9 @@ class RolloutConfig:
     provisional score is computed at (the trainer re-scores the whole batch at the same clock)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_context_tokens", "group_size", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require("RolloutConfig", "must be >= 1", at_least(1), max_turns=self.max_turns,
+                max_context_tokens=self.max_context_tokens, group_size=self.group_size,
+                concurrency=self.concurrency)  # fmt: skip
         if self.summary is not None and self.summary.trigger_tokens >= self.max_context_tokens:
             raise ValueError(
                 f"RolloutConfig.summary.trigger_tokens ({self.summary.trigger_tokens}) must be below "

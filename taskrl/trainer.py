@@ -32,10 +32,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, make, maybe_await
+from taskrl.env import Env, call_hook, declared, make, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
-from taskrl.policies.base import Policy, SamplingParams
+from taskrl.policies.base import SamplingParams
+from taskrl.policies.hf import HFPolicy
+from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import RunLog
@@ -43,11 +45,11 @@ from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
-from taskrl.training.data import EpochSampler, TrajectoryFile
+from taskrl.training.data import EpochSampler, TaskSampler, TrajectoryFile
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
-from taskrl.training.precision import resolve
+from taskrl.training.precision import resolve, torch_dtype
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
 from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.trainer.InProcessSync
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
@@ -66,16 +68,16 @@ class Trainer:
         self,
         config: TrainConfig,
         *,
-        policy: Policy | None = None,
+        policy: HFPolicy | None = None,
         env_factory: Callable[[], Env] | None = None,
-        task_sampler: Any = None,
+        task_sampler: TaskSampler | None = None,
         score_fn: ScoreFn | None = None,
         monitors: Monitors | None = None,
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
     ) -> None:
         """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``make(config.env)``;
-        ``task_sampler`` (``sample(step, n, rng)``, ``update``, ``metrics``, ``state_dict``) to ``EpochSampler``."""
+        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
         self.config = cfg = config
         self.console = console or Console()
         random.seed(cfg.seed)
@@ -91,7 +93,7 @@ class Trainer:
         tasks = list(probe.tasks(cfg.split))
         if not tasks:
             raise ConfigError(f"TrainConfig.split: env '{cfg.env}' has no tasks in split '{cfg.split}'")
-        rule = getattr(probe, "scripted_rule", None)
+        rule = declared(probe, "scripted_rule")
         if cfg.phases[0] and cfg.sft_data == "expert" and rule is None:
             raise ConfigError(
                 f"TrainConfig.sft_data='expert' needs env '{cfg.env}' to define scripted_rule; "
@@ -100,7 +102,7 @@ class Trainer:
         from_file = cfg.phases[0] and cfg.sft_data not in ("expert", "policy")
         self.sft_file = TrajectoryFile(cfg.sft_data, cfg.seed) if from_file else None
         self.tasks_by_id = {t.id: t for t in tasks}
-        self.sampler = task_sampler if task_sampler is not None else EpochSampler(tasks, cfg.seed)
+        self.sampler: TaskSampler = task_sampler if task_sampler is not None else EpochSampler(tasks, cfg.seed)
         self.score_fn = score_fn
         self.monitors = monitors if monitors is not None else Monitors(tool_names=probe.tools.names)
         self.reward_weights = {
@@ -113,12 +115,9 @@ class Trainer:
         server = connect_server(cfg) if cfg.rollout_policy == "server" else None
         self._owns_policy = policy is None
         if policy is None:
-            from taskrl.policies.hf import HFPolicy
-
-            dtype = getattr(torch, cfg.dtype)
-            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=dtype)
+            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype))
         # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
-        self.learner_policy: Any = policy
+        self.learner_policy: HFPolicy = policy
         policy.model = prepare_model(policy.model, cfg)
         tokenizer = policy.chat_format.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -130,7 +129,7 @@ class Trainer:
         rollout_note = f"rollout {str(rollout_dtype).removeprefix('torch.')} ({why})" if early_copy else ""
         self.console.print(f"precision: {', '.join(filter(None, [self.learner.precision_note, rollout_note]))}")
         # ``self.policy`` samples the rollouts: the learner's own policy, a synced copy, or a served model.
-        self.policy: Any
+        self.policy: HFPolicy | OpenAIPolicy
         self.policy, default_sync = rollout_setup(
             cfg, self.learner, policy, self.run.dir, server_policy=server, copy_policy=early_copy
         )
@@ -173,7 +172,7 @@ class Trainer:
         """Draw this step's tasks and seeds now, on the caller's thread and in step order (so sampler state and
         reward clocks advance as in a serial run); returns the coroutine that plays them on the rollout loop."""
         cfg = self.config
-        epoch = int(getattr(self.sampler, "epoch", 0))
+        epoch = self.sampler.epoch
         self._clocks[step] = clock = Clock(step, epoch)
         sft_step = self.is_sft_step(step)
         if sft_step and self.sft_file is not None:
@@ -220,7 +219,7 @@ class Trainer:
 
     def clock_of(self, step: int) -> Clock:
         """The training position of ``step``: fixed when its tasks were drawn (a batch played ahead keeps its own)."""
-        return self._clocks.pop(step, None) or Clock(step, int(getattr(self.sampler, "epoch", 0)))
+        return self._clocks.pop(step, None) or Clock(step, self.sampler.epoch)
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Collect, score, update, sync, log one step; returns its metrics (also appended to metrics.jsonl)."""
@@ -231,7 +230,7 @@ class Trainer:
         collected = time.perf_counter()
         self.score(step, trajectories)
         own, trajectories = trajectories, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
-        for task_id, group in _groups(trajectories, by="task_id").items():
+        for task_id, group in _by_task(trajectories).items():
             if task_id in self.tasks_by_id:
                 self.sampler.update(task_id, [t.reward for t in group])
         self._prefetch(step + 1)  # async_rollout: the next step's episodes play while this update runs
@@ -251,7 +250,7 @@ class Trainer:
             skipped = metrics["charts/nonfinite_skipped"]
             self.run.alert(step + 1, NONFINITE_ALERT, skipped, 0.0,
                            f"{skipped:.0f} optimizer step(s) skipped: non-finite loss or gradient")  # fmt: skip
-        metrics.update(self.sampler.metrics() if hasattr(self.sampler, "metrics") else {})
+        metrics.update(self.sampler.metrics())
         sampled = sum(t.num_sampled_tokens for t in trajectories)
         metrics.update({
             "charts/phase": "sft" if sft_step else cfg.algo,
@@ -292,7 +291,7 @@ class Trainer:
         policies = {"policy": self.policy if self.learner.sharded else self.learner_policy}
         return self.rollouts.run(
             evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step,
-                     clock=Clock(step, int(getattr(self.sampler, "epoch", 0))), reward_weights=self.reward_weights)
+                     clock=Clock(step, self.sampler.epoch), reward_weights=self.reward_weights)
         )  # fmt: skip
 
     # -- overlap and sync --------------------------------------------------------------------------
@@ -300,8 +299,7 @@ class Trainer:
         """Run learner work on the learner policy's decode thread when it has one: between decode batches (the
         in-process rollout policy samples from this very model), and with one OpenMP thread team for all torch
         work, since a second team on the main thread slows decoding ~50% on a few cores."""
-        run_exclusive = getattr(self.learner_policy, "run_exclusive", None)
-        return run_exclusive(work) if run_exclusive is not None else work()
+        return self.learner_policy.run_exclusive(work)
 
     def _take_batch(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
         """This step's trajectories (already in flight with async_rollout, else played now) and the metrics of
@@ -342,7 +340,7 @@ class Trainer:
             failed = 1.0
             self.console.print(f"step {step}: {e}", highlight=False, markup=False)
             if self.group.is_main:
-                rollout_version = float(getattr(self.policy, "version", 0))
+                rollout_version = float(self.policy.version)
                 self.run.alert(step, "weight_sync", float(self.learner.version), rollout_version, str(e))
         return {"charts/sync_time_s": time.perf_counter() - started, "charts/sync_failed": failed}
 
@@ -442,17 +440,16 @@ class Trainer:
         self.run.close()
         if self.ray_rollout is not None:
             self.ray_rollout.close()
-        close_env = getattr(self.probe, "close", None)
-        if close_env is not None:
-            asyncio.run(maybe_await(close_env()))
+        closing = call_hook(self.probe, "close")
+        if closing is not None:
+            asyncio.run(maybe_await(closing))
         if self._ahead is not None:
             self._ahead[1].cancel()
         own_rollout_policy = self.policy is not self.learner_policy  # a copy or a server client this trainer built
-        aclose = getattr(self.policy, "aclose", None)
-        if own_rollout_policy and aclose is not None:
-            self.rollouts.run(aclose())  # its connections belong to the rollout loop
+        if own_rollout_policy:
+            self.rollouts.run(self.policy.aclose())  # its connections belong to the rollout loop
         self.rollouts.close()  # cancels whatever still plays, before the decode threads stop
-        if own_rollout_policy and aclose is None:
+        if own_rollout_policy:
             self.policy.close()
         if self._owns_policy:
             self.learner_policy.close()
@@ -476,11 +473,10 @@ def train(config: TrainConfig, **kwargs: Any) -> list[dict[str, Any]]:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _groups(trajectories: Sequence[Trajectory], by: str = "group_id") -> dict[str, list[Trajectory]]:
+def _by_task(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
     out: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
-        key = getattr(t, by)
-        out[key if key is not None else t.id].append(t)
+        out[t.task_id].append(t)
     return out
 
 

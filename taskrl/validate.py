@@ -31,6 +31,11 @@ def above(minimum: float) -> Callable[[Any], bool]:
     return lambda value: value > minimum
 
 
+def optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """``None``, or a value that passes ``ok``."""
+    return lambda value: value is None or ok(value)
+
+
 def integer_at_least(minimum: int) -> Callable[[Any], bool]:
     """An ``int`` that is ``>= minimum``."""
     return lambda value: isinstance(value, int) and value >= minimum

@@ -23,9 +23,6 @@ REMAINING = [
      "taskrl.envs.search.env", "taskrl.envs.swarm", "taskrl.envs.swarm.credit", "taskrl.envs.swarm.env",
      "taskrl.envs.swarm.reward", "taskrl.envs.swarm.subagents", "taskrl.rewards.compose", "taskrl.rewards.parl",
      "taskrl.rewards.presets", "taskrl.rewards.terms", "taskrl.rollout", "taskrl.scoring"},
-    {"taskrl.monitors.checks", "taskrl.monitors.config", "taskrl.monitors.episode", "taskrl.monitors.runner",
-     "taskrl.monitors.swarm"},
-    {"taskrl.deploy.server", "taskrl.deploy.thread"},
 ]  # fmt: skip
 ACYCLIC = {"taskrl.distributed.ddp", "taskrl.distributed.fsdp", "taskrl.distributed.launch", "taskrl.seeding",
            "taskrl.trainer", "taskrl.training.learner", "taskrl.training.checkpoint", "taskrl.training.sync",

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from taskrl.validate import above, at_least, finite_at_least, integer_at_least, require
+from taskrl.validate import above, at_least, finite_at_least, integer_at_least, optional, require
 
 
 def test_require_names_the_first_failing_field_and_its_value() -> None:
@@ -25,3 +25,9 @@ def test_rules_reject_nan_wrong_types_and_use_the_given_error() -> None:
 
     with pytest.raises(Bad, match="Cfg.x must be finite"):
         require("Cfg", "must be finite", finite_at_least(0), error=Bad, x=math.inf)
+
+
+def test_optional_accepts_none_and_otherwise_applies_the_rule() -> None:
+    assert optional(above(0))(None) and optional(above(0))(2) and not optional(above(0))(0)
+    with pytest.raises(ValueError, match=r"^Cfg\.t must be > 0 or None, got -1$"):
+        require("Cfg", "must be > 0 or None", optional(above(0)), s=None, t=-1)

@@ -187,11 +187,13 @@ def candidate_mutations(path: str, source: str, covered: set[int]) -> list[Mutat
 
         nodes = list(_own_nodes(func))
         for node in nodes:
-            line = getattr(node, "lineno", None)
+            if not isinstance(node, ast.stmt | ast.expr):  # operators, contexts, handlers: nothing to mutate
+                continue
+            line = node.lineno
             if isinstance(node, ast.If) and line in covered and node.test.lineno == node.test.end_lineno:
                 lo, hi, text = segment(node.test)
                 add("negate condition", lo, hi, b"not (" + text + b")", line)
-            if line is None or line not in covered or getattr(node, "end_lineno", line) != line:
+            if line not in covered or node.end_lineno != line:
                 continue
             if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE_SWAP:
                 old, new = _COMPARE_SWAP[type(node.ops[0])]
@@ -225,9 +227,10 @@ def candidate_mutations(path: str, source: str, covered: set[int]) -> list[Mutat
                     gap = data[at(first.end_lineno, first.end_col_offset) : at(second.lineno, second.col_offset)]  # type: ignore[arg-type]
                     if a_text != b_text:
                         add("swap arguments", lo, hi, b_text + gap + a_text, line)
-        blocks = [body] + [
-            getattr(n, f) for n in nodes for f in ("body", "orelse") if isinstance(getattr(n, f, None), list)
-        ]
+        # Every statement list of a nested node: if/for/while/with/try bodies and else branches (an IfExp's are
+        # expressions, not lists).
+        branches = (value for n in nodes for name, value in ast.iter_fields(n) if name in ("body", "orelse"))
+        blocks = [body] + [value for value in branches if isinstance(value, list)]
         for block in blocks:
             for stmt in block if len(block) > 1 else []:  # dropping the only statement would not parse
                 if (

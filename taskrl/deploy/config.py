@@ -9,6 +9,7 @@ from typing import Any
 from taskrl.deploy.feedback import RewardMap
 from taskrl.deploy.router import RouterConfig
 from taskrl.types import ToolCall
+from taskrl.validate import above, optional, require
 
 Approver = Callable[[str, ToolCall], "bool | Awaitable[bool]"]
 """Called as ``approve(tenant, call)`` before a sensitive tool call is handed to the client."""
@@ -61,11 +62,10 @@ class ServeConfig:
             raise ValueError("ServeConfig.api_keys must map non-empty keys to non-empty tenant names")
         if any(not k for k in self.admin_keys):
             raise ValueError("ServeConfig.admin_keys must not contain an empty key")
-        positive = ("generation_timeout_s", "max_context_tokens", "rate_limit_per_minute", "max_concurrent_per_tenant")
-        for name in positive:
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"ServeConfig.{name} must be > 0 or None, got {value}")
+        require("ServeConfig", "must be > 0 or None", optional(above(0)),
+                generation_timeout_s=self.generation_timeout_s, max_context_tokens=self.max_context_tokens,
+                rate_limit_per_minute=self.rate_limit_per_minute,
+                max_concurrent_per_tenant=self.max_concurrent_per_tenant)  # fmt: skip
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"ServeConfig.drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         overlap = set(self.admin_keys) & set(self.api_keys)

@@ -65,8 +65,12 @@ class RewardMap:
             return (float(feedback.value or 3.0) - 3.0) * self.rating_scale
         if feedback.kind == "edit_kept":
             return self.edit_kept if (feedback.value or 0.0) >= self.edit_kept_min_minutes else None
-        if feedback.kind in ("accepted", "rejected", "dissatisfied_followup"):
-            return float(getattr(self, feedback.kind))
+        if feedback.kind == "accepted":
+            return float(self.accepted)
+        if feedback.kind == "rejected":
+            return float(self.rejected)
+        if feedback.kind == "dissatisfied_followup":
+            return float(self.dissatisfied_followup)
         raise ValueError(f"unknown feedback kind {feedback.kind!r}; expected one of {', '.join(FEEDBACK_KINDS)}")
 
     def reward(self, feedback: list[Feedback]) -> float | None:

@@ -19,7 +19,7 @@ from typing import Any
 from taskrl.deploy.errors import APIError
 from taskrl.deploy.schemas import ChatCompletionRequest
 from taskrl.parsing import parse_hermes
-from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, Policy, PolicyBase, PolicyError, SamplingParams
 from taskrl.types import Message, ToolCall
 
 CALL_CLOSE = "</tool_call>"
@@ -61,11 +61,8 @@ def context_limit(policy: Policy, override: int | None = None) -> int | None:
     """Tokens of context the policy's model has (prompt + completion), when known."""
     if override is not None:
         return override
-    for name in ("max_positions", "max_context_tokens", "max_model_len"):
-        value = getattr(policy, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    value = policy.max_positions if isinstance(policy, PolicyBase) else None  # PolicyBase declares it
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def plan_turn(

@@ -7,9 +7,12 @@ the policy (queue depth), rows waiting in the store's outage spool, stable versi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from taskrl.deploy.store import InteractionStore
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -52,13 +55,13 @@ class ServerMetrics:
     def count(self, event: str, model: str, version: Any = "") -> None:
         self.events.labels(event, model, str(version)).inc()
 
-    def render(self, routers: dict[str, Any], store: Any = None) -> tuple[bytes, str]:
+    def render(self, routers: dict[str, Any], store: InteractionStore | None = None) -> tuple[bytes, str]:
         self.canary_share.clear()
         for name, router in routers.items():
             self.stable_version.labels(name).set(router.stable)
             if router.candidate is not None:
                 share = router.config.stages[router.stage]
                 self.canary_share.labels(name, str(router.candidate)).set(share)
-        spool = getattr(store, "spool", None)
+        spool = store.spool if store is not None else None
         self.spool_rows.set(spool.rows if spool is not None else 0)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -158,8 +158,9 @@ class ChatCompletionRequest(BaseModel):
         if self.top_logprobs:
             raise invalid_param("top_logprobs", "top_logprobs > 0 is not supported; set logprobs=true for the "
                                 "sampled tokens' logprobs", "unsupported_parameter")  # fmt: skip
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
+        penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+        for name, penalty in penalties.items():
+            if penalty:
                 raise invalid_param(name, "penalties are not supported (the sampler would no longer match the "
                                     "stored logprobs); omit it or send 0", "unsupported_parameter")  # fmt: skip
         if self.repetition_penalty not in (None, 1.0):

@@ -7,8 +7,8 @@ batch; its generation is a task that is cancelled when the client disconnects or
 passes (nothing is logged then). A served turn is rendered to bytes first, then logged with its exact tokens
 (committed, or spooled during a database outage; when neither is possible the response is refused, never
 delivered unlogged), then sent; a stream that breaks marks its row undelivered. Every error is OpenAI-shaped
-JSON. ``serve``/``running_server`` (in ``thread.py``) run it. Responses carry vLLM's extension fields
-(``token_ids``, ``prompt_token_ids``) when ``return_token_ids`` is set.
+JSON. ``serve`` runs it in the foreground (drained on SIGTERM), ``running_server`` (``thread.py``) in a thread.
+Responses carry vLLM's extension fields (``token_ids``, ``prompt_token_ids``) when ``return_token_ids`` is set.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import fastapi
+import uvicorn
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -42,7 +43,7 @@ from taskrl.deploy.router import Router
 from taskrl.deploy.schemas import ChatCompletionRequest
 from taskrl.deploy.store import Interaction, InteractionStore, StoreError, new_id
 from taskrl.deploy.streaming import sse_chunks
-from taskrl.deploy.thread import ServerThread, running_server, serve
+from taskrl.deploy.thread import KEEP_ALIVE_S, DrainingServer, ServerThread, running_server
 from taskrl.policies.base import Policy, PolicyError, SamplingParams
 
 __all__ = ["ChatResult", "ServerThread", "create_app", "generate_chat", "running_server", "serve"]
@@ -479,3 +480,18 @@ def create_app(
 
     add_deploy_routes(app)
     return app
+
+
+def serve(
+    policies: dict[str, Policy],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log_level: str = "info",
+    store: InteractionStore | None = None,
+    config: ServeConfig | None = None,
+) -> None:
+    """Serve ``policies`` until SIGTERM (drained) or SIGINT (the ``taskrl serve`` command)."""
+    app = create_app(policies, store=store, config=config)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+    DrainingServer(uv_config, app.state).run()

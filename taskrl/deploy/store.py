@@ -20,7 +20,7 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +98,14 @@ _UNDELIVERED = "_undelivered"
 
 def _is_outage(exc: BaseException) -> bool:
     """The database is unreachable or dropped the connection (as opposed to refusing a bad row)."""
-    return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or bool(
-        getattr(exc, "connection_invalidated", False)
-    )
+    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+        return True
+    return isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+
+
+def _reason(exc: sa.exc.SQLAlchemyError) -> str:
+    """The database driver's own error when SQLAlchemy wraps one (its message, without SQLAlchemy's preamble)."""
+    return str(exc.orig if isinstance(exc, sa.exc.StatementError) else exc)
 
 
 class StoreError(RuntimeError):
@@ -252,7 +257,7 @@ class InteractionStore:
     # -- writes ------------------------------------------------------------------------------------
     def submit(self, table: str, row: Interaction | Feedback | Decision) -> concurrent.futures.Future[str]:
         """Queue ``row`` for the group-commit writer; the future resolves to "committed" or "spooled"."""
-        return self._submit(table, {f.name: getattr(row, f.name) for f in fields(row)})
+        return self._submit(table, asdict(row))  # a deep copy: the writer thread sees the row as it was submitted
 
     def _submit(self, table: str, row: dict[str, Any]) -> concurrent.futures.Future[str]:
         if self._closed:
@@ -360,7 +365,7 @@ class InteractionStore:
                 self._write_grouped(conn, [(t, r) for t, r, _ in batch])
         except sa.exc.SQLAlchemyError as exc:
             if _is_outage(exc):
-                self._spool_or_fail(batch, str(getattr(exc, "orig", exc)))
+                self._spool_or_fail(batch, _reason(exc))
                 return
             # One bad row (a duplicate id, a dangling foreign key) must not fail its neighbours: retry alone.
             for table, row, future in batch:
@@ -412,7 +417,7 @@ class InteractionStore:
             with self.engine.connect() as conn:
                 return list(conn.execute(query))
         except sa.exc.SQLAlchemyError as exc:
-            raise StoreError(f"cannot read from the store: {getattr(exc, 'orig', exc)}") from exc
+            raise StoreError(f"cannot read from the store: {_reason(exc)}") from exc
 
     def interactions(
         self,

@@ -1,4 +1,6 @@
-"""Running the app: ``serve`` (uvicorn in the foreground, graceful drain on SIGTERM) and ``ServerThread`` (tests).
+"""Running an ASGI app: ``DrainingServer`` (uvicorn with a graceful drain on SIGTERM, what ``server.serve`` runs in
+the foreground) and ``ServerThread`` / ``running_server`` (a background server for tests). A leaf: it knows nothing
+of the app it runs.
 
 On the first SIGTERM ``DrainingServer`` stops admitting requests (chat answers 503 ``server_draining``, ``/ready``
 answers 503 so a load balancer stops routing), lets the requests in flight finish (at most
@@ -56,23 +58,6 @@ class DrainingServer(uvicorn.Server):
                 logger.error("drain timeout: exiting with %d requests still in flight", self.state.in_flight)
             self.should_exit = True
         return await super().on_tick(counter)
-
-
-def serve(
-    policies: dict[str, Any],
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    *,
-    log_level: str = "info",
-    store: Any = None,
-    config: Any = None,
-) -> None:
-    """Serve ``policies`` until SIGTERM (drained) or SIGINT (the ``taskrl serve`` command)."""
-    from taskrl.deploy.server import create_app
-
-    app = create_app(policies, store=store, config=config)
-    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
-    DrainingServer(uv_config, app.state).run()
 
 
 # -- background server (tests, notebooks) -----------------------------------------------------

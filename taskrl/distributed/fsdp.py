@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from taskrl.distributed.ddp import DataParallel
 from taskrl.training.batching import MicroBatch, TokenSequence, collate
@@ -25,7 +26,7 @@ from taskrl.training.batching import MicroBatch, TokenSequence, collate
 
 def is_sharded(tensor: torch.Tensor) -> bool:
     """A DTensor (an FSDP2 parameter, its gradient or optimizer state)."""
-    return callable(getattr(tensor, "full_tensor", None))
+    return isinstance(tensor, DTensor)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from taskrl.monitors.checks import (
     tool_concentration,
     tool_ngram_entropy,
 )
-from taskrl.monitors.config import Alert, MonitorConfig
+from taskrl.monitors.config import THRESHOLDS, Alert, MonitorConfig
 from taskrl.monitors.episode import (
     FAILED_CHECKS_KEY,
     child_spans,
@@ -45,7 +45,7 @@ from taskrl.monitors.runner import MONITORS, MonitorFn, Monitors, MonitorSpec, n
 from taskrl.monitors.swarm import serial_collapse, spurious_parallelism
 
 __all__ = [
-    "EXPLORATION_MONITORS", "FAILED_CHECKS_KEY", "MONITORS", "Alert", "FirstToolHint", "MitigationConfig",
+    "EXPLORATION_MONITORS", "FAILED_CHECKS_KEY", "MONITORS", "THRESHOLDS", "Alert", "FirstToolHint", "MitigationConfig",
     "MonitorConfig", "MonitorFn", "MonitorSpec", "Monitors", "calls_per_success", "child_spans", "clarifying_rate",
     "context_pollution", "duplicate_rate", "early_termination", "failed_checks", "invalid_call_rate", "is_question",
     "is_success", "least_used_first_tool", "loop_rate", "max_concurrency", "no_edit_rate", "not_applicable_reason",

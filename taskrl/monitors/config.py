@@ -7,6 +7,23 @@ from typing import Any
 
 from taskrl.validate import at_least, require
 
+THRESHOLDS: dict[str, str] = {
+    "reward_hacking": "max_reward_hacking",
+    "tool_ngram_entropy": "min_tool_ngram_entropy",
+    "duplicate_rate": "max_duplicate_rate",
+    "context_pollution": "max_context_pollution",
+    "tool_concentration": "max_tool_concentration",
+    "calls_per_success": "max_calls_per_success",
+    "loop_rate": "max_loop_rate",
+    "serial_collapse": "max_serial_collapse",
+    "spurious_parallelism": "max_spurious_parallelism",
+    "invalid_call_rate": "max_invalid_call_rate",
+    "early_termination": "max_early_termination",
+    "clarifying_rate": "max_clarifying_rate",
+    "no_edit_rate": "max_no_edit_rate",
+}
+"""Every monitor (``taskrl.monitors.MONITORS`` computes them) -> the ``MonitorConfig`` field of its threshold."""
+
 
 @dataclass
 class MonitorConfig:
@@ -80,11 +97,13 @@ class MonitorConfig:
             raise ValueError(f"MonitorConfig.min_tool_ngram_entropy must be >= 0, got {self.min_tool_ngram_entropy}")
         if not 0 <= self.spurious_max_wasted <= 1:
             raise ValueError(f"MonitorConfig.spurious_max_wasted must be in [0, 1], got {self.spurious_max_wasted}")
-        from taskrl.monitors.runner import MONITORS
-
-        unknown = sorted(set(self.disabled) - set(MONITORS))
+        unknown = sorted(set(self.disabled) - set(THRESHOLDS))
         if unknown:
-            raise ValueError(f"MonitorConfig.disabled has unknown monitors {unknown}; known: {', '.join(MONITORS)}")
+            raise ValueError(f"MonitorConfig.disabled has unknown monitors {unknown}; known: {', '.join(THRESHOLDS)}")
+
+    def threshold(self, monitor: str) -> float:
+        """The threshold of ``monitor`` (a key of ``THRESHOLDS``)."""
+        return float(getattr(self, THRESHOLDS[monitor]))
 
 
 @dataclass

@@ -11,6 +11,7 @@ from taskrl.env import Env, Wrapper, maybe_await
 from taskrl.monitors.episode import tool_calls
 from taskrl.monitors.runner import Monitors
 from taskrl.types import Message, Task, Trajectory
+from taskrl.validate import at_least, require
 
 
 @dataclass
@@ -33,10 +34,10 @@ class MitigationConfig:
     """Apply the exploration mitigations only while an exploration-collapse monitor alerts."""
 
     def __post_init__(self) -> None:
-        for name in ("tool_call_penalty", "tool_cost_weight", "max_tool_penalty", "invalid_call_penalty",
-                     "temperature_floor", "first_tool_hint_every"):  # fmt: skip
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"MitigationConfig.{name} must be >= 0, got {getattr(self, name)}")
+        require("MitigationConfig", "must be >= 0", at_least(0), tool_call_penalty=self.tool_call_penalty,
+                tool_cost_weight=self.tool_cost_weight, max_tool_penalty=self.max_tool_penalty,
+                invalid_call_penalty=self.invalid_call_penalty, temperature_floor=self.temperature_floor,
+                first_tool_hint_every=self.first_tool_hint_every)  # fmt: skip
 
 
 EXPLORATION_MONITORS = frozenset({"tool_ngram_entropy", "duplicate_rate"})

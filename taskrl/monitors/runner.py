@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from taskrl.monitors import checks, swarm
-from taskrl.monitors.config import Alert, MonitorConfig
+from taskrl.monitors.config import THRESHOLDS, Alert, MonitorConfig
 from taskrl.monitors.episode import EPS
 from taskrl.types import Trajectory
 
@@ -22,10 +22,9 @@ MonitorFn = Callable[[Sequence[Trajectory], MonitorConfig, "frozenset[str] | Non
 
 @dataclass(frozen=True)
 class MonitorSpec:
-    """One monitor: its function, the config field holding its threshold, and which side is bad."""
+    """One monitor: its function and which side is bad (its threshold: ``MonitorConfig.threshold(name)``)."""
 
     fn: MonitorFn
-    threshold: str
     bad_when_above: bool
     meaning: str
     needs: str = ""
@@ -40,32 +39,25 @@ def not_applicable_reason(spec: MonitorSpec, tool_names: frozenset[str] | None) 
 
 
 MONITORS: dict[str, MonitorSpec] = {
-    "reward_hacking": MonitorSpec(checks.reward_hacking, "max_reward_hacking", True,
-                                  "high-reward episodes fail an independent check"),
-    "tool_ngram_entropy": MonitorSpec(checks.tool_ngram_entropy, "min_tool_ngram_entropy", False,
+    "reward_hacking": MonitorSpec(checks.reward_hacking, True, "high-reward episodes fail an independent check"),
+    "tool_ngram_entropy": MonitorSpec(checks.tool_ngram_entropy, False,
                                       "exploration collapse: tool sequences have little entropy", needs="tools"),
-    "duplicate_rate": MonitorSpec(checks.duplicate_rate, "max_duplicate_rate", True,
+    "duplicate_rate": MonitorSpec(checks.duplicate_rate, True,
                                   "exploration collapse: samples of a task repeat each other"),
-    "context_pollution": MonitorSpec(checks.context_pollution, "max_context_pollution", True,
-                                     "context is filled with irrelevant chunks"),
-    "tool_concentration": MonitorSpec(checks.tool_concentration, "max_tool_concentration", True,
+    "context_pollution": MonitorSpec(checks.context_pollution, True, "context is filled with irrelevant chunks"),
+    "tool_concentration": MonitorSpec(checks.tool_concentration, True,
                                       "tool over-use: one tool takes almost every call", needs="tools"),
-    "calls_per_success": MonitorSpec(checks.calls_per_success, "max_calls_per_success", True,
+    "calls_per_success": MonitorSpec(checks.calls_per_success, True,
                                      "tool over-use: many calls per solved item", needs="tools"),
-    "loop_rate": MonitorSpec(checks.loop_rate, "max_loop_rate", True,
-                             "episodes repeat the same call (tool-call loops)", needs="tools"),
-    "serial_collapse": MonitorSpec(swarm.serial_collapse, "max_serial_collapse", True,
+    "loop_rate": MonitorSpec(checks.loop_rate, True, "episodes repeat the same call (tool-call loops)", needs="tools"),
+    "serial_collapse": MonitorSpec(swarm.serial_collapse, True,
                                    "swarm: never more than one useful sub-agent at a time"),
-    "spurious_parallelism": MonitorSpec(swarm.spurious_parallelism, "max_spurious_parallelism", True,
+    "spurious_parallelism": MonitorSpec(swarm.spurious_parallelism, True,
                                         "swarm: sub-agents launched together are wasted (dummies, repeats, padding)"),
-    "invalid_call_rate": MonitorSpec(checks.invalid_call_rate, "max_invalid_call_rate", True,
-                                     "many tool calls are malformed"),
-    "early_termination": MonitorSpec(checks.early_termination, "max_early_termination", True,
-                                     "episodes give up within the first turns"),
-    "clarifying_rate": MonitorSpec(checks.clarifying_rate, "max_clarifying_rate", True,
-                                   "episodes ask the user a question instead of working"),
-    "no_edit_rate": MonitorSpec(checks.no_edit_rate, "max_no_edit_rate", True,
-                                "episodes end without editing anything"),
+    "invalid_call_rate": MonitorSpec(checks.invalid_call_rate, True, "many tool calls are malformed"),
+    "early_termination": MonitorSpec(checks.early_termination, True, "episodes give up within the first turns"),
+    "clarifying_rate": MonitorSpec(checks.clarifying_rate, True, "episodes ask the user a question instead of working"),
+    "no_edit_rate": MonitorSpec(checks.no_edit_rate, True, "episodes end without editing anything"),
 }  # fmt: skip
 
 
@@ -115,10 +107,10 @@ class Monitors:
             if value is None:
                 continue
             metrics[f"monitor/{name}"] = float(value)
-            threshold = float(getattr(cfg, spec.threshold))
+            threshold = cfg.threshold(name)
             if (value > threshold + EPS) if spec.bad_when_above else (value < threshold - EPS):
                 side = ">" if spec.bad_when_above else "<"
-                message = f"{spec.meaning}: {name} = {value:.3g} {side} {threshold:g} ({spec.threshold})"
+                message = f"{spec.meaning}: {name} = {value:.3g} {side} {threshold:g} ({THRESHOLDS[name]})"
                 alerts.append(Alert(int(step), name, float(value), threshold, message))
                 if self.log_alerts:
                     log.warning("step %d: %s", step, message)

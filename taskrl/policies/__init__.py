@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+
+if TYPE_CHECKING:
+    from taskrl.env import Env
 
 POLICY_KINDS = ("hf", "openai", "scripted")
 
@@ -19,7 +22,7 @@ def make_policy(
     base_url: str | None = None,
     api_key: str | None = None,
     device: str = "auto",
-    env: Any = None,
+    env: Env | None = None,
 ) -> Policy:
     """Build a policy: ``hf`` (in-process transformers), ``openai`` (a server), ``scripted`` (env's rule)."""
     if kind == "hf":
@@ -37,9 +40,8 @@ def make_policy(
 
         rule = getattr(env, "scripted_rule", None)
         if rule is None:
-            raise PolicyError(
-                f"env '{getattr(env, 'name', env)}' has no scripted_rule; use --policy hf or --policy openai"
-            )
+            which = f"env '{env.name}' has" if env is not None else "no env given, so there is"
+            raise PolicyError(f"{which} no scripted_rule; use --policy hf or --policy openai")
         return ScriptedPolicy(rule)
     raise PolicyError(f"unknown policy '{kind}'; choose one of: {', '.join(POLICY_KINDS)}")
 

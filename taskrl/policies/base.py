@@ -3,20 +3,24 @@
 A policy either works on token ids (``chat_format`` is set: the loop renders and keeps the exact token
 sequence, and calls ``generate(token_ids=...)``) or on messages (``chat_format`` is None: the loop sends
 messages and tool schemas, and keeps whatever token ids the backend reports). Both return a
-``Completion``. All generation is async so many episodes can share one policy.
+``Completion``. All generation is async so many episodes can share one policy. ``PolicyBase`` holds the
+optional members (context size, lifecycle) with their defaults; the built-in policies subclass it.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from taskrl.types import Message, ToolCall
 
 if TYPE_CHECKING:
     from taskrl.chat import ChatFormat
+
+T = TypeVar("T")
 
 
 class PolicyError(RuntimeError):
@@ -126,3 +130,21 @@ class Policy(Protocol):
         them); when ``token_ids`` is given it is the exact prompt and takes precedence.
         """
         ...
+
+
+class PolicyBase:
+    """The optional members of a policy, with defaults: subclass it, set ``name``/``version``/``chat_format`` and
+    write ``generate``. Callers read these instead of probing a policy for them."""
+
+    max_positions: int | None = None
+    """Tokens of context the model has (prompt + completion); None when unknown."""
+
+    def run_exclusive(self, work: Callable[[], T]) -> T:
+        """Run ``work`` while nothing samples from this policy's weights; without a decode thread, just run it."""
+        return work()
+
+    async def aclose(self) -> None:
+        """Release what belongs to the event loop that ran the requests (HTTP connections); nothing by default."""
+
+    def close(self) -> None:
+        """Release threads and memory once no request is in flight; nothing by default."""

@@ -77,9 +77,8 @@ class ContinuousEngine:
         self.share_min_tokens = share_min_tokens
         self.prefix = PrefixCache(prefix_cache_bytes)
         config = policy.model.config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        layers = int(text_config.num_hidden_layers)
-        eager = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        layers = int(config.get_text_config().num_hidden_layers)
+        eager = config._attn_implementation == "eager"
         mask_dtype = next(policy.model.parameters()).dtype if eager else None
         self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
         self.decoding = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)

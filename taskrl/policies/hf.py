@@ -29,7 +29,14 @@ from typing import Any, TypeVar
 import torch
 
 from taskrl.chat import ChatFormat
-from taskrl.policies.base import Completion, InvalidRequestError, PolicyError, SamplingParams, validate_sampling
+from taskrl.policies.base import (
+    Completion,
+    InvalidRequestError,
+    PolicyBase,
+    PolicyError,
+    SamplingParams,
+    validate_sampling,
+)
 from taskrl.policies.engine import ContinuousEngine
 from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_smollm2, resolve_device
 from taskrl.policies.sampling import Request, sample_row
@@ -45,7 +52,7 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 __all__ = ["ENGINES", "HFPolicy", "sample_row"]
 
 
-class HFPolicy:
+class HFPolicy(PolicyBase):
     """A transformers causal LM as a token-mode ``Policy``; trainers update ``model`` in place and bump ``version``.
 
     Any weight change invalidates the engine's KV (prefix cache and rows in flight): bumping ``version`` (or
@@ -87,7 +94,7 @@ class HFPolicy:
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.chat_format = chat_format if chat_format is not None else ChatFormat(tokenizer)
-        self.name = name or str(getattr(model.config, "_name_or_path", "") or "hf")
+        self.name = name or model.config.name_or_path or "hf"
         self._version = 0
         self._kv_epoch = 0
         self.engine = engine

@@ -12,11 +12,11 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from taskrl.policies.base import Completion, Policy, SamplingParams
+from taskrl.policies.base import Completion, Policy, PolicyBase, SamplingParams
 from taskrl.types import Message
 
 
-class MixturePolicy:
+class MixturePolicy(PolicyBase):
     """Guide (rules) and learned policy behind one ``Policy``; the learned share follows ``schedule``."""
 
     def __init__(

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from taskrl.policies.base import Completion, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, PolicyBase, PolicyError, SamplingParams
 from taskrl.types import MAX_ARGUMENT_CHARS, Message, ToolCall, bound_arguments, compact_json, new_id
 
 # Statuses worth a retry: the server is up but momentarily failing or overloaded.
@@ -26,7 +26,7 @@ _RETRY_STATUSES = frozenset({500, 502, 503, 504})
 _RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(PolicyBase):
     """Samples assistant turns from an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``base_url`` includes the API prefix (``http://host:port/v1``). ``version`` counts weight updates

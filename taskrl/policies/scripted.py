@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from taskrl.chat import ChatFormat, format_tool_call
-from taskrl.policies.base import Completion, SamplingParams
+from taskrl.policies.base import Completion, PolicyBase, SamplingParams
 from taskrl.types import Message
 
 Rule = Callable[[list[Message], list[dict[str, Any]] | None], str]
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(PolicyBase):
     """Writes whatever ``rule(messages, tools)`` returns."""
 
     def __init__(self, rule: Rule, *, name: str = "scripted", chat_format: ChatFormat | None = None) -> None:
@@ -26,7 +26,7 @@ class ScriptedPolicy:
         self.name = name
         self.version = 0
         self.chat_format = chat_format
-        eos_id = getattr(chat_format.tokenizer, "eos_token_id", None) if chat_format else None
+        eos_id = chat_format.tokenizer.eos_token_id if chat_format else None
         self._eos = int(eos_id) if eos_id is not None else None
 
     @classmethod

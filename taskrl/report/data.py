@@ -258,7 +258,7 @@ def load_payload(path: str | Path, *, max_trajectories: int = 300, title: str | 
         metrics = [by_step[s] for s in sorted(by_step)]
 
     cfg = _monitor_config(config)
-    thresholds = {name: {"threshold": getattr(cfg, spec.threshold), "above": spec.bad_when_above,
+    thresholds = {name: {"threshold": cfg.threshold(name), "above": spec.bad_when_above,
                          "meaning": spec.meaning} for name, spec in MONITORS.items()}  # fmt: skip
     steps = [int(row.get("step", i)) for i, row in enumerate(metrics)]
     numeric = {k for row in metrics for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}

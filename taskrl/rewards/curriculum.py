@@ -12,6 +12,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskrl.training.data import TaskSampler
 from taskrl.types import Task
 
 DIFFICULTY_KEY = "difficulty"
@@ -46,7 +47,7 @@ class _TaskStats:
 
 
 @dataclass
-class CurriculumSampler:
+class CurriculumSampler(TaskSampler):
     """Deterministic given the ``rng``: samples exact per-phase difficulty counts (largest remainder).
 
     A task is dropped after ``patience`` consecutive groups that were all solved (every reward >=

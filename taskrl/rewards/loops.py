@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from taskrl.env import Env, StepOutput, Wrapper, maybe_await, step_output
 from taskrl.rewards.views import call_key, tool_exchanges
 from taskrl.types import Message, Task, ToolCall, Trajectory
+from taskrl.validate import at_least, require
 
 LOOP_METRIC = "loop_detections"
 LOOP_WARNING = (
@@ -36,9 +37,8 @@ class LoopConfig:
     """What makes two calls the same; default (tool name, arguments as canonical JSON)."""
 
     def __post_init__(self) -> None:
-        for name in ("min_repeats", "min_calls", "max_period"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require("LoopConfig", "must be >= 1", at_least(1), min_repeats=self.min_repeats, min_calls=self.min_calls,
+                max_period=self.max_period)  # fmt: skip
         if self.min_repeats < 2:
             raise ValueError(f"LoopConfig.min_repeats must be >= 2 (a cycle must repeat), got {self.min_repeats}")
 

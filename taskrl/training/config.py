@@ -219,9 +219,11 @@ class TrainConfig:
     """Tasks per evaluation (one greedy episode each)."""
 
     def __post_init__(self) -> None:
-        def need(ok: bool, name: str, what: str) -> None:
-            if not ok:  # echoes the named field's value; the checks themselves read typed attributes
-                raise ConfigError(f"TrainConfig.{name} {what}, got {getattr(self, name)!r}")
+        def need(ok: bool, what: str, **field: Any) -> None:
+            """``field`` is the one field the error names, with its value: ``need(ok, "must be ...", kl=self.kl)``."""
+            if not ok:
+                ((name, value),) = field.items()
+                raise ConfigError(f"TrainConfig.{name} {what}, got {value!r}")
 
         require("TrainConfig", "must be an integer >= 1", integer_at_least(1), error=ConfigError,
                 steps=self.steps, tasks_per_step=self.tasks_per_step, group_size=self.group_size,
@@ -242,56 +244,70 @@ class TrainConfig:
                 temperature=self.temperature, lora_alpha=self.lora_alpha,
                 ray_num_cpus_per_worker=self.ray_num_cpus_per_worker,
                 ray_num_gpus_per_worker=self.ray_num_gpus_per_worker)  # fmt: skip
-        need(self.algo in ALGORITHMS, "algo", f"must be one of {', '.join(ALGORITHMS)}")  # the table, read now
-        need(self.kl in KL_MODES, "kl", f"must be one of {', '.join(KL_MODES)}")
-        need(self.finetune in FINETUNE_MODES, "finetune", f"must be one of {', '.join(FINETUNE_MODES)}")
-        need(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
-        need(self.rollout_policy in ROLLOUT_POLICIES, "rollout_policy", f"must be one of {', '.join(ROLLOUT_POLICIES)}")
-        need(not self.async_rollout or self.rollout_policy != "inprocess" or self.ray, "async_rollout",
-             "needs rollout_policy copy or server, or ray (rollouts must not sample weights mid-update)")  # fmt: skip
-        need(not (self.ray and self.rollout_policy == "copy"), "rollout_policy",
-             "must not be 'copy' with ray=true: the Ray actors already sample from their own copies")  # fmt: skip
+        need(self.algo in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}", algo=self.algo)  # the table, read now
+        need(self.kl in KL_MODES, f"must be one of {', '.join(KL_MODES)}", kl=self.kl)
+        need(self.finetune in FINETUNE_MODES, f"must be one of {', '.join(FINETUNE_MODES)}", finetune=self.finetune)
+        need(self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}", dtype=self.dtype)
+        need(self.rollout_policy in ROLLOUT_POLICIES, f"must be one of {', '.join(ROLLOUT_POLICIES)}",
+             rollout_policy=self.rollout_policy)  # fmt: skip
+        need(not self.async_rollout or self.rollout_policy != "inprocess" or self.ray,
+             "needs rollout_policy copy or server, or ray (rollouts must not sample weights mid-update)",
+             async_rollout=self.async_rollout)  # fmt: skip
+        need(not (self.ray and self.rollout_policy == "copy"),
+             "must not be 'copy' with ray=true: the Ray actors already sample from their own copies",
+             rollout_policy=self.rollout_policy)  # fmt: skip
         server = self.rollout_policy == "server"
-        need(not server or self.rollout_url.startswith(("http://", "https://")), "rollout_url",
-             "must be the server's http(s) base URL with rollout_policy=server")  # fmt: skip
-        need(not server or bool(self.rollout_model), "rollout_model", "must name the served base model (server)")
-        need(not server or self.finetune == "lora", "rollout_policy",
+        need(not server or self.rollout_url.startswith(("http://", "https://")),
+             "must be the server's http(s) base URL with rollout_policy=server",
+             rollout_url=self.rollout_url)  # fmt: skip
+        need(not server or bool(self.rollout_model), "must name the served base model (server)",
+             rollout_model=self.rollout_model)  # fmt: skip
+        need(not server or self.finetune == "lora",
              "must not be 'server' with finetune='full': only LoRA adapters can be loaded into a running server "
-             "(/v1/load_lora_adapter), full weights would need a restart; use rollout_policy='copy'")  # fmt: skip
-        need(self.learner_backend in LEARNER_BACKENDS, "learner_backend",
-             f"must be one of {', '.join(LEARNER_BACKENDS)}")  # fmt: skip
-        need(self.learner_precision in LEARNER_PRECISIONS, "learner_precision",
-             f"must be one of {', '.join(LEARNER_PRECISIONS)}")  # fmt: skip
-        need(self.rollout_dtype in ROLLOUT_DTYPES, "rollout_dtype", f"must be one of {', '.join(ROLLOUT_DTYPES)}")
-        need(self.rollout_dtype == "same" or self.rollout_policy == "copy", "rollout_dtype",
+             "(/v1/load_lora_adapter), full weights would need a restart; use rollout_policy='copy'",
+             rollout_policy=self.rollout_policy)  # fmt: skip
+        need(self.learner_backend in LEARNER_BACKENDS,
+             f"must be one of {', '.join(LEARNER_BACKENDS)}", learner_backend=self.learner_backend)  # fmt: skip
+        need(self.learner_precision in LEARNER_PRECISIONS,
+             f"must be one of {', '.join(LEARNER_PRECISIONS)}", learner_precision=self.learner_precision)  # fmt: skip
+        need(self.rollout_dtype in ROLLOUT_DTYPES, f"must be one of {', '.join(ROLLOUT_DTYPES)}",
+             rollout_dtype=self.rollout_dtype)  # fmt: skip
+        need(self.rollout_dtype == "same" or self.rollout_policy == "copy",
              "must be 'same' unless rollout_policy='copy' (the in-process rollout samples the learner's own weights; "
-             "a server or Ray actors load their own)")  # fmt: skip
-        need(self.learner_backend != "fsdp2" or self.nproc == 1 or self.rollout_policy == "copy", "learner_backend",
+             "a server or Ray actors load their own)", rollout_dtype=self.rollout_dtype)  # fmt: skip
+        need(self.learner_backend != "fsdp2" or self.nproc == 1 or self.rollout_policy == "copy",
              "'fsdp2' with nproc > 1 needs rollout_policy='copy': a sharded model cannot decode on one rank alone, "
-             "each rank samples from its own full copy")  # fmt: skip
-        need(self.dist_backend in DIST_BACKENDS, "dist_backend", f"must be one of {', '.join(DIST_BACKENDS)}")
-        need(self.nproc <= self.tasks_per_step, "nproc", f"must be <= tasks_per_step ({self.tasks_per_step})")
-        need(self.nproc == 1 or self.device in ("auto", "cpu", "cuda"), "device",
-             "must be auto, cpu or cuda when nproc > 1 (each rank takes cuda:LOCAL_RANK)")  # fmt: skip
-        need(not (self.dist_backend == "nccl" and self.device == "cpu"), "dist_backend", "nccl needs CUDA devices")
-        need(self.nproc == 1 or not self.ray, "nproc", "must be 1 with ray=true (Ray rollouts feed one learner)")
-        need(self.nproc == 1 or self.rollout_policy != "server", "nproc",
-             "must be 1 with rollout_policy='server' (every rank would push the same adapter)")  # fmt: skip
+             "each rank samples from its own full copy", learner_backend=self.learner_backend)  # fmt: skip
+        need(self.dist_backend in DIST_BACKENDS, f"must be one of {', '.join(DIST_BACKENDS)}",
+             dist_backend=self.dist_backend)  # fmt: skip
+        need(self.nproc <= self.tasks_per_step, f"must be <= tasks_per_step ({self.tasks_per_step})", nproc=self.nproc)
+        need(self.nproc == 1 or self.device in ("auto", "cpu", "cuda"),
+             "must be auto, cpu or cuda when nproc > 1 (each rank takes cuda:LOCAL_RANK)",
+             device=self.device)  # fmt: skip
+        need(not (self.dist_backend == "nccl" and self.device == "cpu"), "nccl needs CUDA devices",
+             dist_backend=self.dist_backend)  # fmt: skip
+        need(self.nproc == 1 or not self.ray, "must be 1 with ray=true (Ray rollouts feed one learner)",
+             nproc=self.nproc)  # fmt: skip
+        need(self.nproc == 1 or self.rollout_policy != "server",
+             "must be 1 with rollout_policy='server' (every rank would push the same adapter)",
+             nproc=self.nproc)  # fmt: skip
         need(self.ray_address in ("", "auto") or self.ray_address.startswith(("ray://", "http://")) or ":" in
-             self.ray_address, "ray_address", 'must be "", "auto", "ray://host:port" or "host:port"')
-        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
-        need(0 <= self.gamma <= 1, "gamma", "must be in [0, 1]")
-        need(0 <= self.gae_lambda <= 1, "gae_lambda", "must be in [0, 1]")
-        need(self.clip_eps_low < 1, "clip_eps_low", "must be < 1")
-        need(self.kimi_alpha < self.kimi_beta, "kimi_alpha", f"must be below kimi_beta ({self.kimi_beta})")
-        need(self.sft_warmup_steps <= self.steps, "sft_warmup_steps", f"must be <= steps ({self.steps})")
-        need(bool(self.lora_targets), "lora_targets", "must name at least one module")
-        need(self.kl == "none" or self.kl_coef > 0, "kl_coef", f"must be > 0 when kl={self.kl!r}")
+             self.ray_address, 'must be "", "auto", "ray://host:port" or "host:port"', ray_address=self.ray_address)
+        need(0 < self.top_p <= 1, "must be in (0, 1]", top_p=self.top_p)
+        need(0 <= self.lora_dropout < 1, "must be in [0, 1)", lora_dropout=self.lora_dropout)
+        need(0 <= self.gamma <= 1, "must be in [0, 1]", gamma=self.gamma)
+        need(0 <= self.gae_lambda <= 1, "must be in [0, 1]", gae_lambda=self.gae_lambda)
+        need(self.clip_eps_low < 1, "must be < 1", clip_eps_low=self.clip_eps_low)
+        need(self.kimi_alpha < self.kimi_beta, f"must be below kimi_beta ({self.kimi_beta})",
+             kimi_alpha=self.kimi_alpha)  # fmt: skip
+        need(self.sft_warmup_steps <= self.steps, f"must be <= steps ({self.steps})",
+             sft_warmup_steps=self.sft_warmup_steps)  # fmt: skip
+        need(bool(self.lora_targets), "must name at least one module", lora_targets=self.lora_targets)
+        need(self.kl == "none" or self.kl_coef > 0, f"must be > 0 when kl={self.kl!r}", kl_coef=self.kl_coef)
         chosen = ALGORITHMS[self.algo]
         rl = not chosen.imitation and self.sft_warmup_steps < self.steps
-        need(not rl or self.group_size >= chosen.min_group_size, "group_size",
-             f"must be >= {chosen.min_group_size} for {self.algo}")  # fmt: skip
+        need(not rl or self.group_size >= chosen.min_group_size,
+             f"must be >= {chosen.min_group_size} for {self.algo}", group_size=self.group_size)  # fmt: skip
         try:
             for name, value in {"lr": self.lr, "sft_lr": self.sft_lr, "entropy_coef": self.entropy_coef}.items():
                 make_schedule(value, field=f"TrainConfig.{name}")
@@ -336,9 +352,9 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; see recipes/ or TrainConfig docs")
-    defaults = TrainConfig()
+    defaults = TrainConfig().to_dict()
     for key, value in data.items():
-        default = getattr(defaults, key)
+        default = defaults[key]
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
         if key in _SCHEDULE_FIELDS:
             ok, expected = is_number or isinstance(value, dict), "a number or a schedule table"

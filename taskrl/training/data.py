@@ -1,9 +1,10 @@
 """Where a run's tasks and SFT examples come from, deterministically and resumably.
 
 ``EpochSampler`` walks the task set in a fresh seeded permutation every epoch; its only state is the position,
-so a resumed run draws exactly the tasks the uninterrupted run would have. It has the same interface as
-``taskrl.rewards.CurriculumSampler`` (``sample(step, n, rng)``, ``update``, ``metrics``, ``state_dict``), so a
-curriculum can replace it. ``TrajectoryFile`` serves SFT batches from a trajectories JSONL the same way.
+so a resumed run draws exactly the tasks the uninterrupted run would have. ``TaskSampler`` is the contract the
+trainer reads (``sample(step, n, rng)``, ``epoch``, ``update``, ``metrics``, ``state_dict``), with defaults for all
+but ``sample``; ``taskrl.rewards.CurriculumSampler`` subclasses it too, so a curriculum can replace the epoch walk.
+``TrajectoryFile`` serves SFT batches from a trajectories JSONL the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,34 @@ from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory, read_jsonl
 
 
-class EpochSampler:
+class TaskSampler:
+    """Which tasks a training step plays; subclass it and write ``sample``, override the rest as needed."""
+
+    def sample(self, step: int, n: int, rng: random.Random) -> list[Task]:
+        """``n`` tasks for ``step``; ``rng`` is seeded per step, so a resumed run draws the same tasks."""
+        raise NotImplementedError(f"{type(self).__name__} must define sample(step, n, rng)")
+
+    @property
+    def epoch(self) -> int:
+        """Passes completed over the task set: the epoch of the reward schedules' clock (0 without epochs)."""
+        return 0
+
+    def update(self, task_id: str, rewards: Sequence[float]) -> None:
+        """Feed back one group's rewards for ``task_id``; by default the order learns nothing from rewards."""
+
+    def metrics(self) -> dict[str, float]:
+        """Logged with the step's metrics (``charts/*``)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint stores to resume the same draws; a stateless sampler stores nothing."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()``'s output."""
+
+
+class EpochSampler(TaskSampler):
     """Tasks in a per-epoch seeded permutation; ``epoch`` = passes completed over the task set."""
 
     def __init__(self, tasks: Sequence[Task], seed: int) -> None:
@@ -47,9 +75,6 @@ class EpochSampler:
             out.append(self.tasks[self._order(epoch)[index]])
             self.position += 1
         return out
-
-    def update(self, task_id: str, rewards: Sequence[float]) -> None:
-        """Uniform sampling learns nothing from rewards."""
 
     def metrics(self) -> dict[str, float]:
         return {"charts/epoch": float(self.epoch)}

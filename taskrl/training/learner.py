@@ -491,10 +491,10 @@ class Learner:
 
 def _reindex(scores: _Scores, kept: list[int]) -> _Scores:
     """Scores of the kept sequences, renumbered 0..len(kept)-1 like the filtered sequence list."""
+    def pick(table: dict[int, Any]) -> dict[int, Any]:
+        return {new: table[old] for new, old in enumerate(kept) if old in table}
+
     out = _Scores()
-    for new, old in enumerate(kept):
-        for name in ("old", "ref", "values", "last_value", "advantages", "returns"):
-            table = getattr(scores, name)
-            if old in table:
-                getattr(out, name)[new] = table[old]
+    out.old, out.ref, out.values = pick(scores.old), pick(scores.ref), pick(scores.values)
+    out.last_value, out.advantages, out.returns = pick(scores.last_value), pick(scores.advantages), pick(scores.returns)
     return out

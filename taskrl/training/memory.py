@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -67,8 +68,7 @@ class PeakMemory(TorchDispatchMode):
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: the local shard of a DTensor, the tensor itself otherwise."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:

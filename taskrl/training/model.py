@@ -90,19 +90,22 @@ class _CheckpointedForward:
     RNG state (LoRA dropout) is replayed, and a recompute that saw different tensors than the first run fails.
     """
 
-    def __init__(self, layer_forward: Any) -> None:
+    def __init__(self, layer: nn.Module, layer_forward: Any) -> None:
+        self.layer = layer
         self.layer_forward = layer_forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        owner = getattr(self.layer_forward, "__self__", None)
-        if torch.is_grad_enabled() and (owner is None or owner.training):
+        if torch.is_grad_enabled() and self.layer.training:
             return torch.utils.checkpoint.checkpoint(self.layer_forward, *args, use_reentrant=False, **kwargs)
         return self.layer_forward(*args, **kwargs)
 
 
 def decoder_layers(model: Any) -> list[nn.Module]:
     """The decoder's transformer blocks (``model.layers`` of a transformers decoder)."""
-    layers = getattr(base_model(model).get_decoder(), "layers", None)
+    try:
+        layers = base_model(model).get_decoder().get_submodule("layers")
+    except AttributeError:
+        layers = None
     if not isinstance(layers, nn.ModuleList) or not len(layers):
         raise ModelSetupError("the model's decoder has no .layers list of blocks; checkpointing/sharding need one")
     return list(layers)
@@ -112,7 +115,7 @@ def enable_activation_checkpointing(model: Any) -> None:
     """Recompute every decoder layer in the backward pass instead of keeping its activations (idempotent)."""
     for layer in decoder_layers(model):
         if not isinstance(layer.__dict__.get("forward"), _CheckpointedForward):
-            layer.forward = _CheckpointedForward(layer.forward)
+            layer.forward = _CheckpointedForward(layer, layer.forward)
 
 
 def activation_checkpointing_enabled(model: Any) -> bool:

@@ -271,7 +271,7 @@ def rollout_setup(
     *,
     server_policy: OpenAIPolicy | None = None,
     copy_policy: HFPolicy | None = None,
-) -> tuple[Any, WeightSync]:
+) -> tuple[HFPolicy | OpenAIPolicy, WeightSync]:
     """The rollout policy of ``config.rollout_policy`` and the sync that feeds it the learner's weights
     (``copy_policy``: the rollout copy, taken before the learner was built, e.g. by ``rollout_copy``)."""
     if config.rollout_policy == "inprocess":

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from taskrl.env import ToolEnv, make
 from taskrl.monitor import (
     MONITORS,
+    THRESHOLDS,
     FirstToolHint,
     MitigationConfig,
     MonitorConfig,
@@ -210,6 +211,13 @@ def test_invalid_calls_early_termination_clarifying_and_no_edit() -> None:
     metrics, _ = Monitors(tool_names=["read_file", "edit_file"]).check(0, [traj(["read_file"]), traj([])])
     assert metrics["monitor/no_edit_rate"] == 1.0, "known edit tools make the monitor apply even if none is used"
     assert "monitor/no_edit_rate" not in check([traj(["lookup_price"]), traj([])])[0]
+
+
+def test_every_monitor_has_a_threshold_field_and_no_threshold_is_orphaned() -> None:
+    assert list(THRESHOLDS) == list(MONITORS)  # config validates ``disabled`` against THRESHOLDS alone
+    config = MonitorConfig(max_loop_rate=0.25)
+    assert config.threshold("loop_rate") == 0.25
+    assert all(math.isfinite(config.threshold(name)) for name in MONITORS)  # each names a real field
 
 
 def test_config_validation_small_batches_disabled_and_log_warning(caplog: pytest.LogCaptureFixture) -> None:
