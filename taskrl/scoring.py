@@ -188,6 +188,8 @@ def score(
     ``reward_weights`` multiply the rubric's weights (a number, or a schedule over ``clock.step``); group terms
     are computed for every ``group_id`` with two samples or more (``task_of`` maps a task id to its Task).
     """
+    from taskrl.rewards.formulas import context1_clamp  # the one clamp rule; a leaf, but its package imports this
+
     weights = rubric.weights(clock)
     for name, extra in (reward_weights or {}).items():
         factor = float(extra(clock.step)) if callable(extra) else float(extra)
@@ -235,8 +237,9 @@ def score(
         if rubric.clamp is not None:  # 3. the clamp
             total = _total(weighted)
             pre_penalty = float(sum(v for v in weighted.values() if v is not None and v > 0))
-            lower = rubric.clamp.epsilon if rubric.clamp.completed(traj) else 0.0
-            weighted[CLAMP] = max(lower, min(total, pre_penalty)) - total
+            clamped = context1_clamp(total, pre_penalty, epsilon=rubric.clamp.epsilon,
+                                     completed=rubric.clamp.completed(traj))  # fmt: skip
+            weighted[CLAMP] = clamped - total
         for gate in rubric.gates:  # 4. gates: a cheat scores exactly like a failure
             value = traj.terms.get(gate.name)
             if value is None:
