@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from taskrl.algos.schedules import Schedule
-from taskrl.rewards.formulas import context1_clamp
 from taskrl.scoring import INVALID_CALL_CAP as INVALID_CALL_CAP  # the one invalid-call cap lives in taskrl.scoring
-from taskrl.scoring import ClampRule, Clock, GateRule, Rubric, TermWeight, cap_invalid_calls, check_value, score
+from taskrl.scoring import ClampRule, Clock, GateRule, Rubric, TermWeight, check_value, is_adjustment, score
 from taskrl.scoring import RewardTermError as RewardTermError  # one error type and validator for every term
 from taskrl.scoring import make_weight as make_weight
 from taskrl.types import Task, Trajectory
@@ -131,16 +130,13 @@ class RewardBreakdown:
         return float(sum(v for v in self.weighted.values() if v is not None))
 
 
-def _total(values: dict[str, float | None]) -> float:
-    return float(sum(v for v in values.values() if v is not None))
-
-
 class ComposedReward:
-    """Weighted named terms, group terms, gates and an optional Context-1 clamp, scored in that order.
+    """Weighted named terms, group terms, gates and an optional Context-1 clamp: a ``measure`` and a ``rubric``,
+    scored by ``taskrl.scoring.score`` in its order (weights, group terms, clamp, gates, invalid-call cap).
 
-    ``gates`` run last: when one fails, ``<gate>_cap`` brings the total down to ``failure_reward``, so a cheat
-    scores exactly like a failed episode and the log shows why. ``group_terms`` need all K samples of a task
-    and are added by ``finalize_group`` (the trainer calls it once a group is collected).
+    When a gate fails, ``<gate>_cap`` brings the total down to ``failure_reward``, so a cheat scores exactly like
+    a failed episode and the log shows why. ``group_terms`` need all K samples of a task: an env declaring
+    ``rubric()`` gets them from ``score``; the legacy ``finalize_group`` hook adds them to a collected group.
     """
 
     def __init__(
@@ -229,28 +225,23 @@ class ComposedReward:
         return breakdown.weighted
 
     def finalize_group(self, trajectories: Sequence[Trajectory], task: Task | None = None) -> None:
-        """Add the group terms to each trajectory's rewards and re-apply clamp, gates and the loop's cap."""
+        """Score ``trajectories`` as ONE group of samples of ``task`` (the legacy hook for envs that keep this
+        reward's weighted terms in ``rewards``), through ``taskrl.scoring.score``: each episode's terms measured
+        again (pure functions of trajectory and task), other reward keys kept as they are, the group terms over
+        the group (two samples or more), then clamp, gates and the invalid-call cap. Group values also go to
+        ``metrics["reward_raw/<name>"]``."""
         if not self.group_terms or not trajectories:
             return
-        self._sync_terms()
-        weights = self.weights()
-        adjusted = {f"{g.name}_cap" for g in self.gates} | {"clamp", INVALID_CALL_CAP}
-        for term in self.group_terms:
-            values = list(term.fn(trajectories, task))
-            if len(values) != len(trajectories):
-                raise RewardTermError(
-                    f"group term '{term.name}' returned {len(values)} values for {len(trajectories)} trajectories"
-                )
-            for traj, value in zip(trajectories, values, strict=True):
-                value = check_value(term.name, term.fn, value)
-                traj.rewards[term.name] = None if value is None else weights[term.name] * value
-                record_raw(traj, {term.name: value})
+        own = {t.name for t in self.terms + self.group_terms} | {g.name for g in self.gates}
+        probes = []
         for traj in trajectories:
-            weighted = {k: v for k, v in traj.rewards.items() if k not in adjusted}
-            raw = {g.name: traj.metrics.get(RAW_PREFIX + g.name) for g in self.gates}
-            self._settle(traj, weighted, raw)
-            self._cap_invalid_calls(traj, weighted)
-            traj.rewards = weighted
+            kept = {k: v for k, v in traj.rewards.items() if k not in own and not is_adjustment(k)}
+            terms = {**kept, **self.measure(traj, task)}
+            probes.append(dataclasses.replace(traj, group_id="group", terms=terms, rewards={}))
+        score(probes, self.rubric(), Clock(self.clock.step, self.clock.epoch), task_of=lambda _: task)
+        for traj, probe in zip(trajectories, probes, strict=True):
+            traj.rewards = probe.rewards
+            record_raw(traj, {t.name: probe.terms.get(t.name) for t in self.group_terms})
 
     def rescore(self, trajectories: Sequence[Trajectory], task_of: Callable[[str], Task | None]) -> None:
         """Score finished trajectories again in place (e.g. read back from JSONL) the way training scores them:
@@ -262,31 +253,6 @@ class ComposedReward:
         score(trajectories, self.rubric(), Clock(self.clock.step, self.clock.epoch), task_of=task_of)
         for traj in trajectories:
             record_raw(traj, traj.terms)
-
-    def _cap_invalid_calls(self, trajectory: Trajectory, weighted: dict[str, float | None]) -> None:
-        """The loop's invariant, kept when rewards change after it ran: invalid calls never beat a failure
-        (``taskrl.scoring.cap_invalid_calls``, the one implementation)."""
-        cap_invalid_calls(trajectory, weighted, self.failure_reward)
-
-    def _settle(self, trajectory: Trajectory, weighted: dict[str, float | None], raw: dict[str, float | None]) -> None:
-        """Append the clamp adjustment and the gate caps (from the recorded gate values ``raw``) to ``weighted``:
-        ``finalize_group``'s legacy path, for envs that hold weighted terms in ``rewards``; ``evaluate`` and
-        ``rescore`` go through ``taskrl.scoring.score`` (tested equal on every preset)."""
-        if self.clamp is not None:
-            total = _total(weighted)
-            pre_penalty = float(sum(v for v in weighted.values() if v is not None and v > 0))
-            completed = trajectory.final_answer is not None and trajectory.error is None
-            weighted["clamp"] = (
-                context1_clamp(total, pre_penalty, epsilon=self.clamp.epsilon, completed=completed) - total
-            )
-        for gate in self.gates:
-            value = raw.get(gate.name)
-            if value is None:
-                weighted[f"{gate.name}_cap"] = None
-                continue
-            total = _total(weighted)
-            failed = value < gate.min_value and total > self.failure_reward
-            weighted[f"{gate.name}_cap"] = self.failure_reward - total if failed else 0.0
 
 
 def record_raw(trajectory: Trajectory, raw: dict[str, float | None]) -> None:

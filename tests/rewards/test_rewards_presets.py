@@ -185,10 +185,10 @@ def _episodes(build) -> list[Trajectory]:
 @pytest.mark.parametrize(("step", "epoch"), [(0, 0), (500, 2), (5000, 9)])
 def test_a_presets_rubric_scores_its_measurements_as_the_preset_does(build, name: str, step: int, epoch: int) -> None:
     """An env that measures with a preset (``measure``) and declares its rubric (``rubric``) gets, from
-    ``taskrl.scoring.score``, the rewards of the preset's legacy group path (weighted terms per episode, then
-    ``finalize_group``'s group terms, clamp, gates and invalid-call cap), at any point of the schedules. Presets
-    without group terms score through ``score`` alone (``evaluate``, ``rescore``): the golden tests above pin
-    their rubrics' weights, clamp and gates."""
+    ``taskrl.scoring.score``, the rewards of the preset's legacy hooks (weighted terms per episode, then
+    ``finalize_group`` over the group: group terms, clamp, gates, invalid-call cap), at any point of the
+    schedules. Both run through ``score``; this checks the hooks measure, group and keep the cap as the env path
+    does. The golden tests above pin the rubrics' weights, clamp and gates."""
     task = Task("q", "2 x apple", answer="6", info={"relevant_chunks": ["c1", "c2", "c3"], "answer_chunk_ids": ["c3"]})
     reward = make_reward(name)
     reward.set_step(step, epoch)
