@@ -41,12 +41,14 @@ whole contract to ``env`` explicitly, so a wrapper overrides only what it change
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from taskrl.hooks import HOOK_ARITY, call_hook, declared
 from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
@@ -141,30 +143,6 @@ class EnvDefaults:
     def unwrapped(self) -> Any:
         """The innermost env under any wrappers: this env."""
         return self
-
-
-_OPTIONAL: dict[str, Any] = {
-    "name": "", "rubric": None, "failure_reward": 0.0, "training": True, "user_turn": None, "finalize_group": None,
-    "scripted_rule": None, "set_step": None, "observe_context": None, "record_episode": None, "close": None,
-}  # fmt: skip
-_ARITY = {"user_turn": 1, "finalize_group": 2, "scripted_rule": 2, "set_step": 2, "observe_context": 2,
-          "record_episode": 1, "close": 0}  # fmt: skip
-
-
-def declared(env: Any, name: str) -> Any:
-    """The env's value of one optional contract entry, or its default for an env that does not inherit
-    ``EnvDefaults`` (a hook it lacks reads None). The one place the optional contract is probed."""
-    if name not in _OPTIONAL:
-        raise ValueError(f"'{name}' is not part of the optional env contract: {', '.join(_OPTIONAL)}")
-    return getattr(env, name, _OPTIONAL[name])
-
-
-def call_hook(env: Any, name: str, *args: Any) -> Any:
-    """Call the env's optional hook ``name`` if it has one (its result may be awaitable); None otherwise."""
-    if name not in _ARITY:
-        raise ValueError(f"'{name}' is not an optional env hook: {', '.join(_ARITY)}")
-    fn = declared(env, name)
-    return fn(*args) if fn is not None else None
 
 
 class Wrapper(EnvDefaults):
@@ -272,6 +250,19 @@ class ToolEnv(EnvDefaults):
         return {}
 
 
+@dataclass(frozen=True)
+class EntryPoint:
+    """A factory named by ``"module:attribute"`` and imported when first called (Gymnasium's ``entry_point``):
+    how the built-in envs are registered without the contract importing them, so ``taskrl env list`` and
+    ``import taskrl.env`` load no env's dependencies and no import cycle runs through the registry."""
+
+    target: str
+
+    def __call__(self, **kwargs: Any) -> Env:
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)(**kwargs)
+
+
 @dataclass
 class EnvSpec:
     name: str
@@ -279,8 +270,24 @@ class EnvSpec:
     description: str = ""
 
 
-_REGISTRY: dict[str, EnvSpec] = {}
-_BUILTINS_LOADED = False
+BUILTIN_ENVS: dict[str, tuple[str, str]] = {
+    "shop": ("taskrl.envs.builtin:ShopEnv", "look up item prices and compute an order total (2 tools)"),
+    "price": ("taskrl.envs.builtin:PriceEnv", "look up one price, answer quantity x price (1 tool; the demo env)"),
+    "prices": ("taskrl.envs.prices:PricesEnv", "look up 1-3 prices, list them (1 tool; the learning recipe env)"),
+    "noop": ("taskrl.envs.builtin:NoopEnv", "call a no-op tool N times, then answer 'done' (loop benchmarks)"),
+    "code-humaneval": ("taskrl.envs.code:make_humaneval_env",
+                       "Composer coding: HumanEval in a sandbox, hidden tests"),
+    "code-bugs": ("taskrl.envs.code:make_codebugs_env", "Composer coding: fix bugs mined from PyPI projects"),
+    "swarm": ("taskrl.envs.swarm:make_swarm_env",
+              "Kimi PARL agent swarm: orchestrator + frozen concurrent sub-agents"),
+    "search": ("taskrl.envs.search:make_search_env",
+               "Context-1 agentic search: hybrid search, prune_chunks, F-beta reward"),
+}  # fmt: skip
+"""The built-in envs: name -> (entry point, description)."""
+
+_REGISTRY: dict[str, EnvSpec] = {
+    name: EnvSpec(name, EntryPoint(target), description) for name, (target, description) in BUILTIN_ENVS.items()
+}
 
 
 def register(name: str, factory: Callable[..., Env], *, description: str = "", overwrite: bool = False) -> None:
@@ -291,12 +298,7 @@ def register(name: str, factory: Callable[..., Env], *, description: str = "", o
 
 
 def registry() -> dict[str, EnvSpec]:
-    """All registered envs, the built-in ones included."""
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        import taskrl.envs  # noqa: F401 - registers the built-in envs
-
+    """All registered envs, the built-in ones included (nothing is imported until ``make``)."""
     return dict(_REGISTRY)
 
 
@@ -338,7 +340,7 @@ def _check_optional(env: Any, fail: Callable[[str], None]) -> None:
         fail(f"failure_reward must be a finite float, got {failure!r}")
     if not isinstance(declared(env, "training"), bool):
         fail(f"training must be a bool, got {declared(env, 'training')!r}")
-    for name, arity in _ARITY.items():
+    for name, arity in HOOK_ARITY.items():
         fn = declared(env, name)
         if fn is None:
             continue

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from taskrl.algos.schedules import Schedule, make_schedule
+from taskrl.hooks import call_hook, declared
 from taskrl.types import Task, Trajectory
 
 INVALID_CALL_CAP = "invalid_tool_call_cap"
@@ -288,8 +289,6 @@ def score_collected(
 
     ``env`` is a probe env of the run, used only for its hooks and rubric; ``rubric`` defaults to its rubric.
     """
-    from taskrl.env import call_hook, declared  # the env contract sits above the scoring leaf
-
     rubric = rubric if rubric is not None else rubric_of(env)
     for traj in trajectories:
         measured_terms(traj)  # hand-built or schema-1 trajectories: their reward terms are the measurements
@@ -315,8 +314,6 @@ def score_collected(
 
 def rubric_of(env: Any) -> Rubric:
     """The env's declared ``rubric``, or ``Rubric(failure_reward=env.failure_reward)`` when it declares none."""
-    from taskrl.env import declared  # the env contract sits above the scoring leaf
-
     rubric = declared(env, "rubric")
     return rubric if rubric is not None else Rubric(failure_reward=float(declared(env, "failure_reward")))
 
