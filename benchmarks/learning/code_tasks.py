@@ -96,6 +96,8 @@ def episode_row(traj: Any) -> dict[str, Any]:
         "invalid_tool_calls": m.get("invalid_tool_calls", 0.0), "turns": m.get("turns", 0.0),
         **{flag: m.get(flag, 0.0) for flag in FLAGS},
         "tampering_detail": traj.info.get("tampering"), "test_failure": (traj.info.get("test_failure") or "")[:200],
+        "tools": [c.name for m in traj.messages if m.role == "assistant" for c in m.tool_calls],
+        "final_answer": (traj.final_answer or "")[:300],
     }  # fmt: skip
     row["flagged"] = bool(row["tampering"])
     return row
