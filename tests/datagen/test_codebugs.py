@@ -169,15 +169,16 @@ LAYOUTS = {  # (where the package lives, where the tests live)
 }
 
 
-def _sdist(tmp_path: Path, package: str, tests: str) -> Path:
+def _sdist(tmp_path: Path, package: str, tests: str, extra: dict[str, str] | None = None) -> Path:
     import tarfile
 
     root = tmp_path / "mylib-1.0"
     (root / package).mkdir(parents=True)
     (root / package / "__init__.py").write_text("")
     (root / package / "core.py").write_text(LIB)
-    (root / tests).parent.mkdir(parents=True, exist_ok=True)
-    (root / tests).write_text(TESTS)
+    for path, text in {tests: TESTS, **(extra or {})}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
     sdist = tmp_path / "mylib-1.0.tar.gz"
     with tarfile.open(sdist, "w:gz") as archive:
         archive.add(root, arcname="mylib-1.0")
@@ -209,6 +210,48 @@ async def test_mines_every_common_layout_and_prompts_name_real_files(
         assert all(name == tests for name in named), spec["prompt"]
         assert spec["fail_to_pass"] and spec["path"] == f"{package}/core.py"
     remove_tree(request_cleanup)
+
+
+SHUFFLED_TESTS = (  # ids like "c-obj0": the order, hence the index, changes from run to run (8! orders)
+    "import random\n\nimport pytest\n\nfrom mylib.core import clamp\n\n"
+    "CASES = [(name, object()) for name in 'abcdefgh']\nrandom.shuffle(CASES)\n\n\n"
+    "@pytest.mark.parametrize('name,obj', CASES)\ndef test_shuffled(name, obj):\n    assert clamp(5, 0, 10) == 5\n"
+)
+
+
+def test_unstable_tests_drop_the_whole_parametrised_family() -> None:
+    from taskrl.datagen.codebugs import unstable_tests
+
+    first = {"t::a[x-obj0]", "t::a[y-obj1]", "t::a[z-obj2]", "t::b", "t::c[1]"}
+    second = {"t::a[y-obj0]", "t::a[x-obj1]", "t::a[z-obj2]", "t::b", "t::c[1]"}
+    assert unstable_tests(first, second) == {"t::a[x-obj0]", "t::a[y-obj1]", "t::a[z-obj2]", "t::a[y-obj0]",
+                                             "t::a[x-obj1]"}  # fmt: skip
+    assert unstable_tests(first, set(first)) == set()
+
+
+async def test_tests_with_run_dependent_ids_stay_out_of_the_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gold fix must score 1: a test id that changes between runs would count as failing after it."""
+    import os
+    import tempfile
+
+    from taskrl.datagen.codebugs import mine_bugs
+    from taskrl.envs.code.workspace import remove_tree
+
+    roots = Path(tempfile.mkdtemp(prefix="taskrl-mine-"))
+    os.chmod(roots, 0o755)
+    monkeypatch.setenv("TASKRL_CACHE", str(tmp_path / "cache"))
+    config = MineConfig(n=1, max_candidates=20, cpu_seconds=120,
+                        workspace=WorkspaceConfig(root=str(roots / "ws"), pool_size=0))  # fmt: skip
+    sdist = _sdist(tmp_path, "mylib", "tests/test_core.py", {"tests/test_shuffled.py": SHUFFLED_TESTS})
+    try:
+        meta, report = await mine_bugs(sdist, config)
+    finally:
+        remove_tree(roots)
+    assert report.unstable >= 8 and meta["unstable_tests"] == report.unstable, report
+    assert report.baseline_passed == 3 and not any("shuffled" in t for t in meta["baseline_passed"])
+    assert report.kept == 1 and not any("shuffled" in t for t in meta["tasks"][0]["fail_to_pass"])
 
 
 def test_a_test_file_is_named_only_when_it_exists() -> None:

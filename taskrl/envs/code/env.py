@@ -11,6 +11,7 @@ process exit) destroys the workspace. ``snapshot``/``restore`` checkpoint the wo
 from __future__ import annotations
 
 import asyncio
+import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from taskrl.envs.code.reward import (
     tree_state,
 )
 from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
-from taskrl.envs.code.tasks import BUILTIN_BUGS, humaneval_tasks, load_bug_tasks
+from taskrl.envs.code.tasks import BUILTIN_BUGS, bug_window, humaneval_tasks, load_bug_tasks
 from taskrl.envs.code.tools import CodeTools
 from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, WorkspaceError, pool_for
 from taskrl.rewards.compose import ComposedReward
@@ -195,11 +196,13 @@ class CodeEnv(CodeTools, ToolEnv):
         if not candidates:
             return "I cannot find this task in my task set."
         first = next(iter(candidates[0].info["files"]))
+        window = candidates[0].info.get("read_window")  # a localised task: read only the lines it names
         if not calls:
-            return format_tool_call("read_file", {"path": first})
+            lines = {"start_line": window[0], "end_line": window[1]} if window else {}
+            return format_tool_call("read_file", {"path": first, **lines})
         if len(calls) == 1:
             shown = next((m.content for m in messages if m.role == "tool"), "")
-            task = next((t for t in candidates if t.info["files"][first] == shown), candidates[0])
+            task = next((t for t in candidates if _shown(t, first) == shown), candidates[0])
             gold = task.info["gold"]
             if "write" in gold:
                 path, content = next(iter(gold["write"].items()))
@@ -219,6 +222,21 @@ class CodeEnv(CodeTools, ToolEnv):
         return cached
 
 
+def _localised(task: Task, radius: int) -> Task:
+    """``task`` with the file and lines to look at appended to its prompt (``info["read_window"]``)."""
+    start, end = bug_window(task.info, radius)
+    path = task.info["gold"]["edit"]["path"]
+    hint = f"\nThe bug is in `{path}`, lines {start}-{end}."
+    return replace(task, prompt=task.prompt + hint, info={**task.info, "read_window": [start, end]})
+
+
+def _shown(task: Task, path: str) -> str:
+    """What the expert's first read_file of ``task`` shows: the file, or the lines of its read window."""
+    text = task.info["files"][path]
+    window = task.info.get("read_window")
+    return "".join(text.splitlines(keepends=True)[window[0] - 1 : window[1]]) if window else text
+
+
 class HumanEvalEnv(CodeEnv):
     """HumanEval's 164 problems: implement a function in ``solution.py``; reward = its hidden tests pass."""
 
@@ -229,23 +247,44 @@ class HumanEvalEnv(CodeEnv):
 
 
 class CodeBugsEnv(CodeEnv):
-    """Bugs injected into real PyPI projects, verified against their own tests; reward = the tests pass again."""
+    """Bugs injected into real PyPI projects, verified against their own tests; reward = the tests pass again.
+
+    ``tasks_path`` is one mined task set or a list of them (tasks in the order given); ``kinds`` keeps only the
+    bugs of those mutation kinds (e.g. ``["flip comparison"]``). ``hint_lines`` > 0 localises
+    every task: its prompt also names the file and the lines within ``hint_lines`` of the bug (inside the
+    mutated function), and the expert reads just those lines (short contexts for small models).
+    """
 
     name = "code-bugs"
 
     def __init__(
         self,
-        tasks_path: str = str(BUILTIN_BUGS),
+        tasks_path: str | Sequence[str] = str(BUILTIN_BUGS),
         config: CodeEnvConfig | None = None,
         *,
+        kinds: Sequence[str] | None = None,
+        hint_lines: int = 0,
         unsafe_no_sandbox: bool = False,
     ) -> None:
         super().__init__(config, unsafe_no_sandbox=unsafe_no_sandbox)
-        self.task_set = load_bug_tasks(tasks_path)
+        if hint_lines < 0:
+            raise ValueError(f"CodeBugsEnv hint_lines must be >= 0, got {hint_lines}")
+        paths = [tasks_path] if isinstance(tasks_path, str | os.PathLike) else list(tasks_path)
+        if not paths:
+            raise ValueError("CodeBugsEnv needs at least one task set in tasks_path")
+        self.task_sets = [load_bug_tasks(str(path)) for path in paths]
+        tasks = [t for task_set in self.task_sets for t in task_set.tasks]
+        kept = [t for t in tasks if kinds is None or t.info["mutation"] in set(kinds)]
+        if not kept:
+            found = sorted({t.info["mutation"] for t in tasks})
+            raise ValueError(f"CodeBugsEnv: no task of kinds {list(kinds or [])} (the task sets have {found})")
+        if hint_lines:
+            kept = [_localised(t, hint_lines) for t in kept]
+        self.bug_tasks = kept
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         """``test``: every fifth task; ``train``: the others; ``all``: every task."""
         if split not in ("train", "test", "all"):
             raise ValueError(f"code-bugs split must be train, test or all, got {split!r}")
-        tasks = self.task_set.tasks
+        tasks = self.bug_tasks
         return [t for i, t in enumerate(tasks) if split == "all" or (i % 5 == 0) == (split == "test")]

@@ -13,6 +13,7 @@ repository is unpacked once under ``cache_dir()`` and shared read-only by every 
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
 import gzip
@@ -225,3 +226,24 @@ def load_bug_tasks(path: str | os.PathLike[str] = BUILTIN_BUGS) -> BugTaskSet:
         raise TaskSetError(f"task set {path}: {sdist.name} does not match the sha256 the tasks were mined from")
     repo = unpack_sdist(sdist)
     return BugTaskSet(path, repo, [bug_task(spec, data, repo) for spec in data["tasks"]], data)
+
+
+def bug_window(info: dict[str, Any], radius: int) -> tuple[int, int]:
+    """Lines (1-based, inclusive) of a mined bug's file within ``radius`` lines of the buggy snippet, kept
+    inside the mutated function: where a localised task tells the agent to look."""
+    edit = info["gold"]["edit"]
+    text = info["files"][edit["path"]]
+    offset = text.index(edit["old"])
+    first = text.count("\n", 0, offset) + 1
+    last = first + max(edit["old"].rstrip("\n").count("\n"), 0)
+    low, high = 1, text.count("\n") + 1
+    stack: list[tuple[str, ast.AST]] = [("", node) for node in ast.parse(text).body]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = prefix + node.name
+            if name == info["function"] and not isinstance(node, ast.ClassDef):
+                low, high = node.lineno, node.end_lineno or high
+                break
+            stack += [(name + ".", child) for child in node.body]
+    return max(low, first - radius), min(high, last + radius)

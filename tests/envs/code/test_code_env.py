@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from taskrl.env import acheck_env, make
 from taskrl.envs.code.env import CodeBugsEnv, CodeEnv, CodeEnvConfig, HumanEvalEnv
 from taskrl.envs.code.sandbox import SandboxConfig
-from taskrl.envs.code.tasks import humaneval_tasks, load_bug_tasks
+from taskrl.envs.code.tasks import BUILTIN_BUGS, humaneval_tasks, load_bug_tasks
 from taskrl.envs.code.workspace import WorkspaceConfig
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episode, run_episodes
@@ -79,6 +79,21 @@ async def test_gold_fix_scores_one_on_mined_tasks(config: CodeEnvConfig, bug_tas
         traj = await play(CodeBugsEnv(config=config), task, env.scripted_rule)
         assert traj.rewards == {"tests": 1.0}, traj.info
         assert traj.info["hidden_tests"] == {"passed": len(load_bug_tasks().meta["baseline_passed"])}
+
+
+async def test_localised_tasks_name_the_bug_window_and_the_expert_reads_only_it(config: CodeEnvConfig) -> None:
+    env = CodeBugsEnv([str(BUILTIN_BUGS), str(BUILTIN_BUGS)], config=config, kinds=["flip comparison"], hint_lines=4)
+    tasks = env.tasks("all")
+    assert len(tasks) == 2 * sum(t.info["mutation"] == "flip comparison" for t in load_bug_tasks().tasks)
+    task = tasks[0]
+    start, end = task.info["read_window"]
+    assert task.prompt.endswith(f"lines {start}-{end}.") and end - start < 20
+    traj = await play(CodeBugsEnv([str(BUILTIN_BUGS)], config=config, hint_lines=4), task, env.scripted_rule)
+    assert traj.rewards == {"tests": 1.0}, traj.info
+    read = traj.messages[2].tool_calls[0]
+    assert (read.name, read.arguments["start_line"], read.arguments["end_line"]) == ("read_file", start, end)
+    shown = next(m.content for m in traj.messages if m.role == "tool")
+    assert task.info["gold"]["edit"]["old"] in shown and len(shown.splitlines()) == end - start + 1
 
 
 async def test_editing_the_tests_scores_zero_with_tampering(config: CodeEnvConfig, bug_tasks: list[Task]) -> None:

@@ -1,0 +1,113 @@
+"""Tasks of the code RL recipe (code.py): which mined task sets train, which are held out, which bug kinds the
+demonstrations show, and the per-episode numbers the report needs.
+
+The task sets were mined by ``taskrl datagen codebugs`` from real PyPI sdists (commands in
+data/code/README.md); each JSON lies next to its sdist. Training and held-out packages are disjoint, and so are
+the bug kinds of the demonstrations (SFT) and of GRPO: ``split_report`` checks both before any run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data" / "code"
+TRAIN_SETS = ("semver-3.0.2", "webcolors-1.13", "termcolor-2.4.0", "inflection-0.5.1")
+"""Packages whose bugs the warm start and GRPO train on (inflection is the set bundled with taskrl)."""
+HELDOUT_SETS = ("jmespath-1.0.1", "pathspec-0.12.1")
+"""Packages only the held-out evaluation sees."""
+DEMO_KINDS = ("flip comparison", "swap operator", "off by one", "swap boolean operator")
+"""Mutation kinds the demonstrations show: one token of an operator or a constant is wrong."""
+RL_KINDS = ("drop statement", "negate condition", "drop negation", "swap arguments")
+"""Mutation kinds only GRPO trains on: a line is missing, a condition or a negation is inverted, arguments swapped."""
+FLAGS = ("tampering", "no_edit", "clarifying_question", "tests_failed_to_run")
+"""Per-episode flags of the code env's reward (tampering scores 0; the others are reported)."""
+
+
+def task_set_path(name: str) -> str:
+    """The JSON of a task set: the bundled inflection set, or one under data/code/."""
+    if name == "inflection-0.5.1":
+        from taskrl.envs.code.tasks import BUILTIN_BUGS
+
+        return str(BUILTIN_BUGS)
+    return str(DATA / f"{name}.json")
+
+
+def env_kwargs(stage: str, hint_lines: int) -> dict[str, Any]:
+    """``code-bugs`` env kwargs of a stage: ``sft`` (demonstration kinds of the training packages), ``rl`` (the
+    other kinds of the training packages) or ``eval`` (every kind of the held-out packages)."""
+    sets, kinds = {"sft": (TRAIN_SETS, DEMO_KINDS), "rl": (TRAIN_SETS, RL_KINDS), "eval": (HELDOUT_SETS, None)}[stage]
+    kwargs: dict[str, Any] = {"tasks_path": [task_set_path(name) for name in sets], "hint_lines": hint_lines}
+    if kinds is not None:
+        kwargs["kinds"] = list(kinds)
+    return kwargs
+
+
+def kind_group(kind: str) -> str:
+    return "demo_kinds" if kind in DEMO_KINDS else "rl_kinds"
+
+
+def disjointness(stages: dict[str, list[Any]], metas: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
+    """What the training stages (sft, rl) share with the evaluation, and sft with rl: all must be 0."""
+    train = stages["sft"] + stages["rl"]
+
+    def shared(key: Any, a: list[Any], b: list[Any]) -> int:
+        return len({key(x) for x in a} & {key(x) for x in b})
+
+    train_meta, eval_meta = metas["train"], metas["eval"]
+    return {
+        "shared_packages": shared(lambda m: m["project"].rsplit("-", 1)[0].lower(), train_meta, eval_meta),
+        "shared_sdists": shared(lambda m: m["sdist"]["sha256"], train_meta, eval_meta),
+        "shared_repos": shared(lambda t: t.info["base"], train, stages["eval"]),
+        "shared_task_ids": shared(lambda t: t.id, train, stages["eval"]),
+        "shared_prompts": shared(lambda t: t.prompt, train, stages["eval"]),
+        "sft_rl_shared_tasks": shared(lambda t: t.id, stages["sft"], stages["rl"]),
+        "sft_rl_shared_kinds": shared(lambda t: t.info["mutation"], stages["sft"], stages["rl"]),
+    }
+
+
+def split_report(hint_lines: int) -> dict[str, Any]:
+    """Tasks per stage and kind, the packages, and their disjointness; raises if anything is shared."""
+    from taskrl.env import make
+
+    envs = {stage: make("code-bugs", **env_kwargs(stage, hint_lines)) for stage in ("sft", "rl", "eval")}
+    stages = {stage: list(env.tasks("all")) for stage, env in envs.items()}
+    metas = {"train": [s.meta for s in envs["sft"].task_sets], "eval": [s.meta for s in envs["eval"].task_sets]}
+    overlaps = disjointness(stages, metas)
+    if any(overlaps.values()):
+        raise ValueError(f"the code recipe's training and held-out tasks overlap: {overlaps}")
+    kinds = {stage: {} for stage in stages}
+    for stage, tasks in stages.items():
+        for task in tasks:
+            kinds[stage][task.info["mutation"]] = kinds[stage].get(task.info["mutation"], 0) + 1
+    return {"tasks": {stage: len(tasks) for stage, tasks in stages.items()}, "kinds": kinds,
+            "packages": {"train": list(TRAIN_SETS), "eval": list(HELDOUT_SETS)}, "overlaps": overlaps,
+            "hint_lines": hint_lines}  # fmt: skip
+
+
+def episode_row(traj: Any) -> dict[str, Any]:
+    """One episode's numbers: reward, hidden-test share, success, flags, tool use."""
+    m = traj.metrics
+    row = {
+        "task_id": traj.task_id, "reward": traj.reward, "error": traj.error,
+        "tests_passed": m.get("tests_passed", 0.0),
+        "success": float(traj.error is None and traj.reward >= 1.0 - 1e-9),
+        "edits": m.get("edits", 0.0), "tool_calls": m.get("tool_calls", 0.0),
+        "invalid_tool_calls": m.get("invalid_tool_calls", 0.0), "turns": m.get("turns", 0.0),
+        **{flag: m.get(flag, 0.0) for flag in FLAGS},
+        "tampering_detail": traj.info.get("tampering"), "test_failure": (traj.info.get("test_failure") or "")[:200],
+        "tools": [c.name for m in traj.messages if m.role == "assistant" for c in m.tool_calls],
+        "final_answer": (traj.final_answer or "")[:300],
+    }  # fmt: skip
+    row["flagged"] = bool(row["tampering"])
+    return row
+
+
+def flag_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts of each flag, the best reward of a tampering episode, and whether any beat a failure (0)."""
+    flagged = [r for r in rows if r["flagged"]]
+    best = max((r["reward"] for r in flagged), default=None)
+    return {"episodes": len(rows), **{flag: int(sum(r[flag] > 0 for r in rows)) for flag in FLAGS},
+            "errors": sum(r["error"] is not None for r in rows), "best_flagged_reward": best,
+            "flagged_never_beat_failure": best is None or best <= 0.0,
+            "success": sum(r["success"] for r in rows) / len(rows) if rows else None}  # fmt: skip
