@@ -28,7 +28,7 @@ from taskrl.envs.code.reward import (
     tree_state,
 )
 from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
-from taskrl.envs.code.tasks import BUILTIN_BUGS, bug_window, humaneval_tasks, load_bug_tasks
+from taskrl.envs.code.tasks import BUILTIN_BUGS, bug_window, humaneval_tasks, load_bug_tasks, minimal_edit
 from taskrl.envs.code.tools import CodeTools
 from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, WorkspaceError, pool_for
 from taskrl.rewards.compose import ComposedReward
@@ -207,7 +207,9 @@ class CodeEnv(CodeTools, ToolEnv):
             if "write" in gold:
                 path, content = next(iter(gold["write"].items()))
                 return format_tool_call("write_file", {"path": path, "content": content})
-            return format_tool_call("edit_file", gold["edit"])
+            edit = gold["edit"]
+            small_old, small_new = minimal_edit(task.info["files"][edit["path"]], edit["old"], edit["new"])
+            return format_tool_call("edit_file", {"path": edit["path"], "old": small_old, "new": small_new})
         if len(calls) == 2:
             return format_tool_call("run_tests", {})
         return f"Fixed `{first}`: the tests pass now."

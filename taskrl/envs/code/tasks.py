@@ -228,6 +228,39 @@ def load_bug_tasks(path: str | os.PathLike[str] = BUILTIN_BUGS) -> BugTaskSet:
     return BugTaskSet(path, repo, [bug_task(spec, data, repo) for spec in data["tasks"]], data)
 
 
+def minimal_edit(text: str, old: str, new: str) -> tuple[str, str]:
+    """The shortest ``(old, new)`` that ``edit_file`` applies to ``text`` as ``old -> new`` does: lines the two
+    snippets share at either end dropped, then the indentation before and the newline after the changed text,
+    widened by whole lines until ``old`` occurs once. What the expert demonstrates: a model copies one stripped
+    line far more reliably than an indented multi-line snippet with its newline escapes."""
+    old_lines, new_lines = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    head = 0
+    while head < min(len(old_lines), len(new_lines)) - 1 and old_lines[head] == new_lines[head]:
+        head += 1
+    tail = 0
+    while (tail < min(len(old_lines), len(new_lines)) - head - 1
+           and old_lines[-1 - tail] == new_lines[-1 - tail]):  # fmt: skip
+        tail += 1
+    offset = text.index(old)
+    start = offset + sum(map(len, old_lines[:head]))
+    end = offset + len(old) - sum(map(len, old_lines[len(old_lines) - tail :]))
+    replacement = "".join(new_lines[head : len(new_lines) - tail])
+    while True:
+        indent = len(text[start:end]) - len(text[start:end].lstrip(" \t"))
+        body_old = text[start + indent : end].rstrip("\n")
+        cut = len(text[start + indent : end]) - len(body_old)  # the trailing newlines the snippet ends in
+        same_ends = replacement[:indent] == text[start : start + indent] and replacement.endswith(text[end - cut : end])
+        if same_ends and body_old and text.count(body_old) == 1:
+            return body_old, replacement[indent : len(replacement) - cut]
+        if start == 0 and end == len(text):
+            return old, new
+        grown_start = text.rfind("\n", 0, max(start - 1, 0)) + 1 if start > 0 else 0
+        before = text[grown_start:start]
+        after_end = text.find("\n", end) + 1 if end < len(text) and text.find("\n", end) >= 0 else len(text)
+        after = text[end:after_end]
+        start, end, replacement = grown_start, after_end, before + replacement + after
+
+
 def bug_window(info: dict[str, Any], radius: int) -> tuple[int, int]:
     """Lines (1-based, inclusive) of a mined bug's file within ``radius`` lines of the buggy snippet, kept
     inside the mutated function: where a localised task tells the agent to look."""
