@@ -11,6 +11,7 @@ and records each unweighted value in ``trajectory.metrics["reward_raw/<name>"]``
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +30,13 @@ GroupTerm = Callable[[Sequence[Trajectory], "Task | None"], "Sequence[float | No
 """A term that needs the whole group of K samples of one task (exploration, agreement): one value each."""
 
 
-class ScheduledTerm:
+class ScheduledTerm(abc.ABC):
     """Base of a term whose value follows the reward's clock (Context-1's annealed β): the composed reward calls
     ``set_step(step, epoch)`` on it before scoring. Plain functions and other terms have no schedule."""
 
+    @abc.abstractmethod
     def set_step(self, step: int, epoch: int = 0) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must define set_step(step, epoch)")
+        """Move the term's schedule to ``step`` / ``epoch``."""
 
 
 RAW_PREFIX = "reward_raw/"

@@ -9,6 +9,7 @@ but ``sample``; ``taskrl.rewards.CurriculumSampler`` subclasses it too, so a cur
 
 from __future__ import annotations
 
+import abc
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,19 +19,19 @@ from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory, read_jsonl
 
 
-class TaskSampler:
+class TaskSampler(abc.ABC):
     """Which tasks a training step plays; subclass it and write ``sample``, override the rest as needed."""
 
+    @abc.abstractmethod
     def sample(self, step: int, n: int, rng: random.Random) -> list[Task]:
         """``n`` tasks for ``step``; ``rng`` is seeded per step, so a resumed run draws the same tasks."""
-        raise NotImplementedError(f"{type(self).__name__} must define sample(step, n, rng)")
 
     @property
     def epoch(self) -> int:
         """Passes completed over the task set: the epoch of the reward schedules' clock (0 without epochs)."""
         return 0
 
-    def update(self, task_id: str, rewards: Sequence[float]) -> None:
+    def update(self, task_id: str, rewards: Sequence[float]) -> None:  # noqa: B027 - a default that learns nothing
         """Feed back one group's rewards for ``task_id``; by default the order learns nothing from rewards."""
 
     def metrics(self) -> dict[str, float]:
@@ -41,7 +42,7 @@ class TaskSampler:
         """What a checkpoint stores to resume the same draws; a stateless sampler stores nothing."""
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - nothing to restore by default
         """Restore ``state_dict()``'s output."""
 
 
@@ -82,7 +83,7 @@ class EpochSampler(TaskSampler):
     def state_dict(self) -> dict[str, Any]:
         return {"position": self.position}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - nothing to restore by default
         self.position = int(state["position"])
 
 
@@ -106,5 +107,5 @@ class TrajectoryFile:
     def state_dict(self) -> dict[str, Any]:
         return self._tasks.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - nothing to restore by default
         self._tasks.load_state_dict(state)
