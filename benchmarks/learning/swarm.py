@@ -24,7 +24,7 @@ copy of its question, and the answer table), not searching.
 Writes docs/learning_swarm.{json,png}. ``--resume`` continues an interrupted seed from its checkpoints.
 ``--pilot`` runs every stage tiny (2 SFT steps, 1.5 minutes per arm, 4 held-out tasks) into runs/ only.
 
-    python benchmarks/learning/swarm.py --seed 0 --minutes 20 [--resume] [--pilot]
+    python benchmarks/learning/swarm.py --seed 0 --minutes 30 --sft-threads 2 [--resume] [--pilot]
 """
 
 from __future__ import annotations
@@ -263,22 +263,22 @@ def main() -> None:
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--learner-precision", default="float32", help="float32, bfloat16 or auto (TrainConfig field)")
-    ap.add_argument("--minutes", type=float, default=20.0, help="training wall-clock budget per arm")
+    ap.add_argument("--minutes", type=float, default=30.0, help="training wall-clock budget per arm")
     ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")
     ap.add_argument("--pilot", action="store_true", help="every stage tiny, into runs/ only (see PILOT)")
     ap.add_argument("--sft-steps", type=int, default=12, help="SFT steps of the common warm start")
     ap.add_argument("--sft-tasks", type=int, default=8, help="expert episodes per SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-3)
-    ap.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate")
+    ap.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
     ap.add_argument("--tasks", type=int, default=2, help="GRPO tasks per step")
     ap.add_argument("--group-size", type=int, default=4, help="GRPO samples per task")
     ap.add_argument("--entropy-coef", type=float, default=0.0)
-    ap.add_argument("--anneal-steps", type=int, default=20, help="GRPO steps over which λ1, λ2 go to 0")
+    ap.add_argument("--anneal-steps", type=int, default=10, help="GRPO steps over which λ1, λ2 go to 0")
     ap.add_argument("--critical-budget", type=int, default=12, help="critical steps at which r_efficiency is 0")
     ap.add_argument("--max-turns", type=int, default=3, help="orchestrator turns per episode")
-    ap.add_argument("--max-new-tokens", type=int, default=448, help="a 3-row fan-out turn is ~350 tokens")
+    ap.add_argument("--max-new-tokens", type=int, default=576, help="the expert's 3-row fan-out turn: 420-490 tokens")
     ap.add_argument("--context", type=int, default=2048, help="orchestrator context tokens")
-    ap.add_argument("--eval-tasks", type=int, default=32, help="held-out tasks of the final greedy evaluation")
+    ap.add_argument("--eval-tasks", type=int, default=24, help="held-out tasks of the final greedy evaluation")
     ap.add_argument("--sampled-tasks", type=int, default=8, help="held-out tasks of the T=1 x 4 evaluation")
     ap.add_argument("--start-sampled", action="store_true", help="also evaluate the warm start at T=1")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")

@@ -24,10 +24,13 @@ from taskrl.types import Task
 
 ROWS_REQUESTED = 240
 GENERATION_SEED = 0
+MAX_WORDS = 16
+"""Longest quoted clue: the orchestrator copies every row's clue into its fan-out turn, so short clues keep a
+3-row turn near 300 tokens (CPU sampling time) without changing the skill."""
 SFT_ROWS = (1, 2)
 RL_ROWS = 3
 EVAL_ROWS = 3
-SFT_TASKS, RL_TASKS, EVAL_TASKS = 60, 40, 32
+SFT_TASKS, RL_TASKS, EVAL_TASKS = 60, 40, 24
 
 
 def split_rows(rows: Sequence[Task], eval_share: float = 0.4) -> tuple[list[Task], list[Task]]:
@@ -82,13 +85,19 @@ def row_overlaps(train: Sequence[Task], held: Sequence[Task]) -> dict[str, int]:
 def prepare(data_dir: Path) -> dict[str, Any]:
     """Generate the rows and the three task files once (reused when ``split.json`` exists); their summary."""
     summary_path = data_dir / "split.json"
+    settings = {"generation_seed": GENERATION_SEED, "max_words": MAX_WORDS, "rows_requested": ROWS_REQUESTED,
+                "sizes": {"sft": list(SFT_ROWS), "rl": RL_ROWS, "eval": EVAL_ROWS},
+                "tasks": [SFT_TASKS, RL_TASKS, EVAL_TASKS]}  # fmt: skip
     if summary_path.exists():
-        return json.loads(summary_path.read_text())
+        summary = json.loads(summary_path.read_text())
+        if summary.get("settings") != settings:
+            raise ValueError(f"{data_dir} holds tasks made with other settings; remove it (and the runs on it)")
+        return summary
     from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, write_tasks
     from taskrl.envs.search.build import ensure_default_corpus
     from taskrl.envs.search.store import CorpusStore
 
-    config = GenerationConfig(n=ROWS_REQUESTED, seed=GENERATION_SEED, hops=(1,), distractors=0)
+    config = GenerationConfig(n=ROWS_REQUESTED, seed=GENERATION_SEED, hops=(1,), distractors=0, max_words=MAX_WORDS)
     rows, report = ExtractiveGenerator(CorpusStore(ensure_default_corpus()), config).generate()
     train, held = split_rows(rows)
     files = {
@@ -102,7 +111,7 @@ def prepare(data_dir: Path) -> dict[str, Any]:
     for name, tasks in files.items():
         write_tasks(tasks, data_dir / f"{name}.jsonl")
     summary = {
-        "corpus": "default", "generation_seed": GENERATION_SEED,
+        "corpus": "default", "settings": settings,
         "files": {name: str(data_dir / f"{name}.jsonl") for name in files},
         "counts": {name: len(tasks) for name, tasks in files.items()},
         "rows": {"train": len(train), "held_out": len(held), "sft": list(SFT_ROWS), "rl": RL_ROWS, "eval": EVAL_ROWS},
