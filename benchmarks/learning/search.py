@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.*, from any working directory
+from benchmarks.learning.common import child  # noqa: E402
+from benchmarks.learning.common import summarise as summarise_metrics  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, lost_steps, paired_delta, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
@@ -104,26 +104,11 @@ def episode_row(traj: Any) -> dict[str, Any]:
 
 
 def summarise(rows: list[dict[str, Any]], task_ids: list[str], seed: int) -> dict[str, Any]:
-    """Per-task means of every metric, their mean over tasks with a bootstrap 95% CI, and pruning pooled."""
-    from taskrl.eval import bootstrap_ci
-
-    by_task: dict[str, list[dict[str, Any]]] = {tid: [] for tid in task_ids}
-    for row in rows:
-        by_task[row["task_id"]].append(row)
-    out: dict[str, Any] = {"tasks": len(task_ids), "episodes": len(rows), "per_task": {}}
-    for key in METRICS:
-        per_task = []
-        for tid in task_ids:
-            values = [r[key] for r in by_task[tid] if not math.isnan(r[key])]
-            per_task.append(sum(values) / len(values) if values else 0.0)
-        ci = bootstrap_ci(per_task, seed=seed)
-        out[key] = {"value": sum(per_task) / len(per_task), "low": ci[0] if ci else None,
-                    "high": ci[1] if ci else None}  # fmt: skip
-        out["per_task"][key] = per_task
+    """``common.summarise`` over METRICS, plus pruning pooled over the episodes that pruned."""
+    out = summarise_metrics(rows, task_ids, METRICS, seed)
     pruning = [r for r in rows if r["pruned"] > 0]
     out["episodes_pruning"] = len(pruning)
     out["prune_accuracy"] = (sum(r["prune_accuracy"] for r in pruning) / len(pruning)) if pruning else None
-    out["errors"] = sum(r["error"] is not None for r in rows)
     return out
 
 
@@ -269,13 +254,6 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
             "arms": arms, "grpo_minus_sft_only": deltas}  # fmt: skip
 
 
-def child(stage: str, log_dir: Path, threads: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", stage, "--threads", str(threads)]
-    log = open(log_dir / f"{stage}.log", "a")  # noqa: SIM115 - the child writes it until it exits
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)  # fmt: skip
-
-
 def line(name: str, steps: str, final: dict[str, Any]) -> str:
     g, s = final["greedy"], final.get("sampled")
     sampled = (f" | T=1 recall {fmt(s['output_recall']):18} F2 {fmt(s['f_beta'])} invalid/ep "
@@ -346,13 +324,13 @@ def main() -> None:
     command = " ".join(["python", "benchmarks/learning/search.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child("sft", sft_dir, threads=args.sft_threads or args.threads)}, sft_dir)
+    wait({"sft": child(__file__, "sft", sft_dir, threads=args.sft_threads or args.threads)}, sft_dir)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"SFT {start['sft_steps']} steps in {start['sft_s']:.0f}s, nll {start['sft_nll']}")
     print(line("start", "-", start))
     if args.pilot:
         return None
-    wait({arm: child(arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}

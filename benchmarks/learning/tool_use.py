@@ -32,6 +32,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
+from benchmarks.learning.common import child  # noqa: E402
+
 ARMS = ("sft_only", "grpo")
 DESIGNS: dict[str, dict[str, Any]] = {
     # The default (issue 14, second design): copy-only listing of looked-up prices, per-item credit (dense).
@@ -284,14 +286,6 @@ def cpu_model() -> str:
     return f"{name}; amx_bf16 {'present' if 'amx_bf16' in out else 'absent'}"
 
 
-def child(stage: str, log_dir: Path, threads: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", stage, "--threads", str(threads)]
-    log = open(log_dir / f"{stage}.log", "a")  # noqa: SIM115 - the child writes it until it exits
-    # A session of its own: with the kernel's autogroup scheduling each arm then gets its own fair CPU share.
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)  # fmt: skip
-
-
 def wait(processes: dict[str, subprocess.Popen[bytes]], seed_dir: Path) -> None:
     failed = [stage for stage, process in processes.items() if process.wait() != 0]
     if failed:
@@ -362,14 +356,14 @@ def main() -> None:
     command = " ".join(["python", "benchmarks/learning/tool_use.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child("sft", sft_dir, threads=args.threads)}, sft_dir)
+    wait({"sft": child(__file__, "sft", sft_dir, threads=args.threads)}, sft_dir)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"start (SFT, {start['sft_steps']} steps, {start['sft_s']:.0f}s): held-out greedy "
           f"{fmt(start['greedy']['success'])}, sampled pass@1 {fmt(start['sampled']['pass@1'])}, invalid calls "
           f"{start['sampled']['invalid_tool_calls']:.2f}/episode")  # fmt: skip
     if args.pilot:
         return None
-    wait({arm: child(arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
