@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,7 @@ from benchmarks.learning.code_tasks import (  # noqa: E402
     kind_group,
     split_report,
 )
+from benchmarks.learning.common import child  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, lost_steps, paired_delta, summary, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
@@ -256,13 +256,6 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
             "grpo_hack_flags": hacks}  # fmt: skip
 
 
-def child(stage: str, log_dir: Path, threads: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", stage, "--threads", str(threads)]
-    log = open(log_dir / f"{stage}.log", "a")  # noqa: SIM115 - the child writes it until it exits
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)  # fmt: skip
-
-
 def line(name: str, steps: str, final: dict[str, Any]) -> str:
     g, s = final["greedy"], final["sampled"]
     groups = g["success_by_kind_group"]
@@ -334,11 +327,11 @@ def main() -> None:
     command = " ".join(["python", "benchmarks/learning/code.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child("sft", sft_dir, threads=args.threads)}, sft_dir)
+    wait({"sft": child(__file__, "sft", sft_dir, threads=args.threads)}, sft_dir)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"SFT {start['sft_steps']} steps in {start['sft_s']:.0f}s, nll {start['sft_nll']}")
     print(line("start", "-", start))
-    wait({arm: child(arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
