@@ -51,8 +51,8 @@ from benchmarks.learning.code_tasks import (  # noqa: E402
     kind_group,
     split_report,
 )
-from benchmarks.learning.common import child  # noqa: E402
-from benchmarks.learning.tool_use import cpu_model, fmt, lost_steps, paired_delta, summary, wait  # noqa: E402
+from benchmarks.learning.common import child, run_arm  # noqa: E402
+from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, summary, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
 STEP_KEYS = ("rewards/total", "rewards/std", "rewards/tests", "tools/tool_calls", "tools/invalid_tool_calls",
@@ -176,54 +176,6 @@ def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
         trainer.close()
 
 
-def step_row(step: int, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    return {"step": step, "train_s": elapsed, **{k: metrics.get(k) for k in STEP_KEYS}}
-
-
-def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> None:
-    """Child: one arm, trained for the budget (resuming its checkpoint and record), then evaluated."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
-    from taskrl.training.config import config_from_dict
-
-    record_path = seed_dir / f"{arm}.json"
-    if record_path.exists() and "final" in json.loads(record_path.read_text()):
-        return
-    config = config_from_dict(stage_config(arm, seed_dir / arm, start, args))
-    trainer = Trainer(config)
-    try:
-        trainer.train(until=0)  # resume: loads the latest checkpoint, if any
-        record: dict[str, Any] = {"arm": arm, "config": config.to_dict(), "threads": args.threads, "steps": [],
-                                  "curve": []}  # fmt: skip
-        if record_path.exists():
-            record = json.loads(record_path.read_text())
-            record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
-        record["steps"] += lost_steps(seed_dir / arm, record["steps"], trainer.completed or 0)
-        save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
-        budget = args.minutes * 60
-        curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
-        done_curve = {round(c["at_s"]) for c in record["curve"]}
-        elapsed = record["steps"][-1]["train_s"] if record["steps"] else 0.0
-        while elapsed < budget:
-            began = time.monotonic()
-            (metrics,) = trainer.train(until=(trainer.completed or 0) + 1)
-            elapsed += time.monotonic() - began
-            record["steps"].append(step_row(trainer.completed, metrics, elapsed))
-            for at in curve_at:
-                if elapsed >= at and round(at) not in done_curve:
-                    point = held_out(trainer, f"curve_{round(at)}", args, n=args.curve_tasks, sampled=False)
-                    record["curve"].append({"at_s": at, "train_s": elapsed, "step": trainer.completed, **point})
-                    done_curve.add(round(at))
-            save()
-        record["train_s"] = elapsed
-        record["final"] = final_evals(trainer, args)
-        save()
-    finally:
-        trainer.close()
-
-
 def training_episodes(arm_dir: Path) -> list[dict[str, Any]]:
     """Every training episode an arm's Trainer logged (run_dir/trajectories/train_*.jsonl), as episode rows."""
     from taskrl.runlog import read_trajectories
@@ -317,7 +269,8 @@ def main() -> None:
     if args.child == "sft":
         return run_sft(sft_dir, args)
     if args.child in ARMS:
-        return run_arm(args.child, seed_dir, sft_dir / "start", args)
+        return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
+                       final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip
     print(f"data: {split['tasks']} tasks; train packages {split['packages']['train']}, held-out "
           f"{split['packages']['eval']}; demo kinds {list(DEMO_KINDS)}, RL kinds {list(RL_KINDS)}")  # fmt: skip
     for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):

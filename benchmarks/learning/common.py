@@ -1,5 +1,6 @@
 """Helpers the learning recipes share beyond tool_use.py's (issue 14): stage processes and per-task summaries.
 
+``run_arm(...)`` trains and evaluates one arm of a recipe for its wall-clock budget (resumable);
 ``child(script, stage, log_dir, threads)`` starts one stage of a recipe script as a child process in a session of
 its own; ``summarise(rows, task_ids, metrics, seed)`` turns per-episode rows into per-task means and their mean
 over tasks with a percentile-bootstrap 95% CI (tasks, not episodes, are the unit of resampling).
@@ -7,11 +8,13 @@ over tasks with a percentile-bootstrap 95% CI (tasks, not episodes, are the unit
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +51,73 @@ def summarise(rows: Sequence[dict[str, Any]], task_ids: Sequence[str], metrics: 
         out["per_task"][key] = per_task
     out["errors"] = sum(r.get("error") is not None for r in rows)
     return out
+
+
+def step_row(step: int, metrics: dict[str, Any], elapsed: float, keys: Sequence[str]) -> dict[str, Any]:
+    """One training step of an arm's record: its number, training seconds so far and the recipe's metrics."""
+    return {"step": step, "train_s": elapsed, **{k: metrics.get(k) for k in keys}}
+
+
+def lost_steps(arm_dir: Path, steps: list[dict[str, Any]], completed: int, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows of steps the checkpoint holds but the record missed (killed between the checkpoint and the record's
+    save), rebuilt from the trainer's metrics.jsonl, so their training time still counts against the budget."""
+    last = steps[-1]["step"] if steps else 0
+    path = arm_dir / "metrics.jsonl"
+    if completed <= last or not path.exists():
+        return []
+    elapsed, rows = steps[-1]["train_s"] if steps else 0.0, []
+    for line in path.read_text().splitlines():
+        metrics = json.loads(line)
+        if last < metrics.get("step", 0) <= completed and metrics["step"] not in {r["step"] for r in rows}:
+            elapsed += metrics.get("charts/step_time_s") or 0.0
+            rows.append({**step_row(metrics["step"], metrics, elapsed, keys), "recovered": True})
+    return rows
+
+
+def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: Callable[..., dict[str, Any]],
+            held_out: Callable[..., dict[str, Any]], final_evals: Callable[[Any, Any], dict[str, Any]],
+            step_keys: Sequence[str]) -> None:  # fmt: skip
+    """Child: one arm of a recipe, trained for ``args.minutes`` of training wall-clock (resuming its checkpoint
+    and record), with ``args.curve_points`` held-out curve points on the way, then ``final_evals``. The recipe
+    supplies its stage config, its held-out evaluation and the step metrics it records."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+
+    record_path = seed_dir / f"{arm}.json"
+    if record_path.exists() and "final" in json.loads(record_path.read_text()):
+        return  # finished: a --resume only rebuilds the results
+    config = config_from_dict(stage_config(arm, seed_dir / arm, start, args))
+    trainer = Trainer(config)
+    try:
+        trainer.train(until=0)  # resume: loads the latest checkpoint, if any
+        record: dict[str, Any] = {"arm": arm, "config": config.to_dict(), "threads": args.threads, "steps": [],
+                                  "curve": []}  # fmt: skip
+        if record_path.exists():
+            record = json.loads(record_path.read_text())
+            record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
+        record["steps"] += lost_steps(seed_dir / arm, record["steps"], trainer.completed or 0, step_keys)
+        save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
+        budget = args.minutes * 60
+        curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
+        done_curve = {round(c["at_s"]) for c in record["curve"]}
+        elapsed = record["steps"][-1]["train_s"] if record["steps"] else 0.0
+        while elapsed < budget:
+            began = time.monotonic()
+            (metrics,) = trainer.train(until=(trainer.completed or 0) + 1)
+            elapsed += time.monotonic() - began
+            record["steps"].append(step_row(trainer.completed, metrics, elapsed, step_keys))
+            for at in curve_at:
+                if elapsed >= at and round(at) not in done_curve:
+                    point = held_out(trainer, f"curve_{round(at)}", args, n=args.curve_tasks, sampled=False)
+                    point.pop("per_task", None)  # the curve plots means; per-task values serve paired finals
+                    record["curve"].append({"at_s": at, "train_s": elapsed, "step": trainer.completed, **point})
+                    done_curve.add(round(at))
+            save()
+        record["train_s"] = elapsed
+        record["final"] = final_evals(trainer, args)
+        save()
+    finally:
+        trainer.close()

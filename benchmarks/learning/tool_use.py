@@ -32,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
-from benchmarks.learning.common import child  # noqa: E402
+from benchmarks.learning.common import child, run_arm  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
 DESIGNS: dict[str, dict[str, Any]] = {
@@ -181,74 +181,6 @@ STEP_KEYS = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_
             "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
 
 
-def step_row(trainer: Any, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    return step_row_of(trainer.completed, metrics, elapsed)
-
-
-def step_row_of(step: int, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
-    return {"step": step, "train_s": elapsed, **{k: metrics.get(k) for k in STEP_KEYS}}
-
-
-def lost_steps(arm_dir: Path, steps: list[dict[str, Any]], completed: int) -> list[dict[str, Any]]:
-    """Rows of steps the checkpoint holds but the record missed (killed between the checkpoint and the record's
-    save), rebuilt from the trainer's metrics.jsonl, so their training time still counts against the budget."""
-    last = steps[-1]["step"] if steps else 0
-    path = arm_dir / "metrics.jsonl"
-    if completed <= last or not path.exists():
-        return []
-    elapsed, rows = steps[-1]["train_s"] if steps else 0.0, []
-    for line in path.read_text().splitlines():
-        metrics = json.loads(line)
-        if last < metrics.get("step", 0) <= completed and metrics["step"] not in {r["step"] for r in rows}:
-            elapsed += metrics.get("charts/step_time_s") or 0.0
-            rows.append({**step_row_of(metrics["step"], metrics, elapsed), "recovered": True})
-    return rows
-
-
-def run_arm(arm: str, seed_dir: Path, start: Path, args: argparse.Namespace) -> None:
-    """Child: one arm, trained for the budget (resuming its checkpoint and record), then evaluated."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
-    from taskrl.training.config import config_from_dict
-
-    record_path = seed_dir / f"{arm}.json"
-    if record_path.exists() and "final" in json.loads(record_path.read_text()):
-        return  # finished: a --resume only rebuilds the results
-    config = config_from_dict(stage_config(arm, seed_dir / arm, start, args))
-    trainer = Trainer(config)
-    try:
-        trainer.train(until=0)  # resume: loads the latest checkpoint, if any
-        record: dict[str, Any] = {"arm": arm, "config": config.to_dict(), "threads": args.threads, "steps": [],
-                                  "curve": []}  # fmt: skip
-        if record_path.exists():
-            record = json.loads(record_path.read_text())
-            record["steps"] = [s for s in record["steps"] if s["step"] <= (trainer.completed or 0)]
-        record["steps"] += lost_steps(seed_dir / arm, record["steps"], trainer.completed or 0)
-        save = lambda: record_path.write_text(json.dumps(record, indent=1))  # noqa: E731
-        budget = args.minutes * 60
-        curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
-        done_curve = {round(c["at_s"]) for c in record["curve"]}
-        elapsed = record["steps"][-1]["train_s"] if record["steps"] else 0.0
-        while elapsed < budget:
-            began = time.monotonic()
-            (metrics,) = trainer.train(until=(trainer.completed or 0) + 1)
-            elapsed += time.monotonic() - began
-            record["steps"].append(step_row(trainer, metrics, elapsed))
-            for at in curve_at:
-                if elapsed >= at and round(at) not in done_curve:
-                    point = held_out(trainer, f"curve_{round(at)}", args, n=args.curve_tasks, sampled=False)
-                    record["curve"].append({"at_s": at, "train_s": elapsed, "step": trainer.completed, **point})
-                    done_curve.add(round(at))
-            save()
-        record["train_s"] = elapsed
-        record["final"] = final_evals(trainer, args)
-        save()
-    finally:
-        trainer.close()
-
-
 def paired_delta(a: list[float], b: list[float], seed: int) -> dict[str, float | None]:
     """Mean of b - a over the same tasks, with a percentile-bootstrap 95% CI (tasks resampled together)."""
     from taskrl.eval import bootstrap_ci
@@ -342,7 +274,8 @@ def main() -> None:
     if args.child == "sft":
         return run_sft(sft_dir, args)
     if args.child in ARMS:
-        return run_arm(args.child, seed_dir, sft_dir / "start", args)
+        return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
+                       final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip
     out = Path(args.out)
     data_path = out.with_suffix(".json")
     if args.plot_only:

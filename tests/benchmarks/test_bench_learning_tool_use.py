@@ -94,7 +94,9 @@ def test_resume_recovers_steps_the_record_missed(tmp_path: Path) -> None:
              {"step": 2, "charts/step_time_s": 270.0, "rewards/total": 0.75}]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
     recorded = [{"step": 1, "train_s": 152.0}]
-    rows = bench.lost_steps(tmp_path, recorded, completed=2)
+    from benchmarks.learning.common import lost_steps
+
+    rows = lost_steps(tmp_path, recorded, completed=2, keys=bench.STEP_KEYS)
     assert [(r["step"], r["train_s"], r["rewards/total"], r["recovered"]) for r in rows] == [(2, 422.0, 0.75, True)]
-    assert bench.lost_steps(tmp_path, recorded + rows, completed=2) == []
-    assert bench.lost_steps(tmp_path / "absent", recorded, completed=2) == []
+    assert lost_steps(tmp_path, recorded + rows, completed=2, keys=bench.STEP_KEYS) == []
+    assert lost_steps(tmp_path / "absent", recorded, completed=2, keys=bench.STEP_KEYS) == []

@@ -1,0 +1,58 @@
+"""``benchmarks.learning.common.run_arm``, the arm loop every learning recipe runs: trained for its budget, a
+curve point on the way, final evaluations, a finished record left alone, recovered steps keep the recipe's keys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.learning.common import lost_steps, run_arm
+from taskrl.policies.models import tiny_model
+
+KEYS = ("rewards/total", "charts/step_time_s")
+
+
+def _recipe() -> dict[str, Any]:
+    calls: dict[str, list[Any]] = {"held_out": [], "final": []}
+
+    def stage_config(arm: str, run_dir: Path, start: Path, args: argparse.Namespace) -> dict[str, Any]:
+        return {"run_dir": str(run_dir), "env": "price", "model": str(start), "finetune": "lora", "lora_rank": 4,
+                "algo": "grpo", "steps": 1000, "lr": 1e-3, "tasks_per_step": 1, "group_size": 2, "max_turns": 2,
+                "max_new_tokens": 8, "checkpoint_every": 1, "eval_every": 0, "progress": False}  # fmt: skip
+
+    def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool) -> dict[str, Any]:
+        calls["held_out"].append((name, trainer.completed, n, sampled))
+        return {"success": {"value": 0.5}, "tasks": n, "per_task": [0.5] * n}
+
+    def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
+        calls["final"].append(trainer.completed)
+        return {"greedy": {"success": {"value": 0.25}}}
+
+    return {"stage_config": stage_config, "held_out": held_out, "final_evals": final_evals, "calls": calls}
+
+
+def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_path: Path) -> None:
+    model, tokenizer = tiny_model()
+    start = tmp_path / "start"
+    model.save_pretrained(str(start))
+    tokenizer.save_pretrained(str(start))
+    recipe = _recipe()
+    calls = recipe.pop("calls")
+    args = argparse.Namespace(threads=1, minutes=0.02, curve_points=1, curve_tasks=3)  # a 1.2 s budget
+    run_arm("grpo", tmp_path, start, args, step_keys=KEYS, **recipe)
+    record = json.loads((tmp_path / "grpo.json").read_text())
+    steps = record["steps"]
+    assert steps and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+    assert record["train_s"] >= 1.2 and set(steps[0]) == {"step", "train_s", *KEYS}
+    assert [c["step"] for c in record["curve"]] == [calls["held_out"][0][1]] and "per_task" not in record["curve"][0]
+    assert calls["held_out"][0][2:] == (3, False) and record["final"] == {"greedy": {"success": {"value": 0.25}}}
+    run_arm("grpo", tmp_path, start, args, step_keys=KEYS, **recipe)  # finished: nothing runs again
+    assert calls["final"] == [len(steps)]
+
+
+def test_recovered_steps_carry_the_recipe_keys(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "charts/step_time_s": 2.0, "rewards/total": 1.0}))
+    rows = lost_steps(tmp_path, [], completed=1, keys=KEYS)
+    assert rows == [{"step": 1, "train_s": 2.0, "rewards/total": 1.0, "charts/step_time_s": 2.0, "recovered": True}]
