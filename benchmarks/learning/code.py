@@ -51,7 +51,7 @@ from benchmarks.learning.code_tasks import (  # noqa: E402
     kind_group,
     split_report,
 )
-from benchmarks.learning.common import child, run_arm  # noqa: E402
+from benchmarks.learning.common import child, run_arm, run_sft  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, summary, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
@@ -139,41 +139,6 @@ def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
         "greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False),
         "sampled": held_out(trainer, "heldout_sampled", args, n=args.sampled_tasks, sampled=True),
     }
-
-
-def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
-    """Child: the common warm start; merged into the base model at sft_dir/start, then evaluated."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
-    from taskrl.training.config import config_from_dict
-
-    start, record_path = sft_dir / "start", sft_dir / "start.json"
-    config = stage_config("sft", sft_dir / "sft", None, args)
-    if record_path.exists():
-        if json.loads(record_path.read_text())["config"] != config:
-            sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
-        return
-    if not (start / "config.json").exists():
-        trainer = Trainer(config_from_dict(dict(config)))
-        try:
-            trainer.train()
-            merged = trainer.learner.model.merge_and_unload()
-            merged.save_pretrained(str(start))
-            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
-        finally:
-            trainer.close()
-    rows = [json.loads(line) for line in (sft_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
-    record = {"config": config, "sft_steps": args.sft_steps, "sft_s": sum(r["charts/step_time_s"] for r in rows),
-              "sft_nll": [r.get("losses/sft_nll") for r in rows],
-              "expert_reward": [r.get("rewards/total") for r in rows]}  # fmt: skip
-    trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
-    try:
-        record.update(final_evals(trainer, args))
-        record_path.write_text(json.dumps(record, indent=1))
-    finally:
-        trainer.close()
 
 
 def training_episodes(arm_dir: Path) -> list[dict[str, Any]]:
@@ -267,7 +232,8 @@ def main() -> None:
     args.eval_tasks = args.eval_tasks or split["tasks"]["eval"]
     seed_dir, sft_dir = run_dir / f"seed_{args.seed}", run_dir / f"sft_seed_{args.sft_seed}"
     if args.child == "sft":
-        return run_sft(sft_dir, args)
+        return run_sft(sft_dir, args, stage_config=stage_config,
+                       start_evals=lambda trainer: final_evals(trainer, args))  # fmt: skip
     if args.child in ARMS:
         return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
                        final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip

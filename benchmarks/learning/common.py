@@ -121,3 +121,44 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: C
         save()
     finally:
         trainer.close()
+
+
+def run_sft(sft_dir: Path, args: Any, *, stage_config: Callable[..., dict[str, Any]],
+            start_evals: Callable[[Any], dict[str, Any]]) -> None:  # fmt: skip
+    """Child: a recipe's common warm start. SFT (``stage_config("sft", ...)``), merged into the base model at
+    sft_dir/start, then evaluated as the arms will load it (``start_evals`` on an ``sft_only`` trainer from the
+    merged checkpoint). A finished warm start made with another config is refused (``--redo-sft``)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import config_from_dict
+
+    start, record_path = sft_dir / "start", sft_dir / "start.json"
+    config = stage_config("sft", sft_dir / "sft", None, args)
+    if record_path.exists():
+        if json.loads(record_path.read_text())["config"] != config:
+            sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
+        return
+    if not (start / "config.json").exists():
+        trainer = Trainer(config_from_dict(dict(config)))
+        try:
+            trainer.train()
+            merged = trainer.learner.model.merge_and_unload()
+            merged.save_pretrained(str(start))
+            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
+        finally:
+            trainer.close()
+    if json.loads((sft_dir / "sft" / "config.json").read_text()).get("steps") != config.get("steps"):
+        sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
+    metrics = sft_dir / "sft" / "metrics.jsonl"  # read back: also right after a kill during the evaluation
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    record = {"config": config, "sft_steps": config.get("steps"), "sft_s": sum(r["charts/step_time_s"] for r in rows),
+              "sft_nll": [r.get("losses/sft_nll") for r in rows], "step_s": [r.get("charts/step_time_s") for r in rows],
+              "expert_reward": [r.get("rewards/total") for r in rows]}  # fmt: skip
+    trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
+    try:
+        record.update(start_evals(trainer))
+        record_path.write_text(json.dumps(record, indent=1))
+    finally:
+        trainer.close()

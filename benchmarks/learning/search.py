@@ -33,7 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.*, from any working directory
-from benchmarks.learning.common import child, run_arm  # noqa: E402
+from benchmarks.learning.common import child, run_arm, run_sft  # noqa: E402
 from benchmarks.learning.common import summarise as summarise_metrics  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, wait  # noqa: E402
 
@@ -147,44 +147,6 @@ def final_evals(trainer: Any, args: argparse.Namespace, *, sampled: bool = True)
     return out
 
 
-def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
-    """Child: the common warm start; merged into the base model at sft_dir/start, then evaluated."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
-    from taskrl.training.config import config_from_dict
-
-    start, record_path = sft_dir / "start", sft_dir / "start.json"
-    config = stage_config("sft", sft_dir / "sft", None, args)
-    if record_path.exists():
-        if json.loads(record_path.read_text())["config"] != config:
-            sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
-        return
-    metrics = sft_dir / "sft" / "metrics.jsonl"
-    if not (start / "config.json").exists():
-        trainer = Trainer(config_from_dict(dict(config)))
-        try:
-            trainer.train()
-            merged = trainer.learner.model.merge_and_unload()
-            merged.save_pretrained(str(start))
-            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
-        finally:
-            trainer.close()
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]  # also after a kill during the eval
-    if json.loads((sft_dir / "sft" / "config.json").read_text()).get("steps") != args.sft_steps:
-        sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
-    record = {"config": config, "sft_steps": args.sft_steps, "sft_s": sum(r["charts/step_time_s"] for r in rows),
-              "sft_nll": [r.get("losses/sft_nll") for r in rows],
-              "step_s": [r.get("charts/step_time_s") for r in rows]}  # fmt: skip
-    trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
-    try:
-        record.update(final_evals(trainer, args, sampled=args.start_sampled))
-        record_path.write_text(json.dumps(record, indent=1))
-    finally:
-        trainer.close()
-
-
 def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:
     """One seed's results: start, both arms, and grpo - sft_only paired over tasks, per metric and kind."""
     start = json.loads((sft_dir / "start.json").read_text())
@@ -264,7 +226,8 @@ def main() -> None:
     args.data = prepare(run_dir / "data")  # built by the parent before any child starts; children reuse it
     seed_dir, sft_dir = run_dir / f"seed_{args.seed}", run_dir / f"sft_seed_{args.sft_seed}"
     if args.child == "sft":
-        return run_sft(sft_dir, args)
+        return run_sft(sft_dir, args, stage_config=stage_config,
+                       start_evals=lambda trainer: final_evals(trainer, args, sampled=args.start_sampled))  # fmt: skip
     if args.child in ARMS:
         return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
                        final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip

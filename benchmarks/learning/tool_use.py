@@ -32,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
-from benchmarks.learning.common import child, run_arm  # noqa: E402
+from benchmarks.learning.common import child, run_arm, run_sft  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
 DESIGNS: dict[str, dict[str, Any]] = {
@@ -140,41 +140,6 @@ def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_sft(sft_dir: Path, args: argparse.Namespace) -> None:
-    """Child: the common warm start; merged into the base model at sft_dir/start, then evaluated."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
-    from taskrl.training.config import config_from_dict
-
-    start, record_path = sft_dir / "start", sft_dir / "start.json"
-    config = stage_config("sft", sft_dir / "sft", None, args)
-    if record_path.exists():
-        if json.loads(record_path.read_text())["config"] != config:
-            sys.exit(f"{sft_dir} holds a warm start made with another config; pass --redo-sft")
-        return
-    trainer = Trainer(config_from_dict(dict(config)))
-    try:
-        began = time.monotonic()
-        rows = trainer.train()
-        record = {"config": config, "sft_steps": args.sft_steps, "sft_s": time.monotonic() - began,
-                  "sft_nll": [r.get("losses/sft_nll") for r in rows]}  # fmt: skip
-        if not (start / "config.json").exists():
-            merged = trainer.learner.model.merge_and_unload()
-            merged.save_pretrained(str(start))
-            trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start))
-    finally:
-        trainer.close()
-    # The start is evaluated as the arms will load it: the merged checkpoint (a fresh LoRA adds nothing yet).
-    trainer = Trainer(config_from_dict(stage_config("sft_only", sft_dir / "start_eval", start, args)))
-    try:
-        record.update(final_evals(trainer, args))
-        record_path.write_text(json.dumps(record, indent=1))
-    finally:
-        trainer.close()
-
-
 STEP_KEYS = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "rewards/items_right",
             "tools/tool_calls",
             "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups",
@@ -272,7 +237,8 @@ def main() -> None:
     seed_dir = Path(args.run_dir) / f"seed_{args.seed}"
     sft_dir = Path(args.run_dir) / f"sft_seed_{args.sft_seed}"
     if args.child == "sft":
-        return run_sft(sft_dir, args)
+        return run_sft(sft_dir, args, stage_config=stage_config,
+                       start_evals=lambda trainer: final_evals(trainer, args))  # fmt: skip
     if args.child in ARMS:
         return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
                        final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.common import lost_steps, run_arm
+import pytest
+
+from benchmarks.learning.common import lost_steps, run_arm, run_sft
 from taskrl.policies.models import tiny_model
 
 KEYS = ("rewards/total", "charts/step_time_s")
@@ -56,3 +58,33 @@ def test_recovered_steps_carry_the_recipe_keys(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "charts/step_time_s": 2.0, "rewards/total": 1.0}))
     rows = lost_steps(tmp_path, [], completed=1, keys=KEYS)
     assert rows == [{"step": 1, "train_s": 2.0, "rewards/total": 1.0, "charts/step_time_s": 2.0, "recovered": True}]
+
+
+def test_the_warm_start_is_trained_merged_evaluated_and_kept(tmp_path: Path) -> None:
+    model, tokenizer = tiny_model()
+    base = tmp_path / "base"
+    model.save_pretrained(str(base))
+    tokenizer.save_pretrained(str(base))
+    evaluated: list[int] = []
+
+    def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+        config = {"run_dir": str(run_dir), "env": "price", "finetune": "lora", "lora_rank": 4, "tasks_per_step": 1,
+                  "group_size": 2, "max_turns": 2, "max_new_tokens": 8, "eval_every": 0, "progress": False}  # fmt: skip
+        if stage == "sft":
+            return {**config, "algo": "sft", "sft_data": "expert", "model": str(base), "steps": args.sft_steps}
+        return {**config, "algo": "sft", "model": str(start), "steps": 1}
+
+    def start_evals(trainer: Any) -> dict[str, Any]:
+        evaluated.append(trainer.completed or 0)
+        return {"greedy": {"success": {"value": 1.0}}}
+
+    args = argparse.Namespace(threads=1, sft_steps=2)
+    run_sft(tmp_path / "sft_seed_0", args, stage_config=stage_config, start_evals=start_evals)
+    record = json.loads((tmp_path / "sft_seed_0" / "start.json").read_text())
+    assert (tmp_path / "sft_seed_0" / "start" / "config.json").exists() and evaluated == [0]
+    assert record["sft_steps"] == 2 and len(record["sft_nll"]) == 2 and record["greedy"]["success"]["value"] == 1.0
+    run_sft(tmp_path / "sft_seed_0", args, stage_config=stage_config, start_evals=start_evals)  # kept
+    assert evaluated == [0]
+    with pytest.raises(SystemExit, match="another config; pass --redo-sft"):
+        run_sft(tmp_path / "sft_seed_0", argparse.Namespace(threads=1, sft_steps=3), stage_config=stage_config,
+                start_evals=start_evals)  # fmt: skip
