@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -51,7 +50,7 @@ from benchmarks.learning.code_tasks import (  # noqa: E402
     kind_group,
     split_report,
 )
-from benchmarks.learning.common import child, run_arm, run_sft  # noqa: E402
+from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save_seed  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, summary, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
@@ -239,10 +238,7 @@ def main() -> None:
                        final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip
     print(f"data: {split['tasks']} tasks; train packages {split['packages']['train']}, held-out "
           f"{split['packages']['eval']}; demo kinds {list(DEMO_KINDS)}, RL kinds {list(RL_KINDS)}")  # fmt: skip
-    for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):
-        if directory.exists() and fresh:
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    fresh_dirs(seed_dir, sft_dir, args)
     command = " ".join(["python", "benchmarks/learning/code.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
@@ -253,10 +249,7 @@ def main() -> None:
     wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
-    data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
-    data["seeds"][str(args.seed)] = result
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    data_path.write_text(json.dumps(data, indent=1))
+    data = save_seed(data_path, args.seed, result)
     plot_tool_use(data, out)
     print(line("start", "-", start))
     for arm, record in result["arms"].items():

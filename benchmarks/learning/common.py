@@ -162,3 +162,22 @@ def run_sft(sft_dir: Path, args: Any, *, stage_config: Callable[..., dict[str, A
         record_path.write_text(json.dumps(record, indent=1))
     finally:
         trainer.close()
+
+
+def fresh_dirs(seed_dir: Path, sft_dir: Path, args: Any) -> None:
+    """The seed's run directory starts over unless ``--resume``; the warm start's only with ``--redo-sft``."""
+    import shutil
+
+    for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):
+        if directory.exists() and fresh:
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+
+
+def save_seed(data_path: Path, seed: int, result: dict[str, Any]) -> dict[str, Any]:
+    """Add (or replace) one seed's result in the recipe's JSON of every seed run so far; returns the whole file."""
+    data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
+    data["seeds"][str(seed)] = result
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_text(json.dumps(data, indent=1))
+    return data

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.*, from any working directory
-from benchmarks.learning.common import child, run_arm, run_sft, summarise  # noqa: E402
+from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save_seed, summarise  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
@@ -234,10 +233,7 @@ def main() -> None:
         return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
                        final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip
     print(f"data: {args.data['counts']} tasks, rows {args.data['rows']}, overlaps {args.data['overlaps']}")
-    for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):
-        if directory.exists() and fresh:
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    fresh_dirs(seed_dir, sft_dir, args)
     command = " ".join(["python", "benchmarks/learning/swarm.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
@@ -248,10 +244,7 @@ def main() -> None:
     wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
-    data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
-    data["seeds"][str(args.seed)] = result
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    data_path.write_text(json.dumps(data, indent=1))
+    data = save_seed(data_path, args.seed, result)
     plot_swarm(data, out)
     print(line("start", "-", start))
     for arm, record in result["arms"].items():

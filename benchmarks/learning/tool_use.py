@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
-from benchmarks.learning.common import child, run_arm, run_sft  # noqa: E402
+from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save_seed  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
 DESIGNS: dict[str, dict[str, Any]] = {
@@ -248,10 +247,7 @@ def main() -> None:
         from benchmarks.learning.plots import plot_tool_use
 
         return plot_tool_use(json.loads(data_path.read_text()), out)
-    for directory, fresh in ((seed_dir, not args.resume), (sft_dir, args.redo_sft)):
-        if directory.exists() and fresh:
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    fresh_dirs(seed_dir, sft_dir, args)
     command = " ".join(["python", "benchmarks/learning/tool_use.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
@@ -265,10 +261,7 @@ def main() -> None:
     wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
-    data = json.loads(data_path.read_text()) if data_path.exists() else {"seeds": {}}
-    data["seeds"][str(args.seed)] = result
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    data_path.write_text(json.dumps(data, indent=1))
+    data = save_seed(data_path, args.seed, result)
     from benchmarks.learning.plots import plot_tool_use
 
     plot_tool_use(data, out)

@@ -88,3 +88,18 @@ def test_the_warm_start_is_trained_merged_evaluated_and_kept(tmp_path: Path) -> 
     with pytest.raises(SystemExit, match="another config; pass --redo-sft"):
         run_sft(tmp_path / "sft_seed_0", argparse.Namespace(threads=1, sft_steps=3), stage_config=stage_config,
                 start_evals=start_evals)  # fmt: skip
+
+
+def test_fresh_dirs_and_save_seed(tmp_path: Path) -> None:
+    from benchmarks.learning.common import fresh_dirs, save_seed
+
+    seed_dir, sft_dir = tmp_path / "seed_0", tmp_path / "sft_seed_0"
+    for d in (seed_dir, sft_dir):
+        d.mkdir()
+        (d / "old").write_text("x")
+    fresh_dirs(seed_dir, sft_dir, argparse.Namespace(resume=False, redo_sft=False))
+    assert not (seed_dir / "old").exists() and (sft_dir / "old").exists()  # the warm start is kept
+    path = tmp_path / "docs" / "recipe.json"
+    save_seed(path, 0, {"a": 1})
+    assert save_seed(path, 1, {"b": 2}) == {"seeds": {"0": {"a": 1}, "1": {"b": 2}}}
+    assert json.loads(path.read_text())["seeds"]["0"] == {"a": 1}
