@@ -166,8 +166,14 @@ class Population:
                 if tenant != ADVERSARY and rng.random() < self.args.flip:
                     liked = not liked
                 kind = "accepted" if liked else "rejected"
-                posted = await http.post("/v1/feedback", json={"interaction_id": response.id, "kind": kind},
-                                         headers={"Authorization": f"Bearer {self.key_of[tenant]}"})  # fmt: skip
+                try:
+                    posted = await http.post("/v1/feedback", json={"interaction_id": response.id, "kind": kind},
+                                             headers={"Authorization": f"Bearer {self.key_of[tenant]}"})  # fmt: skip
+                except httpx.HTTPError as exc:  # the server went away mid-call (e.g. the loop just finished)
+                    self.counts["errors"] += 1
+                    self._write({**row, "feedback": kind, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    await asyncio.sleep(1.0)
+                    continue
                 ok = posted.status_code == 200
                 self.counts["feedback"] += int(ok)
                 decision = posted.json().get("decision") if ok else None

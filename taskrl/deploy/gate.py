@@ -9,10 +9,12 @@ rule (promote after N consecutive sessions the candidate won). ``evaluate_env`` 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
+
+import numpy as np
 
 from taskrl.policies.base import Policy
 
@@ -63,24 +65,62 @@ def bootstrap_diff_ci(
         raise ValueError("bootstrap_diff_ci needs at least one score on each side")
     if paired and len(baseline) != len(candidate):
         raise ValueError(f"paired bootstrap needs equal lengths, got {len(baseline)} and {len(candidate)}")
-    rng = random.Random(seed)
-    diffs = []
+    # Vectorised (numpy): the router runs this on the serving path after canary feedback, where a pure-Python
+    # loop over n_boot x n draws took ~0.1 s per call at a few hundred sessions.
+    rng = np.random.default_rng(seed)
     if paired:
-        pair_diffs = [c - b for b, c in zip(baseline, candidate, strict=True)]
-        n = len(pair_diffs)
-        for _ in range(n_boot):
-            diffs.append(_mean([pair_diffs[rng.randrange(n)] for _ in range(n)]))
+        pair_diffs = np.asarray([c - b for b, c in zip(baseline, candidate, strict=True)], dtype=np.float64)
+        diffs = pair_diffs[rng.integers(0, len(pair_diffs), size=(n_boot, len(pair_diffs)))].mean(axis=1)
     else:
-        nb, nc = len(baseline), len(candidate)
-        for _ in range(n_boot):
-            b = _mean([baseline[rng.randrange(nb)] for _ in range(nb)])
-            c = _mean([candidate[rng.randrange(nc)] for _ in range(nc)])
-            diffs.append(c - b)
+        base, cand = np.asarray(baseline, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+        diffs = (cand[rng.integers(0, len(cand), size=(n_boot, len(cand)))].mean(axis=1)
+                 - base[rng.integers(0, len(base), size=(n_boot, len(base)))].mean(axis=1))  # fmt: skip
     diffs.sort()
     alpha = (1 - confidence) / 2
-    lower = diffs[int(alpha * (n_boot - 1))]
-    upper = diffs[int((1 - alpha) * (n_boot - 1))]
+    lower = float(diffs[int(alpha * (n_boot - 1))])
+    upper = float(diffs[int((1 - alpha) * (n_boot - 1))])
     return _mean(candidate) - _mean(baseline), lower, upper
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student-t quantile by the Cornish-Fisher expansion in 1/df (Abramowitz & Stegun 26.7.5): within 0.8% of
+    the exact value from df = 3 up to q = 0.995, within 1.3% from df = 5 up to q = 0.9999 (slightly narrow
+    beyond), with no dependency on scipy."""
+    if not 0.5 <= q < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= q < 1, got {q}")
+    z = NormalDist().inv_cdf(q)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+def welch_diff_ci(
+    baseline: Sequence[float], candidate: Sequence[float], *, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """(difference of means, lower, upper) of mean(candidate) - mean(baseline): Welch's t interval, its standard
+    error floored at the pooled two-sample one.
+
+    The router's live test: with a handful of canary sessions a percentile bootstrap is too narrow (it treats
+    8 sessions' spread as known), so a candidate equal to stable was rolled back about twice as often as its
+    confidence promises; the t quantile at Welch's degrees of freedom pays for the small sample."""
+    nb, nc = len(baseline), len(candidate)
+    if nb < 2 or nc < 2:
+        raise ValueError("welch_diff_ci needs at least two scores on each side")
+    mb, mc = _mean(baseline), _mean(candidate)
+    ssb, ssc = sum((x - mb) ** 2 for x in baseline), sum((x - mc) ** 2 for x in candidate)
+    vb, vc = ssb / (nb - 1) / nb, ssc / (nc - 1) / nc
+    diff, se = mc - mb, math.sqrt(vb + vc)
+    # Floor the standard error at the pooled one: 1 success in 8 +-1 sessions has a sample variance half the
+    # true one, so an equal candidate's unlucky first sessions looked significant (Wald's failure on proportions).
+    pooled = (ssb + ssc) / (nb + nc - 2)
+    se = max(se, math.sqrt(pooled * (1 / nb + 1 / nc)))
+    if se == 0:
+        return diff, diff, diff
+    df = (vb + vc) ** 2 / (vb**2 / (nb - 1) + vc**2 / (nc - 1)) if vb + vc > 0 else nb + nc - 2
+    half = t_quantile(1 - (1 - confidence) / 2, df) * se
+    return diff, diff - half, diff + half
 
 
 @dataclass

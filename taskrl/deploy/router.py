@@ -8,12 +8,20 @@ configured), so a session is sticky, a session on the canary stays on it as the 
 cannot pick their arm. Live evidence is counted in distinct sessions, not signals: each session contributes
 the mean of its interactions' latest rewards, and no tenant supplies more than ``max_tenant_share`` of the
 sessions counted, so one client cannot promote or roll back a candidate by itself. Both stage rules use one
-statistic, the bootstrap interval of (candidate - stable) mean live reward per session: the candidate rolls
+statistic, Welch's t interval of (candidate - stable) mean live reward per session: the candidate rolls
 back when the interval lies below ``-rollback_margin`` (significantly worse), and it advances a stage (or is
 promoted from the last) only after ``min_samples`` sessions in the stage *and* when the interval's lower end
 is at least ``-advance_margin`` (shown not worse by more than that), never on session counts alone. A stage
 that stays inconclusive for ``max_stage_samples`` sessions rolls back. Every decision goes to
 ``on_decision`` with its evidence, naming the candidate.
+
+The rollback test is sequential: it runs at *looks*, when the candidate's counted sessions first reach
+``rollback_min_samples`` x 1, 2, 4, 8, ..., and look k (from 0) uses confidence 1 - (1 - c) / 2**(k+1) for
+``rollback_confidence`` c. The error rates spent over all looks sum to 1 - c, so a candidate no worse than
+stable is rolled back with probability at most 1 - c (two-sided; the rollback uses one side) however long its
+canary runs. Testing after every session instead (``sequential_rollback=False``) peeks dozens of times: in
+benchmarks/canary_bench.py the old rule (a bootstrap after every session) rolled back about one equal
+candidate in five where a one-sided 95% test promises one in forty; the sequential rule, about one in fifty.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskrl.deploy.gate import bootstrap_diff_ci
+from taskrl.deploy.gate import welch_diff_ci
 from taskrl.deploy.store import Decision
 from taskrl.policies.base import Policy
 
@@ -42,9 +50,13 @@ class RouterConfig:
     rollback_min_samples: int = 30
     """Distinct candidate sessions with feedback needed before the live rollback test runs."""
     rollback_confidence: float = 0.95
-    """Confidence of the bootstrap interval of (candidate - stable) live reward."""
+    """Confidence of the interval (Welch's t) of (candidate - stable) live reward."""
     rollback_margin: float = 0.0
     """Roll back when the interval's upper end is below -rollback_margin."""
+    sequential_rollback: bool = True
+    """Run the rollback test only at looks (doubling session counts) with the error rate split over them (see
+    the module docstring); False tests after every session at ``rollback_confidence`` (inflates false rollbacks,
+    kept for comparison)."""
     advance_margin: float = 0.1
     """Advance a stage (or promote) only when the same interval's lower end is >= -advance_margin: the live
     evidence shows the candidate not worse than stable by more than this (non-inferiority)."""
@@ -132,6 +144,19 @@ def _balanced_size(counts: list[int], share: float) -> int:
     return 0
 
 
+def rollback_look(n: int, first: int) -> int | None:
+    """The rollback look a count of ``n`` sessions has reached: k for ``first * 2**k <= n``, None below ``first``."""
+    if n < first:
+        return None
+    return (n // first).bit_length() - 1
+
+
+def look_confidence(confidence: float, look: int) -> float:
+    """Confidence of rollback look ``look``: its error rate is (1 - confidence) / 2**(look + 1), so the looks'
+    rates sum to at most 1 - confidence (a union bound over any number of looks)."""
+    return 1 - (1 - confidence) / 2 ** (look + 1)
+
+
 def session_unit(session_id: str, salt: str) -> float:
     """A stable number in [0, 1) for a session (independent of PYTHONHASHSEED)."""
     digest = hashlib.blake2b(f"{salt}:{session_id}".encode(), digest_size=8).digest()
@@ -163,6 +188,7 @@ class Router:
         self.on_decision = on_decision
         self._salt = self.config.salt if self.config.salt is not None else secrets.token_hex(16)
         self._anonymous = 0
+        self._next_look = 0  # the candidate's next rollback look (sequential_rollback)
 
     # -- versions --------------------------------------------------------------------------------
     def add_version(self, policy: Policy) -> int:
@@ -187,6 +213,7 @@ class Router:
         self.candidate, self.stage, self.stage_samples = version, 0, 0
         self.stage_sessions = set()
         self.live = {}
+        self._next_look = 0
         self._decide("start_canary", self.stable, version, {"share": self.config.stages[0]})
 
     def set_shadow(self, version: int | None) -> None:
@@ -243,11 +270,12 @@ class Router:
             return None
         self.stage_sessions.add(session_id)
         self.stage_samples = len(evidence.sample(self.config.max_tenant_share, only=self.stage_sessions))
-        test = self._live_test()
-        if test is not None and test["ci"][1] < -self.config.rollback_margin:
-            return self.rollback({"reason": "significantly worse than stable", **test})
+        rollback_test = self._rollback_test()
+        if rollback_test is not None and rollback_test["ci"][1] < -self.config.rollback_margin:
+            return self.rollback({"reason": "significantly worse than stable", **rollback_test})
         if self.stage_samples < self.config.min_samples:
             return None
+        test = self._live_test()
         out = {"stage": self.stage, "samples": self.stage_samples, **(test or self._live_summary())}
         if test is None or test["ci"][0] < -self.config.advance_margin:
             if self.stage_samples >= self.config.max_stage_samples:
@@ -274,16 +302,26 @@ class Router:
             out[f"{name}_mean"] = sum(values) / len(values) if values else None
         return out
 
-    def _live_test(self) -> dict | None:
-        """The bootstrap interval of (candidate - stable) per-session live reward, or None without enough sessions."""
+    def _rollback_test(self) -> dict | None:
+        """The live test at this session if it is a rollback look (every session when not sequential)."""
+        if not self.config.sequential_rollback:
+            return self._live_test()
+        look = rollback_look(len(self._sample(self.candidate)), self.config.rollback_min_samples)
+        if look is None or look < self._next_look:
+            return None
+        self._next_look = look + 1  # looks skipped by a jump in the count are not spent (conservative)
+        test = self._live_test(look_confidence(self.config.rollback_confidence, look))
+        return None if test is None else {**test, "look": look}
+
+    def _live_test(self, confidence: float | None = None) -> dict | None:
+        """Welch's t interval of (candidate - stable) per-session live reward, or None without enough sessions."""
         candidate = self._sample(self.candidate)
         stable = self._sample(self.stable)
         if len(candidate) < self.config.rollback_min_samples or len(stable) < 2:
             return None
-        diff, lower, upper = bootstrap_diff_ci(
-            stable, candidate, confidence=self.config.rollback_confidence, n_boot=500, seed=len(candidate)
-        )
-        return {"diff": diff, "ci": [lower, upper], "confidence": self.config.rollback_confidence,
+        confidence = self.config.rollback_confidence if confidence is None else confidence
+        diff, lower, upper = welch_diff_ci(stable, candidate, confidence=confidence)
+        return {"diff": diff, "ci": [lower, upper], "confidence": confidence,
                 "rollback_margin": self.config.rollback_margin, "advance_margin": self.config.advance_margin,
                 **self._live_summary()}  # fmt: skip
 
@@ -332,6 +370,7 @@ class Router:
                 "holdout": self.config.holdout,
                 "rollback_min_samples": self.config.rollback_min_samples,
                 "rollback_confidence": self.config.rollback_confidence,
+                "sequential_rollback": self.config.sequential_rollback,
                 "rollback_margin": self.config.rollback_margin,
                 "advance_margin": self.config.advance_margin,
                 "max_stage_samples": self.config.max_stage_samples,

@@ -61,3 +61,18 @@ async def test_env_suite_tells_the_expert_from_a_quitter() -> None:
     bad = await evaluate_env("shop", quitter, n_tasks=8)
     assert len(good["reward"]) == 8 and sum(good["reward"]) > sum(bad["reward"])
     assert not gate_decision(good, bad).promote
+
+
+def test_t_quantile_matches_student_t_and_welch_pays_for_a_small_sample() -> None:
+    from taskrl.deploy.gate import t_quantile, welch_diff_ci
+
+    for (q, df), exact in {(0.975, 7): 2.3646, (0.99375, 7): 3.3353, (0.975, 30): 2.0423, (0.995, 5): 4.0321}.items():
+        assert t_quantile(q, df) == pytest.approx(exact, rel=0.007)
+    assert welch_diff_ci([1.0] * 5, [3.0] * 7) == (2.0, 2.0, 2.0)
+    # 1 success in 8 (+-1 rewards) against an even stable: the sample variance (0.5) understates the spread, so
+    # the pooled floor widens the 95% interval past 0 (not shown worse); the plain Welch one ends at -0.1.
+    stable, candidate = [1.0, -1.0] * 20, [1.0] + [-1.0] * 7
+    diff, lower, upper = welch_diff_ci(stable, candidate, confidence=0.95)
+    assert diff == -0.75 and lower < -0.75 < upper and upper > 0
+    with pytest.raises(ValueError, match="at least two"):
+        welch_diff_ci([1.0], [1.0, 2.0])

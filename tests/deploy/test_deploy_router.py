@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from taskrl.deploy.router import Router, RouterConfig, RouterError, session_unit
+from taskrl.deploy.router import (
+    Router,
+    RouterConfig,
+    RouterError,
+    look_confidence,
+    rollback_look,
+    session_unit,
+)
 from taskrl.deploy.store import Decision
 from taskrl.policies.scripted import ScriptedPolicy
 
@@ -158,3 +165,47 @@ def test_one_version_has_no_holdout_arm() -> None:
     router.activate(router.add_version(policy("v1")))
     arms = [router.route(f"s{i}")[1] for i in range(20_000)]
     assert abs(arms.count("holdout") / 20_000 - 0.1) < 0.01
+
+
+def test_rollback_looks_double_and_their_error_rates_sum_to_at_most_the_level() -> None:
+    assert [rollback_look(n, 8) for n in (7, 8, 15, 16, 31, 32, 64, 1000)] == [None, 0, 0, 1, 1, 2, 3, 6]
+    assert look_confidence(0.95, 0) == pytest.approx(0.975) and look_confidence(0.95, 2) == pytest.approx(0.99375)
+    assert sum(1 - look_confidence(0.95, k) for k in range(60)) <= 0.05
+
+
+def losing_streak(router: Router) -> list[int]:
+    """Stable sessions mostly succeed; the candidate's first 8 sessions are mixed (no evidence at the first
+    look), then it fails every session. Returns the candidate session counts at which a decision came."""
+    v1 = router.add_version(policy("v1"))
+    router.start_canary(v1)
+    for i in range(40):
+        router.observe(0, 0.0 if i % 5 == 0 else 1.0)
+    decided = []
+    for i in range(40):
+        reward = float(i % 2) if i < 8 else 0.0
+        decision = router.observe(v1, reward)
+        if decision is not None:
+            decided.append(i + 1)
+            break
+    return decided
+
+
+def test_the_sequential_rollback_test_runs_only_at_looks() -> None:
+    config = {"stages": (0.5, 1.0), "min_samples": 1000, "rollback_min_samples": 8, "holdout": 0.0}
+    peeking, _ = make_router(**config, sequential_rollback=False)
+    looks, log = make_router(**config)
+    at_peek, at_look = losing_streak(peeking), losing_streak(looks)
+    assert at_peek and 8 < at_peek[0] < 16  # tested after every session: rolled back between looks
+    assert at_look == [16] and log[-1].kind == "rollback"  # the next look (16 sessions) caught it
+    assert log[-1].evidence["look"] == 1 and log[-1].evidence["confidence"] == pytest.approx(0.9875)
+
+
+def test_a_clearly_worse_candidate_is_rolled_back_at_the_first_look() -> None:
+    router, log = make_router(stages=(0.5, 1.0), min_samples=1000, rollback_min_samples=8, holdout=0.0)
+    v1 = router.add_version(policy("v1"))
+    router.start_canary(v1)
+    for _ in range(40):
+        router.observe(0, 1.0)
+    decisions = [router.observe(v1, 0.0) for _ in range(8)]
+    assert decisions[:7] == [None] * 7 and decisions[7] is not None and decisions[7].kind == "rollback"
+    assert log[-1].evidence["look"] == 0 and router.stable == 0
