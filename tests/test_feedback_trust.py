@@ -95,3 +95,28 @@ def test_bad_settings_fail_naming_the_field(tmp_path: Path) -> None:
             TrustedFeedbackStore(store, min_agreement=0)
         with pytest.raises(ValueError, match="min_overlap"):
             TrustedFeedbackStore(store, min_overlap=0)
+
+
+def test_the_cycle_keeps_an_excluded_tenant_out_of_the_canary_evidence(tmp_path: Path) -> None:
+    import asyncio
+
+    from taskrl.deploy.cycle import CycleConfig, ProductionCycle
+    from taskrl.deploy.router import Router, RouterConfig
+    from taskrl.policies.scripted import ScriptedPolicy
+
+    rows, signals = _traffic(adversary_flips=True)
+    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        for row in rows:
+            store.add_sync("interactions", row)
+        for signal in signals:
+            store.add_sync("feedback", signal)
+        trusted = TrustedFeedbackStore(store, min_overlap=20, model="m")
+        router = Router("m", ScriptedPolicy(lambda m, t: "x", name="v0"), RouterConfig())
+        cycle = ProductionCycle(None, None, router, trusted, CycleConfig(), {"s": lambda p: None})  # type: ignore[arg-type]
+        decision = asyncio.run(cycle.refresh_trust())
+        assert decision is not None and decision.kind == "untrusted_tenants"
+        assert router.untrusted == {"mallory"} and decision.evidence["tenants"] == ["mallory"]
+        assert decision.evidence["trust"]["tenants"]["mallory"]["rate"] < 0.3
+        assert asyncio.run(cycle.refresh_trust()) is None  # unchanged trust: no new decision
+        plain = ProductionCycle(None, None, router, store, CycleConfig(), {"s": lambda p: None})  # type: ignore[arg-type]
+        assert asyncio.run(plain.refresh_trust()) is None  # a plain store has no trust to apply

@@ -148,8 +148,12 @@ class Service:
         """Wait until the router promotes or rolls back ``version``; a canary past its time limit is rolled back."""
         deadline = time.monotonic() + self.spec["canary_timeout_s"]
         highest_stage = 0
+        last_trust = time.monotonic()
         while self.router.candidate == version and time.monotonic() < deadline:
             highest_stage = max(highest_stage, self.router.stage)
+            if time.monotonic() - last_trust > 20:  # keep a contradicting tenant out of the live evidence
+                await self.cycle.refresh_trust()
+                last_trust = time.monotonic()
             await asyncio.sleep(0.5)
         if self.router.candidate == version:
             self.router.rollback({"reason": f"canary not resolved in {self.spec['canary_timeout_s']:g}s"})

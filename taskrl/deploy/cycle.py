@@ -8,6 +8,8 @@ with its evidence: a ``gate_pass`` decision before the canary/activation, a ``bl
 A suite that also returns ``task_ids`` (one per episode) is gated paired by task when stable and candidate
 played the same tasks; otherwise the bootstrap is unpaired and the evidence says why.
 ``await cycle.run()`` repeats it every ``CycleConfig.cycle_s`` seconds (Cursor: ~5 h).
+With a ``TrustedFeedbackStore`` the tenants it excludes from training are also kept out of the router's live
+canary evidence (``refresh_trust``: at every cycle, and every ``cycle_s`` while a canary runs).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from taskrl.deploy.feedback import RewardMap
 from taskrl.deploy.gate import GateConfig, gate_decision
 from taskrl.deploy.router import Router
 from taskrl.deploy.store import Decision, InteractionStore
+from taskrl.feedback_trust import TrustedFeedbackStore
 from taskrl.policies.base import Policy
 from taskrl.policies.hf import HFPolicy
 
@@ -164,9 +167,18 @@ class ProductionCycle:
         self.router.decisions.append(decision)
         await self.store.add("decisions", decision)
 
+    async def refresh_trust(self) -> Decision | None:
+        """Recompute feedback trust and keep the tenants it excludes out of the router's live evidence too (a
+        tenant accepting bad answers must not hold a degraded canary up); None without a trusted store or change."""
+        if not isinstance(self.store, TrustedFeedbackStore):
+            return None
+        excluded = await asyncio.to_thread(self.store.refresh)
+        return self.router.set_untrusted(excluded, {"trust": self.store.report()})
+
     async def run_once(self) -> dict[str, Any]:
         """One cycle: train on fresh feedback, gate, deploy. Returns what happened (also logged)."""
         started = time.perf_counter()
+        await self.refresh_trust()
         rolled_back = self.rolled_back() if self.config.exclude_rolled_back else set()
         # the window counts from the newest version not rolled back: a dropped canary must not push the stable
         # version's own traffic out of a small max_staleness window
@@ -238,6 +250,8 @@ class ProductionCycle:
             started = time.monotonic()
             if self.router.candidate is None:  # one candidate at a time: let a running canary finish first
                 await self.run_once()
+            else:
+                await self.refresh_trust()
             await asyncio.sleep(max(0.0, self.config.cycle_s - (time.monotonic() - started)))
         return self.history
 

@@ -7,7 +7,8 @@ sees mirrored requests. Assignment hashes the session id with a secret salt (ran
 configured), so a session is sticky, a session on the canary stays on it as the stage grows, and clients
 cannot pick their arm. Live evidence is counted in distinct sessions, not signals: each session contributes
 the mean of its interactions' latest rewards, and no tenant supplies more than ``max_tenant_share`` of the
-sessions counted, so one client cannot promote or roll back a candidate by itself. Both stage rules use one
+sessions counted, so one client cannot promote or roll back a candidate by itself; tenants the feedback-trust
+check excludes (``set_untrusted``) are not counted at all. Both stage rules use one
 statistic, Welch's t interval of (candidate - stable) mean live reward per session: the candidate rolls
 back when the interval lies below ``-rollback_margin`` (significantly worse), and it advances a stage (or is
 promoted from the last) only after ``min_samples`` sessions in the stage *and* when the interval's lower end
@@ -115,13 +116,18 @@ class LiveEvidence:
         self.sessions.setdefault(session, {})[key] = reward  # a repeated signal replaces the earlier one
         self.tenant_of.setdefault(session, tenant)
 
-    def sample(self, max_tenant_share: float, only: set[str] | None = None) -> list[float]:
-        """One value (mean reward) per counted session, no tenant above ``max_tenant_share`` of them."""
+    def sample(
+        self, max_tenant_share: float, only: set[str] | None = None, untrusted: frozenset[str] = frozenset()
+    ) -> list[float]:
+        """One value (mean reward) per counted session, no tenant above ``max_tenant_share`` of them, and none of
+        an ``untrusted`` tenant's."""
         by_tenant: dict[str, list[str]] = {}
         anonymous = []  # observations without a tenant (unit tests, replays) are not capped
         for session in self.sessions:
             if only is None or session in only:
                 tenant = self.tenant_of[session]
+                if tenant in untrusted:
+                    continue
                 if tenant:
                     by_tenant.setdefault(tenant, []).append(session)
                 else:
@@ -189,6 +195,8 @@ class Router:
         self._salt = self.config.salt if self.config.salt is not None else secrets.token_hex(16)
         self._anonymous = 0
         self._next_look = 0  # the candidate's next rollback look (sequential_rollback)
+        self.untrusted: frozenset[str] = frozenset()
+        """Tenants whose live rewards no stage rule counts (``set_untrusted``)."""
 
     # -- versions --------------------------------------------------------------------------------
     def add_version(self, policy: Policy) -> int:
@@ -227,6 +235,25 @@ class Router:
         """Make ``version`` stable at once (skipping the canary), keeping the old one for the holdout."""
         self._check(version)
         self._promote(version, {"forced": True, **(evidence or {})})
+
+    def set_untrusted(self, tenants: set[str] | frozenset[str], evidence: dict | None = None) -> Decision | None:
+        """Stop counting these tenants' live rewards in the canary's tests (and count the others again).
+
+        The feedback-trust check (``taskrl.feedback_trust``) that keeps a contradicting tenant out of training
+        keeps it out of the live evidence too: otherwise a tenant that accepts bad answers props up a degraded
+        canary (and one that rejects good answers rolls a good one back). A change is a logged decision."""
+        tenants = frozenset(tenants)
+        if tenants == self.untrusted:
+            return None
+        self.untrusted = tenants
+        if self.candidate is not None:  # the counts change under the running stage
+            sample = self.live.get(self.candidate)
+            self.stage_samples = (
+                len(sample.sample(self.config.max_tenant_share, self.stage_sessions, tenants)) if sample else 0
+            )
+        return self._decide(
+            "untrusted_tenants", self.stable, self.candidate, {"tenants": sorted(tenants), **(evidence or {})}
+        )
 
     # -- routing ---------------------------------------------------------------------------------
     def route(self, session_id: str) -> tuple[int, str]:
@@ -269,7 +296,7 @@ class Router:
         if self.candidate is None or version != self.candidate:
             return None
         self.stage_sessions.add(session_id)
-        self.stage_samples = len(evidence.sample(self.config.max_tenant_share, only=self.stage_sessions))
+        self.stage_samples = len(evidence.sample(self.config.max_tenant_share, self.stage_sessions, self.untrusted))
         rollback_test = self._rollback_test()
         if rollback_test is not None and rollback_test["ci"][1] < -self.config.rollback_margin:
             return self.rollback({"reason": "significantly worse than stable", **rollback_test})
@@ -292,7 +319,7 @@ class Router:
 
     def _sample(self, version: int | None) -> list[float]:
         live = self.live.get(version) if version is not None else None
-        return live.sample(self.config.max_tenant_share) if live is not None else []
+        return live.sample(self.config.max_tenant_share, untrusted=self.untrusted) if live is not None else []
 
     def _live_summary(self) -> dict:
         out: dict = {}
@@ -375,4 +402,5 @@ class Router:
                 "advance_margin": self.config.advance_margin,
                 "max_stage_samples": self.config.max_stage_samples,
             },
+            "untrusted_tenants": sorted(self.untrusted),
         }

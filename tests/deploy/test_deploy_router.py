@@ -209,3 +209,27 @@ def test_a_clearly_worse_candidate_is_rolled_back_at_the_first_look() -> None:
     decisions = [router.observe(v1, 0.0) for _ in range(8)]
     assert decisions[:7] == [None] * 7 and decisions[7] is not None and decisions[7].kind == "rollback"
     assert log[-1].evidence["look"] == 0 and router.stable == 0
+
+
+def test_an_untrusted_tenant_cannot_hold_a_degraded_canary_up() -> None:
+    def play(untrusted: set[str]) -> tuple[Router, list[Decision]]:
+        router, log = make_router(stages=(0.5, 1.0), min_samples=1000, rollback_min_samples=8, holdout=0.0)
+        v1 = router.add_version(policy("v1"))
+        router.start_canary(v1)
+        for i in range(40):
+            router.observe(0, 1.0 if i % 2 else -1.0, session_id=f"s{i}", tenant=("alice", "bob")[i % 2])
+        router.set_untrusted(untrusted, {"why": "test"})
+        for i in range(40):  # honest users reject every answer; mallory accepts them all
+            tenant = ("alice", "mallory", "bob", "mallory")[i % 4]
+            router.observe(v1, 1.0 if tenant == "mallory" else -1.0, session_id=f"c{i}", tenant=tenant)
+            if router.candidate is None:
+                break
+        return router, log
+
+    propped, log = play(set())
+    assert propped.candidate == 1 and "rollback" not in [d.kind for d in log]  # mallory's +1s mask the failure
+    caught, log = play({"mallory"})
+    assert caught.candidate is None and log[-1].kind == "rollback" and log[-1].evidence["candidate_mean"] == -1.0
+    assert [d for d in log if d.kind == "untrusted_tenants"][0].evidence == {"tenants": ["mallory"], "why": "test"}
+    assert caught.state()["untrusted_tenants"] == ["mallory"]
+    assert caught.set_untrusted({"mallory"}) is None  # no change, no decision
