@@ -61,6 +61,9 @@ class CycleConfig:
     """When the candidate counts as a regression on the eval suites."""
     reward_map: RewardMap = field(default_factory=RewardMap)
     """Feedback -> reward, the same map the server uses for live rollback."""
+    retire_unroutable: bool = True
+    """At each cycle, retire every version no session can reach (rolled back, or superseded beyond the
+    holdout's previous): ``Router.retire`` frees its weights and KV cache, so memory does not grow per cycle."""
     exclude_rolled_back: bool = True
     """Leave rows served by versions the router rolled back out of training (their users saw a rejected
     candidate; its feedback describes that candidate, not the policy being improved)."""
@@ -179,6 +182,9 @@ class ProductionCycle:
         """One cycle: train on fresh feedback, gate, deploy. Returns what happened (also logged)."""
         started = time.perf_counter()
         await self.refresh_trust()
+        if self.config.retire_unroutable:
+            for version in sorted(set(self.router.versions) - self.router.live_versions()):
+                self.router.retire(version)
         rolled_back = self.rolled_back() if self.config.exclude_rolled_back else set()
         # the window counts from the newest version not rolled back: a dropped canary must not push the stable
         # version's own traffic out of a small max_staleness window

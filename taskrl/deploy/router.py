@@ -28,14 +28,18 @@ candidate in five where a one-sided 95% test promises one in forty; the sequenti
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import secrets
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskrl.deploy.gate import welch_diff_ci
 from taskrl.deploy.store import Decision
-from taskrl.policies.base import Policy
+from taskrl.policies.base import Policy, PolicyBase
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -150,6 +154,13 @@ def _balanced_size(counts: list[int], share: float) -> int:
     return 0
 
 
+def _close(policy: PolicyBase) -> None:
+    try:
+        policy.close()
+    except Exception:  # a policy that fails to close must not take the router down with it
+        logger.exception("closing retired policy %s failed", policy.name)
+
+
 def rollback_look(n: int, first: int) -> int | None:
     """The rollback look a count of ``n`` sessions has reached: k for ``first * 2**k <= n``, None below ``first``."""
     if n < first:
@@ -197,15 +208,36 @@ class Router:
         self._next_look = 0  # the candidate's next rollback look (sequential_rollback)
         self.untrusted: frozenset[str] = frozenset()
         """Tenants whose live rewards no stage rule counts (``set_untrusted``)."""
+        self._highest = int(policy.version)  # version numbers are never reused, retired or not
 
     # -- versions --------------------------------------------------------------------------------
     def add_version(self, policy: Policy) -> int:
         """Register ``policy`` as the next version (its ``version`` attribute is set to match) and return it."""
-        version = max(self.versions) + 1
+        version = max(self._highest, *self.versions) + 1
+        self._highest = version
         policy.version = version
         self.versions[version] = policy
         self._decide("add_version", None, version, {"name": policy.name})
         return version
+
+    def live_versions(self) -> set[int]:
+        """Versions a session can reach now: stable, the holdout's previous, the candidate and the shadow."""
+        return {v for v in (self.stable, self.previous, self.candidate, self.shadow) if v is not None}
+
+    def retire(self, version: int) -> Decision:
+        """Drop a version no session can reach (see ``live_versions``) and release its weights and KV cache.
+
+        A deployment adds a version every cycle, and each one kept holds a model copy and its prefix cache: the
+        production benchmark's server grew to 17 GB and was killed for memory. Requests already running on the
+        version finish before its policy closes (in a background thread); its number is never given again."""
+        self._check(version)
+        if version in self.live_versions():
+            raise RouterError(f"{self.model} v{version} is still routable (stable, previous, candidate or shadow)")
+        policy = self.versions.pop(version)
+        decision = self._decide("retire", version, None, {"name": policy.name})
+        if isinstance(policy, PolicyBase):
+            threading.Thread(target=_close, args=(policy,), name=f"taskrl-retire-v{version}", daemon=True).start()
+        return decision
 
     def _check(self, version: int) -> None:
         if version not in self.versions:

@@ -15,11 +15,12 @@ import pytest
 
 from taskrl.deploy.cycle import CycleConfig, ProductionCycle
 from taskrl.deploy.gate import GateConfig
-from taskrl.deploy.router import Router
+from taskrl.deploy.router import Router, RouterConfig
 from taskrl.deploy.store import Feedback, Interaction, InteractionStore
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
+from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.training.config import TrainConfig
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
@@ -144,3 +145,21 @@ def test_a_rolled_back_canary_does_not_push_stable_traffic_out_of_the_window(tmp
         report = asyncio.run(ProductionCycle(None, tokenizer, router, store, config, {"v": None}).run_once())  # type: ignore
     assert report["data"]["latest_version"] == 0 and report["data"]["used"] == 8
     served.close()
+
+
+def test_a_cycle_retires_versions_no_session_can_reach(tmp_path: Path) -> None:
+    with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        router = Router("m", ScriptedPolicy(lambda m, t: "x", name="v0"), RouterConfig(holdout=0.0))
+        v1 = router.add_version(ScriptedPolicy(lambda m, t: "x", name="v1"))
+        router.start_canary(v1)
+        router.rollback({"why": "test"})
+        config = CycleConfig(min_trajectories=10**6)  # no training data: the cycle only tidies up and waits
+        report = asyncio.run(ProductionCycle(None, None, router, store, config, {"v": None}).run_once())  # type: ignore[arg-type]
+        assert report["outcome"] == "waiting" and sorted(router.versions) == [0]
+        assert [d.kind for d in router.decisions][-1] == "retire"
+        keep = CycleConfig(min_trajectories=10**6, retire_unroutable=False)
+        v2 = router.add_version(ScriptedPolicy(lambda m, t: "x", name="v2"))
+        router.start_canary(v2)
+        router.rollback({"why": "test"})
+        asyncio.run(ProductionCycle(None, None, router, store, keep, {"v": None}).run_once())  # type: ignore[arg-type]
+        assert sorted(router.versions) == [0, 2]

@@ -4,6 +4,7 @@ holdout share, rollback, and a decision log that names the candidate."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
@@ -233,3 +234,36 @@ def test_an_untrusted_tenant_cannot_hold_a_degraded_canary_up() -> None:
     assert [d for d in log if d.kind == "untrusted_tenants"][0].evidence == {"tenants": ["mallory"], "why": "test"}
     assert caught.state()["untrusted_tenants"] == ["mallory"]
     assert caught.set_untrusted({"mallory"}) is None  # no change, no decision
+
+
+class Closing(ScriptedPolicy):
+    def __init__(self, name: str) -> None:
+        super().__init__(lambda messages, tools: name, name=name)
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_retire_frees_unroutable_versions_and_never_reuses_their_numbers() -> None:
+    router, log = make_router(stages=(1.0,), min_samples=2, rollback_min_samples=2, holdout=0.1)
+    policies = {0: router.policy(0)}
+    for _ in range(3):
+        p = Closing(f"p{len(policies)}")
+        policies[router.add_version(p)] = p
+    router.start_canary(1)
+    router.rollback({"why": "test"})
+    router.activate(2)
+    router.activate(3)  # stable 3, previous (holdout) 2; 0 and 1 unreachable
+    assert router.live_versions() == {2, 3}
+    for version in (2, 3):
+        with pytest.raises(RouterError, match="still routable"):
+            router.retire(version)
+    assert router.retire(1).kind == "retire" and log[-1].from_version == 1
+    assert policies[1].closed.wait(5)  # type: ignore[attr-defined]
+    router.retire(0)
+    assert sorted(router.versions) == [2, 3] and not policies[2].closed.is_set()  # type: ignore[attr-defined]
+    assert {router.route(f"s{i}")[0] for i in range(500)} == {2, 3}
+    assert router.add_version(Closing("p4")) == 4
+    with pytest.raises(RouterError, match="no version 1"):
+        router.start_canary(1)
