@@ -63,7 +63,8 @@ class CycleConfig:
     """Feedback -> reward, the same map the server uses for live rollback."""
     retire_unroutable: bool = True
     """At each cycle, retire every version no session can reach (rolled back, or superseded beyond the
-    holdout's previous): ``Router.retire`` frees its weights and KV cache, so memory does not grow per cycle."""
+    holdout's previous): ``Router.retire`` frees its weights and KV cache, so memory does not grow per cycle.
+    An operator can still activate the previous version; older ones must be loaded again (``/admin`` LoRA load)."""
     exclude_rolled_back: bool = True
     """Leave rows served by versions the router rolled back out of training (their users saw a rejected
     candidate; its feedback describes that candidate, not the policy being improved)."""
