@@ -146,3 +146,27 @@ def test_evaluate_runs_with_a_summary(fmt: ChatFormat) -> None:
     result = asyncio.run(evaluate(lambda: PricesEnv(one_call_per_turn=True), {"p": policy}, [task()], config,
                                   on_trajectory=lambda _, t: played.append(t)))  # fmt: skip
     assert result["policies"]["p"]["success_rate"]["value"] == 1.0 and played[0].metrics["compactions"] >= 2
+
+
+def test_the_trainer_plays_its_episodes_with_the_configured_summary(tmp_path: Any) -> None:
+    from taskrl.policies.hf import HFPolicy
+    from taskrl.policies.models import tiny_model
+    from taskrl.runlog import read_trajectories
+    from taskrl.trainer import Trainer
+    from taskrl.training.config import TrainConfig
+
+    model, tokenizer = tiny_model(seed=0)
+    policy = HFPolicy(model, tokenizer, device="cpu")
+    kwargs = {"min_items": 5, "max_items": 6, "one_call_per_turn": True}
+    config = TrainConfig(run_dir=str(tmp_path / "run"), env="prices", env_kwargs=kwargs, finetune="lora", lora_rank=4,
+                         algo="sft", steps=1, tasks_per_step=1, group_size=1, max_turns=8, max_new_tokens=32,
+                         max_context_tokens=1024, log_trajectories=True, progress=False, checkpoint_every=0,
+                         summary={"trigger_tokens": 330, "mode": "state_dump"})  # fmt: skip
+    trainer = Trainer(config, policy=policy)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    (traj,) = read_trajectories(tmp_path / "run")[1]  # the expert's demonstration, compacted by the harness
+    assert traj.metrics["compactions"] >= 2 and traj.rewards == {"items_right": 1.0}
+    assert all(r["mode"] == "state_dump" for r in traj.info["summaries"]) and relookups(traj.messages) == 0
