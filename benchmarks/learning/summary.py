@@ -165,13 +165,17 @@ def run_baselines(seed_dir: Path, start: Path, args: argparse.Namespace) -> None
 
 def compaction_report(evals: dict[str, Any], ceiling: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Per ``ARM@TRIGGER``: success, compaction error (paired against ``ceiling``), summary tokens, turns,
-    re-lookups and invalid calls."""
-    base = ceiling["per_task"]["success"]
+    re-lookups and invalid calls; ``compaction_error_reward`` is the same on the per-item credit."""
     out = {}
     for key, result in evals.items():
-        out[key] = {"success": result["success"], "compaction_error": paired_delta(result["per_task"]["success"],
-                                                                                   base, args.seed),
-                    **{k: result[k] for k in METRICS if k not in ("success",)}}  # fmt: skip
+        out[key] = {
+            "success": result["success"],
+            "compaction_error": paired_delta(result["per_task"]["success"], ceiling["per_task"]["success"], args.seed),
+            # the same on the per-item credit (reward): it sees a price lost where success only sees a task lost
+            "compaction_error_reward": paired_delta(result["per_task"]["reward"], ceiling["per_task"]["reward"],
+                                                    args.seed),
+            **{k: result[k] for k in METRICS if k != "success"},
+        }  # fmt: skip
     return out
 
 

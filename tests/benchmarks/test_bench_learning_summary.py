@@ -67,7 +67,7 @@ def test_compaction_error_is_ceiling_minus_arm_paired_per_task() -> None:
 
     def result(per_task: list[float]) -> dict[str, object]:
         est = {"value": sum(per_task) / len(per_task), "low": 0.0, "high": 1.0}
-        return {"success": est, "per_task": {"success": per_task},
+        return {"success": est, "per_task": {"success": per_task, "reward": [v / 2 for v in per_task]},
                 **{k: est for k in bench.METRICS if k != "success"}}  # fmt: skip
 
     ceiling = result([1, 1, 1, 0])
@@ -75,6 +75,7 @@ def test_compaction_error_is_ceiling_minus_arm_paired_per_task() -> None:
                                      ceiling, args)  # fmt: skip
     assert report["prompted@360"]["compaction_error"]["value"] == 0.5
     assert report["self_trained@360"]["compaction_error"]["value"] == -0.25  # better than the ceiling: negative
+    assert report["prompted@360"]["compaction_error_reward"]["value"] == 0.25
     low, high = report["prompted@360"]["compaction_error"]["low"], report["prompted@360"]["compaction_error"]["high"]
     assert 0 <= low <= 0.5 <= high <= 1
 
