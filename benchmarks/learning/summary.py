@@ -5,8 +5,10 @@ Not run in CI. One seed's run, every stage a normal ``Trainer`` run in RUN_DIR/s
 5-6 items with one lookup per turn (``one_call_per_turn``), so the final answer needs prices observed many turns
 before the context trigger:
 1. ``sft``: LoRA behaviour cloning of the expert (one lookup per turn, then the listing) on 2-6 item training
-   combinations, **without** compaction (the warm start never sees a summary request); merged and saved as the
-   common checkpoint of every arm.
+   combinations; with ``--sft-summaries`` (default) the demonstrations compact at the low trigger and the expert
+   answers the summary request with the prices it knows (without them SmolLM2 answers it with a tool call: an
+   empty summary, reward 0 for every sample, nothing for GRPO to learn from); merged and saved as the common
+   checkpoint of every arm. "self_untrained" is then self-summary after SFT only, before RL.
 2. Two child processes from that checkpoint, at once (one torch thread each): ``baselines`` evaluates it as
    (a) ``ceiling``: no compaction, room for everything; (b) ``prompted``: at the trigger the harness asks the same
    model, in a separate conversation, for a summary under an engineered prompt (``taskrl.context``);
@@ -72,10 +74,11 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
               "max_new_tokens": args.max_new_tokens, "max_context_tokens": args.max_context_tokens,
               "temperature": 1.0, "device": args.device, "dtype": args.dtype, "seed": args.seed, "progress": False,
               "env": "prices", "split": "train", "run_dir": str(run_dir), "resume": True}  # fmt: skip
-    if stage == "sft":
+    if stage == "sft":  # with --sft-summaries the expert's episodes compact at the low trigger (self-summaries)
+        summary = summary_config(args, args.triggers[0], "self") if args.sft_summaries else {}
         return {**config, "seed": args.sft_seed, "model": args.model, "algo": "sft", "steps": args.sft_steps,
                 "sft_data": "expert", "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1,
-                "env_kwargs": env_kwargs(args, demos=True), "checkpoint_every": 0}  # fmt: skip
+                "env_kwargs": env_kwargs(args, demos=True), "checkpoint_every": 0, "summary": summary}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "checkpoint_every": 1})
     if stage in ("sft_only", "baselines"):  # never trained: only its evaluations run
@@ -196,6 +199,7 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
                                                    args.seed),
         }  # fmt: skip
     return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
+            "sft_summaries": args.sft_summaries,
             "triggers": args.triggers, "cpu": cpu_model(), "load_average_at_end": os.getloadavg(),
             "start": {k: start[k] for k in ("sft_steps", "sft_s", "sft_nll")}, "ceiling": start["ceiling"],
             "ceiling_after_grpo": grpo["final"]["ceiling"], "arms": arms, "rl": bought,
@@ -232,7 +236,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--min-items", type=int, default=5, help="fewest items of a GRPO / evaluation listing")
     ap.add_argument("--max-items", type=int, default=6)
     ap.add_argument("--sft-min-items", type=int, default=2, help="fewest items of a demonstration")
-    ap.add_argument("--sft-steps", type=int, default=6, help="SFT steps of the common warm start")
+    ap.add_argument("--sft-steps", type=int, default=20, help="SFT steps of the common warm start")
+    ap.add_argument("--sft-summaries", action=argparse.BooleanOptionalAction, default=True,
+                    help="demonstrations compact at the low trigger with the expert's self-summary (without them "
+                    "SmolLM2 answers a summary request with a tool call: an empty summary, reward 0, no GRPO signal)")
     ap.add_argument("--sft-tasks", type=int, default=8, help="expert episodes per SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")

@@ -22,7 +22,10 @@ from benchmarks.learning.summary_plots import plot_summary  # noqa: E402
 def test_stages_are_valid_configs_from_one_warm_start(tmp_path: Path) -> None:
     args = bench.parse_args(["--device", "cpu"])
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
-    assert (sft.algo, sft.model, sft.summary) == ("sft", "smollm2", {}), "the warm start never sees a summary"
+    assert (sft.algo, sft.model) == ("sft", "smollm2")
+    assert sft.summary == {"trigger_tokens": 360, "mode": "self", "max_summary_tokens": 96}, "demos self-summarise"
+    plain = bench.parse_args(["--no-sft-summaries"])
+    assert config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, plain)).summary == {}
     assert sft.env_kwargs == {"min_items": 2, "max_items": 6, "one_call_per_turn": True}
     start = tmp_path / "start"
     stages = {s: config_from_dict(bench.stage_config(s, tmp_path / s, start, args)) for s in
