@@ -182,12 +182,27 @@ def compaction_report(evals: dict[str, Any], ceiling: dict[str, Any], args: argp
     return out
 
 
+def first_tasks(result: dict[str, Any], n: int, seed: int) -> dict[str, Any]:
+    """An evaluation cut to its first ``n`` tasks (a resumed run with fewer --eval-tasks: the task list of n tasks
+    is the first n of a longer one), its means and CIs recomputed."""
+    from taskrl.eval import bootstrap_ci
+
+    if result["tasks"] <= n:
+        return result
+    out = {**result, "tasks": n, "per_task": {k: v[:n] for k, v in result["per_task"].items()}}
+    for key, values in out["per_task"].items():
+        ci = bootstrap_ci(values, seed=seed)
+        out[key] = {"value": sum(values) / n, "low": ci[0] if ci else None, "high": ci[1] if ci else None}
+    return out
+
+
 def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:
     start = json.loads((sft_dir / "start.json").read_text())
     baselines = json.loads((seed_dir / "baselines.json").read_text())["evals"]
     grpo = json.loads((seed_dir / "grpo.json").read_text())
     evals = {**baselines, **{k: v for k, v in grpo["final"].items() if k != "ceiling"}}
-    arms = compaction_report(evals, start["ceiling"], args)
+    ceiling = first_tasks(start["ceiling"], args.eval_tasks, args.seed)
+    arms = compaction_report(evals, ceiling, args)
     bought = {}
     for trigger in args.triggers:  # what RL bought: self_trained - self_untrained success, paired over tasks
         untrained, trained = evals[f"self_untrained@{trigger}"], evals[f"self_trained@{trigger}"]
@@ -201,7 +216,7 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
     return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
             "sft_summaries": args.sft_summaries,
             "triggers": args.triggers, "cpu": cpu_model(), "load_average_at_end": os.getloadavg(),
-            "start": {k: start[k] for k in ("sft_steps", "sft_s", "sft_nll")}, "ceiling": start["ceiling"],
+            "start": {k: start[k] for k in ("sft_steps", "sft_s", "sft_nll")}, "ceiling": ceiling,
             "ceiling_after_grpo": grpo["final"]["ceiling"], "arms": arms, "rl": bought,
             "grpo": {"steps": grpo["steps"], "train_s": grpo.get("train_s"), "curve": grpo["curve"]},
             "eval_wall_s": {k: v["wall_s"] for k, v in evals.items()}}  # fmt: skip

@@ -104,3 +104,12 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     data = {"seeds": {"0": {"triggers": [360, 480], "ceiling": {"success": est}, "arms": arms}}}
     plot_summary(data, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_a_ceiling_cut_to_fewer_tasks_is_the_shorter_task_list() -> None:
+    args = bench.parse_args([])
+    assert [t.id for t in bench.eval_tasks(5, args)] == [t.id for t in bench.eval_tasks(32, args)][:5]
+    full = {"tasks": 4, "per_task": {"success": [1.0, 0.0, 0.0, 0.0]}, "success": {"value": 0.25}}
+    cut = bench.first_tasks(full, 2, seed=0)
+    assert cut["tasks"] == 2 and cut["per_task"]["success"] == [1.0, 0.0] and cut["success"]["value"] == 0.5
+    assert bench.first_tasks(full, 4, seed=0) is full
