@@ -148,22 +148,27 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
     return evaluate_arm(trainer, name, args, trigger=args.triggers[0], mode="self", n=n)
 
 
-def run_baselines(seed_dir: Path, start: Path, args: argparse.Namespace) -> None:
-    """Child: the warm start's harness and untrained self-summary arms (its ceiling is in start.json)."""
+def run_baselines(seed_dir: Path, start: Path, args: argparse.Namespace, triggers: list[int]) -> None:
+    """Child: the warm start's harness and untrained self-summary arms at ``triggers`` (its ceiling is in
+    start.json), one record per trigger (baselines_TRIGGER.json), so triggers can run in separate processes."""
     import torch
 
     torch.set_num_threads(args.threads)
     from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
 
-    path = seed_dir / "baselines.json"
-    if path.exists():
-        return
-    trainer = Trainer(config_from_dict(stage_config("baselines", seed_dir / "baselines", start, args)))
-    try:
-        path.write_text(json.dumps({"evals": arm_evals(trainer, args, BASELINES, ceiling=False)}, indent=1))
-    finally:
-        trainer.close()
+    for trigger in triggers:
+        path = seed_dir / f"baselines_{trigger}.json"
+        if path.exists():
+            continue
+        run_dir = seed_dir / ("baselines" if trigger == args.triggers[0] else f"baselines_{trigger}")
+        trainer = Trainer(config_from_dict(stage_config("baselines", run_dir, start, args)))
+        try:
+            evals = {f"{arm}@{trigger}": evaluate_arm(trainer, f"{arm}_{trigger}", args, trigger=trigger,
+                                                      mode=MODE[arm], n=args.eval_tasks) for arm in BASELINES}
+            path.write_text(json.dumps({"evals": evals}, indent=1))
+        finally:
+            trainer.close()
 
 
 def compaction_report(evals: dict[str, Any], ceiling: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -198,7 +203,8 @@ def first_tasks(result: dict[str, Any], n: int, seed: int) -> dict[str, Any]:
 
 def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:
     start = json.loads((sft_dir / "start.json").read_text())
-    baselines = json.loads((seed_dir / "baselines.json").read_text())["evals"]
+    baselines = {k: v for t in args.triggers for k, v in
+                 json.loads((seed_dir / f"baselines_{t}.json").read_text())["evals"].items()}  # fmt: skip
     grpo = json.loads((seed_dir / "grpo.json").read_text())
     evals = {**baselines, **{k: v for k, v in grpo["final"].items() if k != "ceiling"}}
     ceiling = first_tasks(start["ceiling"], args.eval_tasks, args.seed)
@@ -294,7 +300,9 @@ def main() -> None:
         return run_sft(sft_dir, args, stage_config=stage_config, start_evals=lambda trainer: {
             "ceiling": evaluate_arm(trainer, "start_ceiling", args, trigger=None, mode=None, n=args.eval_tasks)})
     if args.child == "baselines":
-        return run_baselines(seed_dir, start, args)
+        return run_baselines(seed_dir, start, args, args.triggers)
+    if args.child and args.child.startswith("baselines_"):  # one trigger alone: baselines_480
+        return run_baselines(seed_dir, start, args, [int(args.child.removeprefix("baselines_"))])
     if args.child == "grpo":
         return run_arm("grpo", seed_dir, start, args, stage_config=stage_config, held_out=held_out,
                        final_evals=lambda trainer, a: arm_evals(trainer, a, ("self_trained",), ceiling=True),
