@@ -124,6 +124,13 @@ def evaluate_arm(trainer: Any, name: str, args: argparse.Namespace, *, trigger: 
     job = evaluate(factory, {"policy": trainer.learner_policy}, tasks, config, run_log=trainer.run, name=name,
                    on_trajectory=lambda _, traj: played.append(traj))  # fmt: skip
     trainer.rollouts.run(job)
+    # a resumed evaluation replays finished episodes from the run log without calling on_trajectory: read them back
+    from taskrl.eval import _safe
+    from taskrl.runlog import read_trajectories
+
+    fresh = {t.seed for t in played}
+    saved = read_trajectories(trainer.run.dir, f"{_safe(name)}-policy").get(0, [])
+    played += [t for t in saved if t.seed not in fresh and t.error is None]
     rows = [episode_row(t) for t in played]
     out = summarise(rows, [t.id for t in tasks], METRICS, args.seed)
     out.update({"trigger": trigger, "mode": mode, "wall_s": time.monotonic() - began,
