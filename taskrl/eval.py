@@ -23,6 +23,7 @@ import numpy as np
 import typer
 
 import taskrl.cli_options as opts
+from taskrl import context
 from taskrl.algos.schedules import Schedule
 from taskrl.env import Env, call_hook, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
@@ -67,8 +68,15 @@ class EvalConfig:
     """Episodes in flight at once."""
     seed: int = 0
     """Root seed of episodes (the same for every policy) and of the bootstrap."""
+    summary: context.SummaryConfig | dict[str, Any] | None = None
+    """Context compaction at a token trigger (``taskrl.context``): None = off, a SummaryConfig, or a table of its
+    fields (e.g. ``{"trigger_tokens": 400, "mode": "prompted"}``), validated here."""
 
     def __post_init__(self) -> None:
+        self.summary = context.from_value(self.summary, "EvalConfig.summary")
+        if self.summary is not None and self.summary.trigger_tokens >= self.max_context_tokens:
+            raise ValueError(f"EvalConfig.summary.trigger_tokens ({self.summary.trigger_tokens}) must be below "
+                             f"max_context_tokens ({self.max_context_tokens})")  # fmt: skip
         require("EvalConfig", "must be >= 1", at_least(1), samples_per_task=self.samples_per_task,
                 bootstrap_resamples=self.bootstrap_resamples, max_turns=self.max_turns,
                 max_context_tokens=self.max_context_tokens, max_new_tokens=self.max_new_tokens,
@@ -91,6 +99,7 @@ class EvalConfig:
             concurrency=self.concurrency,
             seed=self.seed,
             training=False,  # evaluation sees the env as production does (no training-only guidance)
+            summary=self.summary,  # type: ignore[arg-type]  # a SummaryConfig after __post_init__
         )
 
 

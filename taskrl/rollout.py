@@ -278,30 +278,43 @@ async def _maybe_summarize(
     opening: list[Message],
     turn: int,
 ) -> bool:
-    """At the trigger: ask for a summary (forced tokens, same segment), sample it (trainable tokens), and
-    continue from opening + summary (a new segment). Returns False when no room is left to write it."""
+    """At the trigger: compact the view to opening + a summary (a new segment). mode=self asks the agent (forced
+    request, then trainable summary tokens, same segment); the harness modes write it outside the episode (see
+    ``taskrl.context``). Returns False when no room is left to write it."""
     before = ctx.estimated_tokens()
     if not summaries.is_due(summary, before, len(traj.info.get(summaries.SUMMARIES_KEY, []))):
         return True
-    request = summaries.summary_request(summary)
-    ctx.add_message(request)
-    traj.messages.append(request)
-    room = config.max_context_tokens - len(ctx)
-    if room < 1:
-        return False
-    sampling = replace(
-        config.sampling,
-        seed=(((traj.seed or 0) * 1_000_003 + turn) & 0x7FFFFFFF) ^ 0x5A5A5A5A,  # not the turn's own seed
-        max_new_tokens=min(summary.max_summary_tokens, room),
-    )
-    prompt_ids = ctx.token_ids
-    completion = await policy.generate(token_ids=prompt_ids, messages=ctx.messages, tools=ctx.tools, sampling=sampling)
-    segments.add_turn(prompt_ids if prompt_ids is not None else completion.prompt_token_ids, completion)
-    text = summaries.summary_text(completion.text)
+    seed = (((traj.seed or 0) * 1_000_003 + turn) & 0x7FFFFFFF) ^ 0x5A5A5A5A  # not the turn's own seed
+    if summary.mode == "state_dump":
+        text = summaries.state_dump(traj.messages)
+        tokens = len(ctx.fmt.encode(text)) if ctx.fmt is not None else len(text) // 4
+    elif summary.mode == "prompted":  # the same policy, a separate conversation: no segment, no training
+        request_view = summaries.harness_request(summary, ctx.messages)
+        ids = ctx.fmt.prompt_ids(request_view, None) if ctx.fmt is not None else None
+        sampling = replace(config.sampling, seed=seed, max_new_tokens=summary.max_summary_tokens)
+        completion = await policy.generate(token_ids=ids, messages=request_view, tools=None, sampling=sampling)
+        text = summaries.summary_text(completion.text)
+        tokens = len(completion.token_ids) if completion.token_ids else len(completion.text) // 4
+    else:
+        request = summaries.summary_request(summary)
+        ctx.add_message(request)
+        traj.messages.append(request)
+        room = config.max_context_tokens - len(ctx)
+        if room < 1:
+            return False
+        sampling = replace(config.sampling, seed=seed, max_new_tokens=min(summary.max_summary_tokens, room))
+        prompt_ids = ctx.token_ids
+        completion = await policy.generate(token_ids=prompt_ids, messages=ctx.messages, tools=ctx.tools,
+                                           sampling=sampling)  # fmt: skip
+        segments.add_turn(prompt_ids if prompt_ids is not None else completion.prompt_token_ids, completion)
+        text = summaries.summary_text(completion.text)
+        tokens = len(completion.token_ids) if completion.token_ids else len(completion.text) // 4
+        traj.messages.append(Message("assistant", text))
     view = summaries.compacted_view(opening, text, summary)
     ctx.replace(view)
-    traj.messages += [Message("assistant", text), view[-1]]
-    record = summaries.record(turn, len(traj.messages) - 1, text, before, ctx.estimated_tokens())
+    traj.messages.append(view[-1])
+    record = summaries.record(turn, len(traj.messages) - 1, text, before, ctx.estimated_tokens(),
+                              mode=summary.mode, summary_tokens=tokens)  # fmt: skip
     traj.info.setdefault(summaries.SUMMARIES_KEY, []).append(record)
     return True
 

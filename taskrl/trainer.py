@@ -30,6 +30,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from taskrl import context
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
 from taskrl.env import Env, call_hook, declared, make, maybe_await
@@ -191,6 +192,7 @@ class Trainer:
             concurrency=cfg.concurrency,
             seed=derive_seed(cfg.seed, "rollout", step),
             clock=clock,
+            summary=context.from_value(cfg.summary, "TrainConfig.summary"),
         )
         return self._play(step, epoch, tasks, rollout, expert, indices)
 
@@ -284,6 +286,7 @@ class Trainer:
             max_new_tokens=cfg.max_new_tokens,
             concurrency=cfg.concurrency,
             seed=cfg.seed,
+            summary=context.from_value(cfg.summary, "TrainConfig.summary"),
         )
         name = name or f"step_{step:06d}"
         # The learner's own weights, whatever samples the rollouts: an evaluation scores exactly this step's model

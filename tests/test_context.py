@@ -113,12 +113,15 @@ def test_summary_helpers() -> None:
     assert summary_text('Goal: x\n<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>\n') == "Goal: x"
     assert is_summary_request([Message("user", DEFAULT_SUMMARY_PROMPT)])
     assert not is_summary_request([Message("tool", DEFAULT_SUMMARY_PROMPT)])
-    assert summary_metrics([]) == {"compactions": 0.0}
-    records = [{"tokens_before": 100, "tokens_after": 40}, {"tokens_before": 120, "tokens_after": 60}]
+    assert summary_metrics([]) == {"compactions": 0.0, "summary_tokens_total": 0.0}
+    records = [{"tokens_before": 100, "tokens_after": 40, "summary_tokens": 10},
+               {"tokens_before": 120, "tokens_after": 60, "summary_tokens": 30}]  # fmt: skip
     assert summary_metrics(records) == {
         "compactions": 2.0,
+        "summary_tokens_total": 40.0,
         "tokens_before_compaction": 110.0,
         "tokens_after_compaction": 50.0,
+        "summary_tokens": 20.0,
     }
 
 
@@ -130,6 +133,8 @@ def test_summary_helpers() -> None:
         ({"trigger_tokens": 10, "continuation": "no placeholder"}, "continuation"),
         ({"trigger_tokens": 10, "prompt": " "}, "prompt"),
         ({"trigger_tokens": 10, "max_compactions": 0}, "max_compactions"),
+        ({"trigger_tokens": 10, "mode": "magic"}, "mode"),
+        ({"trigger_tokens": 10, "harness_prompt": "no placeholder"}, "harness_prompt"),
     ],
 )
 def test_config_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:

@@ -6,20 +6,28 @@ item earns 1/n when its price was looked up **and** the final answer reports it,
 nothing, and an episode with a malformed call is capped at the failure floor by the rollout loop. Reward 1
 (every item right) is success. Demonstrations of single-item tasks show the format without the multi-item skill
 (one lookup per item); the held-out splits draw only item combinations that no training task uses.
+
+``one_call_per_turn=True`` executes only the first call of a turn (the others get an error reply), so a long
+listing takes one turn per item and its early observations sit far back in the context: the setting that
+context-compaction comparisons need. The expert then looks up one item per turn, answers a summary request (the
+agent's own or the harness's, ``taskrl.context``) with the prices known so far, and after a compaction looks up
+only the items the summary does not give.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Sequence
 from itertools import combinations
 from typing import Any
 
+from taskrl import context
 from taskrl.chat import format_tool_call
-from taskrl.env import ToolEnv
+from taskrl.env import StepOutput, ToolEnv
 from taskrl.envs.builtin import HELD_OUT_SPLITS, PRICES, PriceLookup, split_seed
-from taskrl.types import Message, Task, Trajectory
+from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
 ITEMS = tuple(sorted(PRICES))
 _LOOKUP_RE = re.compile(r"^([a-z]+): \$(\d+)$")  # a successful lookup_price reply
@@ -66,33 +74,76 @@ def reported_prices(text: str | None) -> dict[str, int]:
     return {item: int(price) for item, price in found}
 
 
+def relookups(messages: Sequence[Message]) -> int:
+    """Lookups of an item whose price an earlier lookup of the episode already returned (the cost of forgetting)."""
+    seen: set[str] = set()
+    count = 0
+    results = {m.tool_call_id: m for m in messages if m.role == "tool"}
+    for m in messages:
+        for call in m.tool_calls:
+            item = str(call.arguments.get("item", "")).strip().lower() if isinstance(call.arguments, dict) else ""
+            count += item in seen
+            reply = results.get(call.id)
+            if reply is not None and _LOOKUP_RE.match(reply.content):
+                seen.add(item)
+    return count
+
+
+ONE_CALL_ERROR = "Only one lookup per turn is allowed: make this call again in your next turn."
+
+
+def expert_rule(messages: list[Message], tools: list[dict[str, Any]] | None, *,
+                one_call_per_turn: bool = False) -> str:  # fmt: skip
+    """An expert: look the items up (all in one turn, or one per turn), then list the prices the tool returned.
+    A summary request gets the prices known so far; after a compaction they come from the summary."""
+    if context.is_harness_request(messages):  # mode=prompted: the transcript is in the request
+        return ", ".join(f"{i}: {p}" for i, p in _known(messages[-1].content).items())
+    prompt = next(m.content for m in messages if m.role == "user")
+    items = [item.strip() for item in prompt.split(":", 1)[1].rstrip(".").split(",")]
+    looked = {i: int(p) for reply in messages if reply.role == "tool" and (match := _LOOKUP_RE.match(reply.content))
+              for i, p in [match.groups()]}  # fmt: skip
+    for m in messages[1:]:
+        if m.role == "user" and m.content != prompt:  # a continuation carries the summary's prices
+            looked = {**_known(m.content), **looked}
+    if context.is_summary_request(messages):
+        return ", ".join(f"{i}: {p}" for i, p in looked.items())
+    missing = [item for item in items if item not in looked]
+    if missing and not any(m.role == "tool" for m in messages) or missing and one_call_per_turn:
+        todo = missing[:1] if one_call_per_turn else missing
+        return "\n".join(format_tool_call("lookup_price", {"item": item}) for item in todo)
+    return ", ".join(f"{item}: {looked.get(item, '?')}" for item in items)
+
+
 class PricesEnv(PriceLookup, ToolEnv):
     """List looked-up unit prices; per-item credit, success when every item is right."""
 
     name = "prices"
     system_prompt = "Look up prices with the tool. Then answer with item: price for each item asked."
 
-    def __init__(self, num_tasks: int = 64, min_items: int = 1, max_items: int = 3) -> None:
+    def __init__(self, num_tasks: int = 64, min_items: int = 1, max_items: int = 3,
+                 one_call_per_turn: bool = False) -> None:  # fmt: skip
         super().__init__()
         make_prices_tasks(1, 0, min_items=min_items, max_items=max_items)  # bad bounds fail here, naming them
         self.num_tasks = num_tasks
         self.min_items = min_items
         self.max_items = max_items
+        self.one_call_per_turn = one_call_per_turn
+        if one_call_per_turn:
+            self.scripted_rule = functools.partial(expert_rule, one_call_per_turn=True)
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         return make_prices_tasks(self.num_tasks, seed=split_seed(split), split=split, min_items=self.min_items,
                                  max_items=self.max_items)  # fmt: skip
 
-    @staticmethod
-    def scripted_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-        """An expert: look every item up in one turn, then list the prices the tool returned."""
-        prompt = next(m.content for m in messages if m.role == "user")
-        items = [item.strip() for item in prompt.split(":", 1)[1].rstrip(".").split(",")]
-        replies = [m.content for m in messages if m.role == "tool"]
-        if not replies:
-            return "\n".join(format_tool_call("lookup_price", {"item": item}) for item in items)
-        looked = dict(match.groups() for reply in replies if (match := _LOOKUP_RE.match(reply)))
-        return ", ".join(f"{item}: {looked.get(item, '?')}" for item in items)
+    async def step(self, tool_calls: list[ToolCall]) -> StepOutput:
+        if not self.one_call_per_turn or len(tool_calls) <= 1:
+            return await super().step(tool_calls)
+        first = await self.tools.execute(tool_calls[:1])
+        refused = [ToolResult(c.id, c.name, ONE_CALL_ERROR, True) for c in tool_calls[1:]]
+        return StepOutput(first + refused, False, False, {})
+
+    scripted_rule = staticmethod(expert_rule)
+    """The expert (``expert_rule``); with ``one_call_per_turn`` it looks up one item per turn."""
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         assert self.task is not None, "reward() before reset()"
@@ -105,3 +156,8 @@ class PricesEnv(PriceLookup, ToolEnv):
         reported = reported_prices(trajectory.final_answer)
         right = sum(item in looked and reported.get(item) == PRICES[item] for item in items)
         return {"items_right": right / len(items)}
+
+
+def _known(text: str) -> dict[str, int]:
+    """The "item: price" (or "item: $price") pairs of known items in a text."""
+    return {item: int(price) for item, price in re.findall(r"\b([a-z]+): \$?(\d+)\b", text) if item in PRICES}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskrl import context
 from taskrl.algos import ALGORITHMS
 from taskrl.algos.schedules import make_schedule
 from taskrl.validate import finite_at_least, integer_at_least, require
@@ -118,6 +119,9 @@ class TrainConfig:
     """Tokens in the model's context per episode."""
     max_new_tokens: int = 128
     """Tokens sampled per turn."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Context compaction at a token trigger: a table of ``taskrl.context.SummaryConfig`` fields, e.g.
+    ``{trigger_tokens = 400, mode = "self"}`` (mode=self trains the summaries on the episode reward); {} = off."""
     temperature: float = 1.0
     """Sampling temperature; the learner scores tokens at the same temperature, so the first ratio is 1."""
     top_p: float = 1.0
@@ -304,6 +308,13 @@ class TrainConfig:
              sft_warmup_steps=self.sft_warmup_steps)  # fmt: skip
         need(bool(self.lora_targets), "must name at least one module", lora_targets=self.lora_targets)
         need(self.kl == "none" or self.kl_coef > 0, f"must be > 0 when kl={self.kl!r}", kl_coef=self.kl_coef)
+        try:
+            compaction = context.from_value(self.summary, "TrainConfig.summary")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        need(compaction is None or compaction.trigger_tokens < self.max_context_tokens,
+             f"trigger_tokens must be below max_context_tokens ({self.max_context_tokens})",
+             summary=self.summary)  # fmt: skip
         chosen = ALGORITHMS[self.algo]
         rl = not chosen.imitation and self.sft_warmup_steps < self.steps
         need(not rl or self.group_size >= chosen.min_group_size,
