@@ -176,13 +176,18 @@ class ProductionCycle:
         tenant accepting bad answers must not hold a degraded canary up); None without a trusted store or change."""
         if not isinstance(self.store, TrustedFeedbackStore):
             return None
-        excluded = await asyncio.to_thread(self.store.refresh)
-        return self.router.set_untrusted(excluded, {"trust": self.store.report()})
+        await asyncio.to_thread(self.store.refresh)
+        return self._push_trust()
+
+    def _push_trust(self) -> Decision | None:
+        """Hand the trusted store's current exclusions to the router (no recomputation)."""
+        if not isinstance(self.store, TrustedFeedbackStore):
+            return None
+        return self.router.set_untrusted(self.store.excluded, {"trust": self.store.report()})
 
     async def run_once(self) -> dict[str, Any]:
         """One cycle: train on fresh feedback, gate, deploy. Returns what happened (also logged)."""
         started = time.perf_counter()
-        await self.refresh_trust()
         if self.config.retire_unroutable:
             for version in sorted(set(self.router.versions) - self.router.live_versions()):
                 self.router.retire(version)
@@ -200,6 +205,7 @@ class ProductionCycle:
             group_by=self.config.group_by,
             exclude_versions=rolled_back,
         )
+        self._push_trust()  # reading the feedback just recomputed trust: the router gets the same exclusions
         report: dict[str, Any] = {"cycle": self.step, "data": asdict(stats)}
         if len(trajectories) < self.config.min_trajectories:
             report["outcome"] = "waiting"
