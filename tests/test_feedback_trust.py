@@ -43,6 +43,14 @@ def _traffic(adversary_flips: bool, seed: int = 0) -> tuple[list[Interaction], l
     return rows, signals
 
 
+def _filled(store: InteractionStore, rows: list[Interaction], signals: list[Feedback]) -> InteractionStore:
+    for row in rows:
+        store.add_sync("interactions", row)
+    for signal in signals:
+        store.add_sync("feedback", signal)
+    return store
+
+
 def test_agreement_separates_an_inverting_tenant_from_noisy_honest_ones() -> None:
     rows, signals = _traffic(adversary_flips=True)
     found = tenant_agreement(rows, signals)
@@ -69,10 +77,7 @@ def test_answers_compare_only_on_the_same_prompt_and_answer_key() -> None:
 def test_trusted_store_drops_the_adversary_from_training_data(tmp_path: Path) -> None:
     rows, signals = _traffic(adversary_flips=True)
     with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
-        for row in rows:
-            store.add_sync("interactions", row)
-        for signal in signals:
-            store.add_sync("feedback", signal)
+        _filled(store, rows, signals)
         trusted = TrustedFeedbackStore(store, min_overlap=20, model="m")
         trajectories, stats = trajectories_from_store(trusted, max_staleness=0, model="m")
         assert trusted.excluded == {"mallory"}
@@ -106,10 +111,7 @@ def test_the_cycle_keeps_an_excluded_tenant_out_of_the_canary_evidence(tmp_path:
 
     rows, signals = _traffic(adversary_flips=True)
     with InteractionStore(f"sqlite:///{tmp_path / 's.db'}") as store:
-        for row in rows:
-            store.add_sync("interactions", row)
-        for signal in signals:
-            store.add_sync("feedback", signal)
+        _filled(store, rows, signals)
         trusted = TrustedFeedbackStore(store, min_overlap=20, model="m")
         router = Router("m", ScriptedPolicy(lambda m, t: "x", name="v0"), RouterConfig())
         cycle = ProductionCycle(None, None, router, trusted, CycleConfig(), {"s": lambda p: None})  # type: ignore[arg-type]
