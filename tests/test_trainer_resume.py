@@ -50,9 +50,13 @@ COMPARED = ("rewards/", "losses/", "tools/", "charts/trained_tokens", "charts/sa
 
 
 def _compare(a: dict, b: dict) -> None:
+    # Sampled tokens are compared exactly below. Metrics are floats computed in different processes, and
+    # BLAS kernels may reduce in a different order there (MKL/oneDNN pick paths by buffer alignment and CPU):
+    # on one CI machine a k1 KL (a difference of log-probs) moved by 1e-5 of its value. A resume bug (wrong
+    # weights, optimizer state or RNG) moves these by far more.
     for key, value in a.items():
         if key.startswith(COMPARED):
-            assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+            assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (a.get("step"), key)
 
 
 def test_kill_9_then_rerun_resumes_exactly(tmp_path: Path) -> None:
