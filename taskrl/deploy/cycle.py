@@ -68,6 +68,12 @@ class CycleConfig:
     exclude_rolled_back: bool = True
     """Leave rows served by versions the router rolled back out of training (their users saw a rejected
     candidate; its feedback describes that candidate, not the policy being improved)."""
+    revert_rejected: bool = True
+    """When the learner's newest candidate was blocked by the gate or rolled back in its canary, the next cycle
+    first puts the learner back to the weights and optimizer state of the version serving as stable, so the next
+    update does not build on a rejected one (without this, one update trained on not-yet-detected adversarial
+    feedback kept dragging every later candidate down). Only versions this cycle produced (and the stable one it
+    started from) have a saved state; after an operator activates something else the learner is left as is."""
     paired: bool = True
     """Pair the gate's bootstrap by task when every suite returned ``task_ids`` and both policies played the
     same tasks (the candidate's scores are aligned to the stable's task order); False always compares means."""
@@ -112,6 +118,37 @@ class ProductionCycle:
         self.serve_device = serve_device
         self.step = 0
         self.history: list[dict[str, Any]] = []
+        # Learner states by the router version whose weights they are; the learner starts as the stable version.
+        self._states: dict[int, dict[str, Any]] = {}
+        self._holds: int | None = router.stable  # the version whose weights the learner holds (None: rejected)
+
+    def _learner_state(self) -> dict[str, Any]:
+        """A copy of what the learner updates: trainable tensors and the optimizer's state."""
+        params = {name: t.detach().clone() for name, t in self.learner.trainable_state().items()}
+        return {"params": params, "optimizer": copy.deepcopy(self.learner.optimizer.state_dict())}
+
+    async def _revert_if_rejected(self) -> int | None:
+        """Put the learner back to the stable version's state when it holds a rejected candidate's weights; returns
+        the version reverted to. Saved states of versions no longer routable are dropped."""
+        if not self.config.revert_rejected:
+            return None
+        stable, candidate = self.router.stable, self.router.candidate
+        keep = self.router.live_versions()
+        self._states = {v: state for v, state in self._states.items() if v in keep}
+        held = self._holds is not None and self._holds in (stable, candidate)
+        if held or stable not in self._states:
+            return None
+        import torch
+
+        saved = self._states[stable]
+        with torch.no_grad():
+            for name, tensor in self.learner.trainable_state().items():
+                tensor.copy_(saved["params"][name])
+        self.learner.optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
+        rejected, self._holds = self._holds, stable
+        reason = "the learner's last candidate was blocked or rolled back; training restarts from the stable version"
+        await self._log("revert_learner", stable, {"cycle": self.step, "rejected": rejected, "reason": reason})
+        return stable
 
     def _candidate(self) -> HFPolicy:
         """A frozen serving copy of the learner's weights (LoRA merged), on the serving device."""
@@ -191,6 +228,7 @@ class ProductionCycle:
         if self.config.retire_unroutable:
             for version in sorted(set(self.router.versions) - self.router.live_versions()):
                 self.router.retire(version)
+        reverted = await self._revert_if_rejected()
         rolled_back = self.rolled_back() if self.config.exclude_rolled_back else set()
         # the window counts from the newest version not rolled back: a dropped canary must not push the stable
         # version's own traffic out of a small max_staleness window
@@ -207,6 +245,8 @@ class ProductionCycle:
         )
         self._push_trust()  # reading the feedback just recomputed trust: the router gets the same exclusions
         report: dict[str, Any] = {"cycle": self.step, "data": asdict(stats)}
+        if reverted is not None:
+            report["reverted_to"] = reverted
         if len(trajectories) < self.config.min_trajectories:
             report["outcome"] = "waiting"
             report["reason"] = f"{len(trajectories)} labelled interactions < min_trajectories"
@@ -214,10 +254,13 @@ class ProductionCycle:
             return report
         # The learner's weights are the newest version's; its staleness check counts from there.
         self.learner.version = latest
+        if self.config.revert_rejected and self._holds is not None and self._holds not in self._states:
+            self._states[self._holds] = self._learner_state()  # e.g. the stable version the learner started as
         metrics: dict[str, float] = {}
         for update in range(self.config.updates_per_cycle):
             metrics = await asyncio.to_thread(self.learner.update, trajectories, step=self.step * 1000 + update)
         report["train"] = metrics
+        self._holds = None  # the learner's weights are no served version's until a candidate of them is added
         candidate = self._candidate()
         from taskrl.deploy.admin import non_finite_parameters
 
@@ -240,6 +283,9 @@ class ProductionCycle:
         report["gate"] = {"promote": verdict.promote, "reason": verdict.reason, "evidence": verdict.evidence}
         if verdict.promote:
             version = self.router.add_version(candidate)
+            self._holds = version
+            if self.config.revert_rejected:
+                self._states[version] = self._learner_state()
             train = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
             evidence = {"reason": verdict.reason, "cycle": self.step, "train": train, **verdict.evidence}
             await self._log("gate_pass", version, evidence)  # durable before the candidate serves anyone
