@@ -138,12 +138,8 @@ class ProductionCycle:
         held = self._holds is not None and self._holds in (stable, candidate)
         if held or stable not in self._states:
             return None
-        import torch
-
         saved = self._states[stable]
-        with torch.no_grad():
-            for name, tensor in self.learner.trainable_state().items():
-                tensor.copy_(saved["params"][name])
+        self.learner.load_trainable_state(saved["params"])
         self.learner.optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
         rejected, self._holds = self._holds, stable
         reason = "the learner's last candidate was blocked or rolled back; training restarts from the stable version"
