@@ -25,11 +25,13 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.learning.tool_use import cpu_model  # noqa: E402
 
 
 def rss_gb() -> float:
@@ -38,14 +40,6 @@ def rss_gb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 2**20
     return float("nan")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
 async def serve(policy, requests: int, prompt_words: int, max_new_tokens: int) -> None:
@@ -99,7 +93,7 @@ def run(mode: str, args: argparse.Namespace) -> list[float]:
         for old in sorted(set(router.versions) - router.live_versions()):
             router.retire(old)
         deadline = time.monotonic() + 60
-        while any(t.name.startswith("taskrl-retire") for t in __import__("threading").enumerate()):
+        while any(t.name.startswith("taskrl-retire") for t in threading.enumerate()):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
