@@ -9,6 +9,12 @@ whose agreement, over at least ``min_overlap`` comparisons, is below ``min_agree
 through unchanged, except that ``fresh_since`` (a time) and ``max_fresh`` (a count) limit ``interactions()`` to
 the newest rows, not trained on before.
 ``excluded`` and ``report()`` say who was dropped and why (log them with each cycle).
+
+A tenant with fewer than ``min_overlap`` comparisons is not judged yet, and ``unjudged`` says what its signals
+do meanwhile: ``"keep"`` (the default: train on them; a single-tenant deployment has nobody to compare with),
+``"corroborated"`` (train only on the signals another trusted tenant's signal on the same answer agrees with: an
+adversary's first signals cannot steer the first cycles, since it contradicts everyone) or ``"drop"`` (train
+on judged tenants only; the first cycles wait until someone is judged).
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from taskrl.deploy.feedback import RewardMap
 from taskrl.deploy.store import Decision, Feedback, Interaction, InteractionStore
 
 AnswerKey = Callable[[Interaction], str | None]
 """What makes two replies "the same answer" (None: the reply is not compared)."""
+Unjudged = Literal["keep", "corroborated", "drop"]
+UNJUDGED: tuple[str, ...] = ("keep", "corroborated", "drop")
 
 
 def reply_text(row: Interaction) -> str | None:
@@ -48,6 +56,33 @@ class TenantAgreement:
         return self.agreements / self.comparisons if self.comparisons else None
 
 
+Votes = dict[tuple[str, str], dict[str, list[tuple[str, int]]]]
+"""(prompt tokens, answer key) -> tenant -> that tenant's (feedback id, sign) on this answer."""
+
+
+def answer_votes(
+    interactions: list[Interaction],
+    feedback: list[Feedback],
+    reward_map: RewardMap | None = None,
+    *,
+    answer_key: AnswerKey = reply_text,
+) -> Votes:
+    """Every opinion signal (+1 liked, -1 disliked) grouped by the (prompt, answer) it judged, per tenant.
+    Signals whose reward is 0 or None carry no opinion and are left out."""
+    reward_map = reward_map or RewardMap()
+    answer_of: dict[str, tuple[str, str]] = {}
+    for row in interactions:
+        key = answer_key(row)
+        if key is not None and isinstance(row.prompt_token_ids, list):
+            answer_of[row.id] = (",".join(map(str, row.prompt_token_ids)), key)
+    votes: Votes = defaultdict(lambda: defaultdict(list))
+    for item in feedback:
+        reward = reward_map.signal_reward(item)
+        if item.interaction_id in answer_of and reward:
+            votes[answer_of[item.interaction_id]][item.tenant].append((item.id, 1 if reward > 0 else -1))
+    return votes
+
+
 def tenant_agreement(
     interactions: list[Interaction],
     feedback: list[Feedback],
@@ -56,30 +91,28 @@ def tenant_agreement(
     answer_key: AnswerKey = reply_text,
 ) -> dict[str, TenantAgreement]:
     """Agreement of every tenant that gave feedback with the others' majority on the same (prompt, answer)."""
-    reward_map = reward_map or RewardMap()
-    answer_of: dict[str, tuple[str, str]] = {}
-    for row in interactions:
-        key = answer_key(row)
-        if key is not None and isinstance(row.prompt_token_ids, list):
-            answer_of[row.id] = (",".join(map(str, row.prompt_token_ids)), key)
-    # sign of each tenant's signals per answer: +1 liked, -1 disliked (0-reward signals carry no opinion)
-    votes: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    out: dict[str, TenantAgreement] = {}
-    for item in feedback:
-        out.setdefault(item.tenant, TenantAgreement(item.tenant))
-        reward = reward_map.signal_reward(item)
-        if item.interaction_id in answer_of and reward:
-            votes[answer_of[item.interaction_id]][item.tenant].append(1 if reward > 0 else -1)
-    for by_tenant in votes.values():
+    out = {item.tenant: TenantAgreement(item.tenant) for item in feedback}
+    for by_tenant in answer_votes(interactions, feedback, reward_map, answer_key=answer_key).values():
         if len(by_tenant) < 2:
             continue
         for tenant, signs in by_tenant.items():
-            others = sum(s for other, values in by_tenant.items() if other != tenant for s in values)
+            others = sum(s for other, values in by_tenant.items() if other != tenant for _, s in values)
             if others == 0:
                 continue
             majority = 1 if others > 0 else -1
             out[tenant].comparisons += len(signs)
-            out[tenant].agreements += sum(1 for s in signs if s == majority)
+            out[tenant].agreements += sum(1 for _, s in signs if s == majority)
+    return out
+
+
+def corroborated_signals(votes: Votes, *, ignore: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Ids of the signals that at least one other tenant (not in ``ignore``) gave the same sign on the same answer."""
+    out: set[str] = set()
+    for by_tenant in votes.values():
+        for tenant, signs in by_tenant.items():
+            seen = {s for other, values in by_tenant.items() if other != tenant and other not in ignore
+                    for _, s in values}  # fmt: skip
+            out.update(fid for fid, s in signs if s in seen)
     return out
 
 
@@ -95,7 +128,10 @@ class TrustedFeedbackStore:
         min_overlap: int = 20,
         answer_key: AnswerKey = reply_text,
         model: str | None = None,
+        unjudged: Unjudged = "keep",
     ) -> None:
+        if unjudged not in UNJUDGED:
+            raise ValueError(f"TrustedFeedbackStore.unjudged must be one of {', '.join(UNJUDGED)}, got {unjudged!r}")
         if not 0 < min_agreement <= 1:
             raise ValueError(f"TrustedFeedbackStore.min_agreement must be in (0, 1], got {min_agreement}")
         if min_overlap < 1:
@@ -106,8 +142,15 @@ class TrustedFeedbackStore:
         self.min_overlap = min_overlap
         self.answer_key = answer_key
         self.model = model
+        self.unjudged: Unjudged = unjudged
         self.agreement: dict[str, TenantAgreement] = {}
         self.excluded: set[str] = set()
+        self.unjudged_tenants: set[str] = set()
+        """Tenants with fewer than ``min_overlap`` comparisons at the last refresh."""
+        self.corroborated: set[str] = set()
+        """Ids of the unjudged tenants' signals another trusted tenant agreed with (``unjudged="corroborated"``)."""
+        self.held_back = 0
+        """Signals of unjudged tenants the last ``feedback()`` left out."""
         self.updated_at: float | None = None
         self.fresh_since: float | None = None
         """When set, ``interactions()`` returns only rows created at or after it (training takes fresh samples only;
@@ -119,20 +162,35 @@ class TrustedFeedbackStore:
         """Recompute every tenant's agreement over the whole store (all versions); returns the excluded tenants."""
         rows = self.store.interactions(model=self.model, include_shadow=False)
         signals = self.store.feedback(interaction_ids=[r.id for r in rows]) if rows else []
+        votes = answer_votes(rows, signals, self.reward_map, answer_key=self.answer_key)
         self.agreement = tenant_agreement(rows, signals, self.reward_map, answer_key=self.answer_key)
         self.excluded = {
             name
             for name, found in self.agreement.items()
             if found.comparisons >= self.min_overlap and (found.rate or 0.0) < self.min_agreement
         }
+        self.unjudged_tenants = {n for n, found in self.agreement.items() if found.comparisons < self.min_overlap}
+        # an excluded tenant's agreement vouches for nobody
+        corroborating = self.unjudged == "corroborated"
+        self.corroborated = corroborated_signals(votes, ignore=self.excluded) if corroborating else set()
         self.updated_at = time.time()
         return self.excluded
 
+    def _trained_on(self, item: Feedback) -> bool:
+        if item.tenant in self.excluded:
+            return False
+        if self.unjudged == "keep" or item.tenant not in self.unjudged_tenants:
+            return True
+        return self.unjudged == "corroborated" and item.id in self.corroborated
+
     def feedback(self, *, interaction_ids: list[str] | None = None, tenant: str | None = None) -> list[Feedback]:
-        """The store's feedback without the excluded tenants' (recomputed on every call: each cycle reads once)."""
+        """The store's feedback without the excluded tenants' and, unless ``unjudged="keep"``, without the unjudged
+        tenants' signals that rule leaves out (trust is recomputed on every call: each cycle reads once)."""
         self.refresh()
-        return [f for f in self.store.feedback(interaction_ids=interaction_ids, tenant=tenant)
-                if f.tenant not in self.excluded]  # fmt: skip
+        signals = self.store.feedback(interaction_ids=interaction_ids, tenant=tenant)
+        kept = [f for f in signals if self._trained_on(f)]
+        self.held_back = sum(1 for f in signals if f.tenant not in self.excluded) - len(kept)
+        return kept
 
     def interactions(self, **filters: Any) -> list[Interaction]:
         """The store's interactions (oldest first), cut to ``fresh_since`` and ``max_fresh`` when they are set."""
@@ -147,6 +205,9 @@ class TrustedFeedbackStore:
             "excluded": sorted(self.excluded),
             "min_agreement": self.min_agreement,
             "min_overlap": self.min_overlap,
+            "unjudged": self.unjudged,
+            "unjudged_tenants": sorted(self.unjudged_tenants),
+            "unjudged_signals_held_back": self.held_back,
             "tenants": {
                 name: {"comparisons": a.comparisons, "agreements": a.agreements, "rate": a.rate}
                 for name, a in sorted(self.agreement.items())

@@ -100,6 +100,67 @@ def test_bad_settings_fail_naming_the_field(tmp_path: Path) -> None:
             TrustedFeedbackStore(store, min_agreement=0)
         with pytest.raises(ValueError, match="min_overlap"):
             TrustedFeedbackStore(store, min_overlap=0)
+        with pytest.raises(ValueError, match="unjudged"):
+            TrustedFeedbackStore(store, unjudged="trust")  # type: ignore[arg-type]
+
+
+def _early(tmp_path: Path, unjudged: str) -> tuple[TrustedFeedbackStore, list[Feedback], dict[str, str]]:
+    """The first 40 signals of the adversarial traffic: nobody has 20 comparisons yet, so nobody is judged."""
+    rows, signals = _traffic(adversary_flips=True)
+    rows, signals = rows[:40], signals[:40]
+    store = _filled(InteractionStore(f"sqlite:///{tmp_path / f'{unjudged}.db'}"), rows, signals)
+    trusted = TrustedFeedbackStore(store, min_overlap=20, model="m", unjudged=unjudged)  # type: ignore[arg-type]
+    return trusted, signals, {r.id: r.tenant for r in rows}
+
+
+def test_unjudged_keep_trains_on_an_adversary_nobody_has_judged_yet(tmp_path: Path) -> None:
+    trusted, signals, _ = _early(tmp_path, "keep")
+    kept = trusted.feedback()
+    assert trusted.excluded == set() and trusted.unjudged_tenants == {"alice", "bob", "carol", "mallory"}
+    assert len(kept) == len(signals) and trusted.held_back == 0
+    trusted.store.close()
+
+
+def test_unjudged_corroborated_keeps_only_signals_another_tenant_agrees_with(tmp_path: Path) -> None:
+    trusted, signals, _ = _early(tmp_path, "corroborated")
+    kept = trusted.feedback()
+    assert 0 < len(kept) < len(signals) and trusted.held_back == len(signals) - len(kept)
+    # every kept signal has a same-sign signal from another tenant on the same (prompt, answer)
+    rows = {r.id: r for r in trusted.store.interactions(model="m")}
+    def unit(f: Feedback) -> tuple:
+        return (tuple(rows[f.interaction_id].prompt_token_ids), reply_text(rows[f.interaction_id]), f.kind)
+    for f in kept:
+        assert any(g.tenant != f.tenant and unit(g) == unit(f) for g in signals), f
+    # mallory inverts everything, so it is corroborated only where an honest tenant flipped: rarely
+    wrong = [f for f in kept if (f.kind == "accepted") != (reply_text(rows[f.interaction_id]) == "right")]
+    assert len(wrong) / len(kept) < 0.25, (len(wrong), len(kept))
+    all_wrong = [f for f in signals if (f.kind == "accepted") != (reply_text(rows[f.interaction_id]) == "right")]
+    assert len(all_wrong) / len(signals) > len(wrong) / len(kept), "corroboration must clean the labels"
+    assert trusted.report()["unjudged_signals_held_back"] == trusted.held_back
+    trusted.store.close()
+
+
+def test_unjudged_drop_waits_until_tenants_are_judged(tmp_path: Path) -> None:
+    trusted, _, _ = _early(tmp_path, "drop")
+    assert trusted.feedback() == []  # nobody judged yet: nothing to train on
+    trusted.store.close()
+    rows, signals = _traffic(adversary_flips=True)
+    with InteractionStore(f"sqlite:///{tmp_path / 'all.db'}") as store:
+        _filled(store, rows, signals)
+        full = TrustedFeedbackStore(store, min_overlap=20, model="m", unjudged="drop")
+        kept = full.feedback()
+        assert full.excluded == {"mallory"} and not (full.unjudged_tenants & {"alice", "bob", "carol"})
+        assert {f.tenant for f in kept} == {"alice", "bob", "carol"} and len(kept) == 180
+
+
+def test_an_excluded_tenant_corroborates_nobody(tmp_path: Path) -> None:
+    from taskrl.feedback_trust import answer_votes, corroborated_signals
+
+    a, m = _row("alice", 1, "right", 0), _row("mallory", 1, "right", 1)
+    signals = [Feedback(a.id, "alice", "accepted"), Feedback(m.id, "mallory", "accepted")]
+    votes = answer_votes([a, m], signals)
+    assert corroborated_signals(votes) == {s.id for s in signals}
+    assert corroborated_signals(votes, ignore={"mallory"}) == {signals[1].id}  # alice's stands alone now
 
 
 def test_the_cycle_keeps_an_excluded_tenant_out_of_the_canary_evidence(tmp_path: Path) -> None:

@@ -82,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--max-stage-sessions", type=int, default=0, help="roll back a stage inconclusive after this (0: 10x)")
     add("--holdout", type=float, default=0.1)
     add("--trust-min-overlap", type=int, default=20)
+    add("--trust-unjudged", choices=("keep", "corroborated", "drop"), default="corroborated",
+        help="what a not-yet-judged tenant's signals do: train, train where another tenant agrees, or wait")
     add("--canary-timeout-s", type=float, default=300.0)
     add("--collect-timeout-s", type=float, default=600.0)
     add("--timeout-min", type=float, default=40.0, help="hard limit of the whole run")
@@ -93,7 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         tiny = {"cycles": 2, "train_tasks": 8, "val_tasks": 8, "test_tasks": 8, "max_tokens": 6, "users": 4,
                 "min_trajectories": 8, "fresh_feedback": 10, "stage_sessions": 3, "rollback_sessions": 2,
                 "trust_min_overlap": 2, "canary_timeout_s": 40.0, "collect_timeout_s": 60.0, "timeout_min": 4.0,
-                "temperature": 1.0, "updates_per_cycle": 1, "degraded_updates": 1, "degraded_at": 1}  # fmt: skip
+                "temperature": 1.0, "updates_per_cycle": 1, "degraded_updates": 1, "degraded_at": 1,
+                "trust_unjudged": "keep"}  # fmt: skip
         for name, value in tiny.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
@@ -117,7 +120,8 @@ def make_spec(args: argparse.Namespace, keys: dict[str, str], admin_key: str) ->
         "cycles": args.cycles, "degraded_at": args.degraded_at,
         "force_degraded_canary": not args.no_force_degraded_canary, "val_tasks": args.val_tasks,
         "test_tasks": args.test_tasks, "n_boot": 500 if args.tiny else 2000,
-        "trust_min_overlap": args.trust_min_overlap, "canary_timeout_s": args.canary_timeout_s,
+        "trust_min_overlap": args.trust_min_overlap, "trust_unjudged": args.trust_unjudged,
+        "canary_timeout_s": args.canary_timeout_s,
         "collect_timeout_s": args.collect_timeout_s,
     }  # fmt: skip
 

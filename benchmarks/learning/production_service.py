@@ -113,7 +113,8 @@ class Service:
         self.app = create_app({spec["name"]: served}, store=self.store, config=config)
         self.router = self.app.state.routers[spec["name"]]
         self.trusted = TrustedFeedbackStore(self.store, min_overlap=spec["trust_min_overlap"],
-                                            answer_key=answer_number, model=spec["name"])  # fmt: skip
+                                            answer_key=answer_number, model=spec["name"],
+                                            unjudged=spec.get("trust_unjudged", "keep"))  # fmt: skip
         self.trusted.max_fresh = spec["max_fresh"]
         self.val = make_tasks(spec["val_tasks"], "val")
         self.test = make_tasks(spec["test_tasks"], "test")
@@ -212,6 +213,13 @@ class Service:
                 await self.degraded_cycle()
             started = time.time()
             report = await self.cycle.run_once()
+            # too little trusted data yet (e.g. nobody judged, few corroborated signals): keep collecting into the
+            # same window instead of spending the cycle, until the collection time limit
+            while report.get("outcome") == "waiting" and time.monotonic() < deadline:
+                self.events.emit("cycle_waiting", index=index, report=report, trust=self.trusted.report())
+                feedback_seen = await self.wait_for_feedback(feedback_seen, deadline)
+                cut, started = time.time(), time.time()
+                report = await self.cycle.run_once()
             self.trusted.fresh_since = cut
             row: dict[str, Any] = {"index": index, "report": report, "trust": self.trusted.report(),
                                    "started": started}  # fmt: skip
