@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from taskrl.policies.base import Completion, PolicyError
+from taskrl.policies.drafts import lookup_draft
 from taskrl.policies.kvcache import PrefixCache, RowKV
 from taskrl.policies.sampling import Request, sample
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
-    "completed", "failed", "cancelled", "restarts",
+    "completed", "failed", "cancelled", "restarts", "draft_tokens", "accepted_draft_tokens", "decode_forwards",
 )  # fmt: skip
 _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
@@ -69,9 +70,15 @@ class ContinuousEngine:
         prefix_cache_bytes: int,
         share_min_tokens: int = 32,
         idle_release_s: float = 30.0,
+        draft_tokens: int = 0,
+        decode_token_budget: int = 16,
     ) -> None:
-        """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle."""
+        """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
+        ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
+        the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row))."""
         self.policy = policy
+        self.draft_tokens = draft_tokens
+        self.decode_token_budget = decode_token_budget
         self.max_batch_size = max_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.share_min_tokens = share_min_tokens
@@ -302,12 +309,20 @@ class ContinuousEngine:
     def _decode_step(self) -> None:
         kv = self.decoding
         rows: list[_Row] = list(kv.owners)
-        ids = torch.tensor([[row.pending] for row in rows], dtype=torch.long)
+        drafts = self._drafts(rows)
+        queries = [1 + len(d) for d in drafts]
+        window = max(queries)
+        ids = torch.full((len(rows), window), self.policy._pad_id, dtype=torch.long)
+        for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+            ids[i, window - queries[i] :] = torch.tensor([row.pending, *draft], dtype=torch.long)
         started = time.perf_counter()
-        logits, failed = self._forward(kv, ids, [1] * len(rows))
-        self._decode_s = _ema(self._decode_s, time.perf_counter() - started)
-        kv.advance([1] * len(rows))
+        logits, failed = self._forward(kv, ids, queries, keep=window)
+        if window == 1:  # the prefill budget is sized by a plain decode forward's cost
+            self._decode_s = _ema(self._decode_s, time.perf_counter() - started)
+        kv.advance([1] * len(rows))  # the pending tokens; accepted drafts advance their row below
+        self.stats["decode_forwards"] += 1
         self.stats["decode_tokens"] += len(rows)
+        self.stats["draft_tokens"] += sum(queries) - len(rows)
         self.stats["max_running"] = max(self.stats["max_running"], len(rows))
         for row in rows:
             row.batch_size = max(row.batch_size, len(rows))
@@ -315,22 +330,67 @@ class ContinuousEngine:
             self._fail(rows[i], exc)
         leaving, scrub = set(failed), set(failed)
         alive = [i for i in range(len(rows)) if i not in failed]
-        for i, token, logprob in self._sample_rows(rows, alive, logits):
+        if not alive:
+            kv.remove_rows(leaving, scrub)
+            return
+        # each row's pending token sits at column window - q of the window
+        first = logits if window == 1 else logits[torch.arange(len(rows)), [window - q for q in queries]]
+        for i, token, logprob in self._sample_rows(rows, alive, first):
             row = rows[i]
             if token is None:
                 leaving.add(i)
                 scrub.add(i)
             elif self._accept(row, token, logprob, kv_row=i):
                 leaving.add(i)
-            else:
+            elif not drafts[i]:
                 row.pending = token
+            elif self._verify(i, row, token, drafts[i], logits[i]):
+                leaving.add(i)
         kv.remove_rows(leaving, scrub)
 
+    def _drafts(self, rows: list[_Row]) -> list[list[int]]:
+        """Each row's prompt-lookup drafts for this step, as many per row as the decode budget allows."""
+        per_row = min(self.draft_tokens, self.decode_token_budget // len(rows) - 1)
+        if per_row < 1:
+            return [[] for _ in rows]
+        out = []
+        for row in rows:
+            request = row.request
+            room = min(per_row, request.max_new_tokens - len(request.token_ids) - 1)
+            context = torch.cat([row.prompt, torch.tensor(request.token_ids, dtype=torch.long)])
+            out.append(lookup_draft(context, room))
+        return out
+
+    def _verify(self, i: int, row: _Row, token: int, draft: list[int], logits: torch.Tensor) -> bool:
+        """Walk row ``i``'s drafts after its first sampled ``token``: each draft equal to the token sampled before
+        it is kept (its KV is already written) and the next position is sampled from its logits, with the row's
+        own generator, exactly as a plain step would. True when the row finished; else ``pending`` is set."""
+        offset = logits.shape[0] - 1 - len(draft)  # position of the pending token's logits in the window
+        for j, proposed in enumerate(draft):
+            if token != proposed:
+                break
+            position = logits[offset + 1 + j]
+            if not bool(torch.isfinite(position).all()):
+                break  # kept drafts stop here; the model fails this row at its next plain step if it stays so
+            self.decoding.lengths[i] += 1
+            self.stats["accepted_draft_tokens"] += 1
+            picked, logprobs = sample(position[None], [row.request])
+            token = int(picked[0])
+            if self._accept(row, token, float(logprobs[0]), kv_row=i):
+                return True
+        if not bool(torch.isfinite(logits).all()):  # a rejected draft's KV may be non-finite: never leave it behind
+            self.decoding.zero_tail(i)
+        row.pending = token
+        return False
+
     # -- pieces ------------------------------------------------------------------------------------
-    def _forward(self, kv: RowKV, ids: torch.Tensor, queries: list[int]) -> tuple[torch.Tensor, dict[int, Exception]]:
-        """Last-position logits of every row; a row whose forward fails alone is reported, not raised."""
+    def _forward(
+        self, kv: RowKV, ids: torch.Tensor, queries: list[int], keep: int = 1
+    ) -> tuple[torch.Tensor, dict[int, Exception]]:
+        """Logits of every row's last ``keep`` window positions (``[rows, keep, vocab]``, or ``[rows, vocab]`` when
+        ``keep`` is 1); a row whose forward fails alone is reported, not raised."""
         try:
-            return self._run(kv, ids, queries), {}
+            return self._run(kv, ids, queries, keep), {}
         except Exception as exc:
             if kv.rows == 1:
                 return torch.empty(0), {0: exc}
@@ -343,7 +403,10 @@ class ContinuousEngine:
             alone = RowKV(kv.num_layers, float_mask_dtype=kv.float_mask_dtype)
             alone.add_row(None, kv.row_kv(i) if kv.lengths[i] else None)
             try:
-                logits.append(self._run(alone, ids[i : i + 1, window - q :], [q])[0])
+                own = self._run(alone, ids[i : i + 1, window - q :], [q], min(keep, q))[0]
+                if keep > 1:  # left-pad to the window's kept positions (padding positions are never read)
+                    own = torch.cat([own.new_zeros((keep - own.shape[0], own.shape[-1])), own])
+                logits.append(own)
                 alone.advance([q])
                 kv.write_row(i, alone.row_kv(0))  # the caller advances every row
             except Exception as exc:
@@ -354,7 +417,7 @@ class ContinuousEngine:
             return torch.empty(0), failed
         return torch.stack([t if t is not None else torch.zeros_like(template) for t in logits]), failed
 
-    def _run(self, kv: RowKV, ids: torch.Tensor, queries: list[int]) -> torch.Tensor:
+    def _run(self, kv: RowKV, ids: torch.Tensor, queries: list[int], keep: int = 1) -> torch.Tensor:
         policy = self.policy
         mask, positions = kv.plan(queries, policy.device)
         out = policy.model(
@@ -362,10 +425,10 @@ class ContinuousEngine:
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,  # every row's last query is the window's last column
+            logits_to_keep=keep,  # every row's last query is the window's last column
             **{policy._cache_kwarg: kv},
         )
-        return out.logits[:, -1, :].float()
+        return out.logits[:, -1, :].float() if keep == 1 else out.logits[:, -keep:, :].float()
 
     def _sample_rows(
         self, rows: list[_Row], indices: list[int], logits: torch.Tensor

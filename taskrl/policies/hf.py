@@ -73,6 +73,8 @@ class HFPolicy(PolicyBase):
         engine: str = "continuous",
         prefill_chunk_tokens: int = 128,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        draft_tokens: int = 4,
+        decode_token_budget: int | None = None,
     ) -> None:
         """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
 
@@ -81,6 +83,10 @@ class HFPolicy(PolicyBase):
         continuous engine prefills per step (while rows decode, also to about a decode forward's cost), so
         running rows keep decoding and a short prompt arriving next is read within a step;
         ``prefix_cache_bytes`` bounds its KV cache (0 disables reuse).
+        ``draft_tokens``: prompt-lookup drafts a decoding row may verify per step (0 disables speculative decoding;
+        samples are the same either way); ``decode_token_budget``: the most padded positions of a decode forward
+        that drafts may fill, so drafts ride only in forwards that cost about what a plain one does (None: 16 on
+        CPU, where a forward is compute-bound past ~16 positions, 256 on an accelerator).
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -90,6 +96,10 @@ class HFPolicy(PolicyBase):
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
+        if decode_token_budget is not None and decode_token_budget < 1:
+            raise ValueError(f"decode_token_budget must be >= 1, got {decode_token_budget}")
         self.device = next(model.parameters()).device if device is None else resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -102,6 +112,8 @@ class HFPolicy(PolicyBase):
         self.batch_wait_s = batch_wait_s
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefix_cache_bytes = prefix_cache_bytes
+        self.draft_tokens = draft_tokens
+        self.decode_token_budget = decode_token_budget
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -122,6 +134,8 @@ class HFPolicy(PolicyBase):
             max_batch_size=max_batch_size,
             prefill_chunk_tokens=prefill_chunk_tokens,
             prefix_cache_bytes=prefix_cache_bytes,
+            draft_tokens=draft_tokens,
+            decode_token_budget=decode_token_budget or (16 if self.device.type == "cpu" else 256),
         )
 
     @classmethod

@@ -124,6 +124,11 @@ class RowKV(Cache):
         assert self.buffer is not None
         self.buffer[:, :, row, :, :n].copy_(kv)
 
+    def zero_tail(self, row: int) -> None:
+        """Zero row ``row``'s columns past its length (KV written there by queries it did not keep)."""
+        if self.buffer is not None:
+            self.buffer[:, :, row, :, self.lengths[row] :].zero_()
+
     def row_kv(self, row: int) -> torch.Tensor:
         """Row ``row``'s KV as a view ``[layers, 2, kv_heads, length, head_dim]`` (clone it to keep it)."""
         n = self.lengths[row]

@@ -86,6 +86,8 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         engine=policy.engine,
         prefill_chunk_tokens=policy.prefill_chunk_tokens,
         prefix_cache_bytes=policy.prefix_cache_bytes,
+        draft_tokens=policy.draft_tokens,
+        decode_token_budget=policy.decode_token_budget,
     )
 
 

@@ -1,0 +1,33 @@
+"""Prompt-lookup drafts for the continuous engine's speculative decoding.
+
+An agent's turn copies a lot from its own context: the tool-call syntax of earlier turns, tool names, item
+names and numbers from tool output. ``lookup_draft`` finds the most recent earlier occurrence of the sequence's
+last n tokens (the longest n first) and proposes the tokens that followed it. The engine feeds the drafts with
+the row's pending token in one forward and keeps each draft only while it equals the token the row's own
+sampler picks at that position (see ``engine.ContinuousEngine._decode_step``), so drafts change the speed,
+never the sample.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def lookup_draft(tokens: torch.Tensor, max_tokens: int, *, max_ngram: int = 3, min_ngram: int = 2) -> list[int]:
+    """Up to ``max_tokens`` tokens that followed the latest earlier occurrence of ``tokens``' last n-gram.
+
+    ``tokens`` is a 1-D long tensor (prompt + sampled so far, ending with the token about to be fed). Tries
+    n = ``max_ngram`` down to ``min_ngram``; returns ``[]`` when no n-gram recurs or ``max_tokens`` < 1.
+    """
+    length = tokens.numel()
+    if max_tokens < 1 or length <= min_ngram:
+        return []
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        pattern = tokens[length - n :]
+        # windows starting at 0 .. length-n-1: every n-gram but the trailing one itself
+        windows = tokens[: length - 1].unfold(0, n, 1)
+        hits = (windows == pattern).all(dim=1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return tokens[start : start + max_tokens].tolist()
+    return []
