@@ -1,6 +1,10 @@
 """Rollout engine benchmark (issue 13): HFPolicy's continuous engine vs its static engine vs transformers
 ``generate`` one request at a time, side by side in one run, on SmolLM2-135M-Instruct.
 
+Engines: ``continuous`` (the default engine, prompt-lookup drafts on), ``continuous_plain`` (the same engine with
+``draft_tokens=0``), ``static`` and ``generate``. ``--rounds N`` plays (a) N times, the engine order reversed
+every other round, so machine load drifting during the run falls on every engine alike.
+
 (a) ``grpo``: a GRPO step's rollouts on the ``shop`` env: 4 tasks x 4 samples = 16 episodes of up to 5 turns,
     temperature 1, the same seeds for every engine. Prints episodes/s, sampled tokens/s, prompt tokens the
     engine computed (prefill), p50/p95 seconds per turn, and whether the episodes equal the continuous engine's.
@@ -30,6 +34,7 @@ import torch
 from taskrl.env import make
 from taskrl.policies.base import Completion, SamplingParams
 from taskrl.policies.hf import HFPolicy
+from taskrl.policies.memory import release_freed
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.types import Message
 
@@ -43,6 +48,32 @@ def cpu_model() -> str:
     amx = "amx_bf16 present" if "amx_bf16" in Path("/proc/cpuinfo").read_text() else "no amx_bf16"
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     return f"{name}, {amx}, torch threads {torch.get_num_threads()}, load average {load}"
+
+
+ENGINES = ("continuous", "continuous_plain", "static", "generate")
+
+
+def use_engine(policy: HFPolicy, engine: str, prefill_mode: str = "latency") -> None:
+    """Switch ``policy`` to one of ``ENGINES`` (not ``generate``), cold: no KV from an earlier engine's run.
+    ``prefill_mode``: "throughput" as the trainer's rollouts use it, "latency" as ``taskrl serve`` does."""
+    policy.engine = "static" if engine == "static" else "continuous"
+    policy._engine.draft_tokens = 0 if engine == "continuous_plain" else policy.draft_tokens
+    policy.prefill_mode = policy._engine.prefill_mode = prefill_mode
+    policy.invalidate_kv_cache()
+
+
+def release_engine_memory(policy: HFPolicy) -> None:
+    """Hand the engines' KV buffers and freed heap back to the OS between runs (the machine is shared; glibc keeps
+    freed blocks resident otherwise)."""
+
+    def release() -> None:
+        policy.invalidate_kv_cache()
+        policy._engine._check_weights()  # empties the prefix cache
+        policy._engine.prefilling.release()
+        policy._engine.decoding.release()
+
+    policy.run_exclusive(release)
+    release_freed()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -118,6 +149,54 @@ class GeneratePolicy:
 
 
 # -- (a) a GRPO step's rollouts --------------------------------------------------------------------
+def grpo_once(
+    policy: HFPolicy, engine: str, tasks: list[Any], config: RolloutConfig, args: argparse.Namespace
+) -> tuple[dict[str, Any], list[list[int]]]:
+    """One engine plays the GRPO step's episodes once: its row of table (a) and every episode's sampled tokens."""
+    run_tasks = tasks
+    if engine == "generate":
+        target: Any = GeneratePolicy(policy)
+        run_tasks = tasks[: max(1, args.generate_episodes // args.group_size)]  # it is slow: fewer episodes
+    else:
+        use_engine(policy, engine, "throughput")  # as the trainer's rollouts
+        target = policy
+    before = policy.engine_stats()
+    timed = Timed(target)
+    start = time.perf_counter()
+    trajs = asyncio.run(run_episodes(lambda: make("shop"), timed, run_tasks, config))
+    wall = time.perf_counter() - start
+    after = policy.engine_stats()
+    release_engine_memory(policy)
+    counters = ("prefill_tokens", "draft_tokens", "accepted_draft_tokens", "decode_forwards")
+    counted = {k: after.get(k, 0) - before.get(k, 0) for k in counters}
+    if engine == "generate":
+        counted["prefill_tokens"] = target.prefill_tokens
+    sampled = sum(t.num_sampled_tokens for t in trajs)
+    turns = [t.metrics["turns"] for t in trajs]
+    row = {
+        "episodes": len(trajs),
+        "mean_turns": statistics.fmean(turns),
+        "wall_s": wall,
+        "episodes_per_s": len(trajs) / wall,
+        "sampled_tokens_per_s": sampled / wall,
+        "sampled_tokens": sampled,
+        **counted,
+        "turns": len(timed.turn_s),
+        "turn_p50_s": percentile(timed.turn_s, 0.5),
+        "turn_p95_s": percentile(timed.turn_s, 0.95),
+        "mean_reward": statistics.fmean(t.reward for t in trajs),
+    }
+    return row, [[tok for s in t.segments for tok in s.token_ids] for t in trajs]
+
+
+def mean_row(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds' mean of every number (the wall times of each round are kept too)."""
+    out = {key: statistics.fmean(r[key] for r in results) for key in results[0]}
+    out["episodes"] = results[0]["episodes"]
+    out["round_wall_s"] = [r["wall_s"] for r in results]
+    return out
+
+
 def grpo_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
     env = make("shop")
     tasks = list(env.tasks())[: args.tasks]
@@ -128,44 +207,16 @@ def grpo_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
         sampling=SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
         seed=0,
     )
-    rows: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {engine: [] for engine in args.engines}
     episodes: dict[str, list[list[int]]] = {}
-    for engine in args.engines:
-        run_tasks = tasks
-        if engine == "generate":
-            target: Any = GeneratePolicy(policy)
-            run_tasks = tasks[: max(1, args.generate_episodes // args.group_size)]  # it is slow: fewer episodes
-        else:
-            policy.engine = engine
-            policy.invalidate_kv_cache()  # every engine starts cold
-            target = policy
-        before = policy.engine_stats()
-        timed = Timed(target)
-        start = time.perf_counter()
-        trajs = asyncio.run(run_episodes(lambda: make("shop"), timed, run_tasks, config))
-        wall = time.perf_counter() - start
-        after = policy.engine_stats()
-        if engine == "generate":
-            prefill = target.prefill_tokens
-        else:
-            prefill = after.get("prefill_tokens", 0) - before.get("prefill_tokens", 0)
-        sampled = sum(t.num_sampled_tokens for t in trajs)
-        turns = [t.metrics["turns"] for t in trajs]
-        episodes[engine] = [[tok for s in t.segments for tok in s.token_ids] for t in trajs]
-        rows[engine] = {
-            "episodes": len(trajs),
-            "mean_turns": statistics.fmean(turns),
-            "wall_s": wall,
-            "episodes_per_s": len(trajs) / wall,
-            "sampled_tokens_per_s": sampled / wall,
-            "sampled_tokens": sampled,
-            "prefill_tokens": prefill,
-            "turns": len(timed.turn_s),
-            "turn_p50_s": percentile(timed.turn_s, 0.5),
-            "turn_p95_s": percentile(timed.turn_s, 0.95),
-            "mean_reward": statistics.fmean(t.reward for t in trajs),
-        }
-        print(f"  {engine}: {wall:.1f} s", flush=True)
+    for round_index in range(args.rounds):
+        order = args.engines if round_index % 2 == 0 else list(reversed(args.engines))
+        for engine in order:
+            row, played = grpo_once(policy, engine, tasks, config, args)
+            runs[engine].append(row)
+            episodes.setdefault(engine, played)
+            print(f"  round {round_index + 1} {engine}: {row['wall_s']:.1f} s", flush=True)
+    rows = {engine: mean_row(results) for engine, results in runs.items()}
     reference = episodes.get("continuous")
     for engine, row in rows.items():
         if reference is not None:
@@ -179,12 +230,24 @@ def grpo_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
         same = r.get("episodes_equal_continuous", "")
         print(
             f"{engine:12} {r['episodes']:8d} {r['wall_s']:7.1f} {r['episodes_per_s']:6.3f} "
-            f"{r['sampled_tokens_per_s']:6.1f} {r['prefill_tokens']:11d} {r['turns']:5d} "
+            f"{r['sampled_tokens_per_s']:6.1f} {r['prefill_tokens']:11.0f} {r['turns']:5.0f} "
             f"{r['turn_p50_s']:6.2f} {r['turn_p95_s']:6.2f} {same!s:>8}"
         )
+    for engine, r in rows.items():
+        if r.get("draft_tokens"):
+            print(
+                f"{engine}: {r['accepted_draft_tokens']:.0f} of {r['draft_tokens']:.0f} drafts kept, "
+                f"{r['decode_forwards']:.0f} decode forwards; wall s per round {r['round_wall_s']}"
+            )
     if "continuous" in rows and "static" in rows:
         ratio = rows["continuous"]["episodes_per_s"] / rows["static"]["episodes_per_s"]
         print(f"continuous / static episodes/s: {ratio:.2f}x (target >= 3x: {'met' if ratio >= 3 else 'missed'})")
+        per_round = [s / c for c, s in zip(rows["continuous"]["round_wall_s"], rows["static"]["round_wall_s"],
+                                           strict=True)]  # fmt: skip
+        print(f"  per round: {', '.join(f'{x:.2f}x' for x in per_round)}")
+    if "continuous_plain" in rows and "continuous" in rows:
+        ratio = rows["continuous"]["episodes_per_s"] / rows["continuous_plain"]["episodes_per_s"]
+        print(f"continuous (drafts) / continuous_plain episodes/s: {ratio:.2f}x")
     return rows
 
 
@@ -204,8 +267,7 @@ def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         for engine in [e for e in args.engines if e != "generate"]:
-            policy.engine = engine
-            policy.invalidate_kv_cache()
+            use_engine(policy, engine)
 
             async def one(prompt: list[int], n: int, seed: int) -> float:
                 start = time.perf_counter()
@@ -290,7 +352,8 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
             fields["steps"] = args.demo_grpo_steps
             config = config_from_dict(fields)
             dtype = getattr(torch, config.dtype)
-            policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype, engine=engine)
+            policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype)
+            use_engine(policy, engine, "throughput")  # as the Trainer builds its own policy
             trainer = Trainer(config, policy=policy)
             try:
                 rows = trainer.train()
@@ -312,8 +375,10 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
     if "continuous" in out and "static" in out:
         ratio = sum(out["static"]["step_s"]) / sum(out["continuous"]["step_s"])
         rollout = sum(out["static"]["rollout_s"]) / sum(out["continuous"]["rollout_s"])
-        print(f"GRPO step time static / continuous: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
-              f"rollout time: {rollout:.2f}x")
+        print(
+            f"GRPO step time static / continuous: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
+            f"rollout time: {rollout:.2f}x"
+        )
         print(f"same training rewards: {out['static']['reward'] == out['continuous']['reward']}")
     return out
 
@@ -342,7 +407,8 @@ def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", nargs="+", default=["grpo", "trace"], choices=["grpo", "trace", "demo"])
-    ap.add_argument("--engines", nargs="+", default=["continuous", "static", "generate"])
+    ap.add_argument("--engines", nargs="+", default=["continuous", "static", "generate"], choices=ENGINES)
+    ap.add_argument("--rounds", type=int, default=1, help="plays of (a), the engine order reversed every other one")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=4)

@@ -116,7 +116,10 @@ class Trainer:
         server = connect_server(cfg) if cfg.rollout_policy == "server" else None
         self._owns_policy = policy is None
         if policy is None:
-            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype))
+            # rollouts want the batch done soonest, not each row's pace: full prefill chunks
+            policy = HFPolicy.from_pretrained(
+                cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype), prefill_mode="throughput"
+            )
         # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
         self.learner_policy: HFPolicy = policy
         policy.model = prepare_model(policy.model, cfg)

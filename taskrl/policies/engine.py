@@ -72,11 +72,14 @@ class ContinuousEngine:
         idle_release_s: float = 30.0,
         draft_tokens: int = 0,
         decode_token_budget: int = 16,
+        prefill_mode: str = "latency",
     ) -> None:
         """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
         ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
-        the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row))."""
+        the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row)).
+        ``prefill_mode``: "latency" or "throughput" (see ``_prefill_budget``)."""
         self.policy = policy
+        self.prefill_mode = prefill_mode
         self.draft_tokens = draft_tokens
         self.decode_token_budget = decode_token_budget
         self.max_batch_size = max_batch_size
@@ -251,13 +254,15 @@ class ContinuousEngine:
         self.stats["cached_tokens"] += cached
 
     def _prefill_budget(self) -> int:
-        """Padded prompt tokens in this step's prefill forward: ``prefill_chunk_tokens``, and while rows decode
-        at most about as many as cost what their decode forward costs (measured), so a running row's time per
-        token at most roughly doubles while prompts are read (a CPU's prefill is compute-bound; a GPU's budget
-        stays at ``prefill_chunk_tokens``). Never the whole prompt at once: a request arriving next must wait
-        for one chunk at most."""
+        """Padded prompt tokens in this step's prefill forward: ``prefill_chunk_tokens``. In ``"latency"`` mode,
+        while rows decode, at most about as many as cost what their decode forward costs (measured), so a running
+        row's time per token at most roughly doubles while prompts are read (a CPU's prefill is compute-bound; a
+        GPU's budget stays at ``prefill_chunk_tokens``). In ``"throughput"`` mode (rollouts: only the batch's
+        total time counts) every chunk is full size, since each forward pays for one read of the weights. Never
+        the whole prompt at once: a request arriving next must wait for one chunk at most."""
         budget = self.prefill_chunk_tokens
-        if self.decoding.rows and self._decode_s is not None and self._prefill_token_s:
+        bounded = self.prefill_mode == "latency" and self.decoding.rows
+        if bounded and self._decode_s is not None and self._prefill_token_s:
             budget = min(budget, max(_MIN_PREFILL_CHUNK, int(self._decode_s / self._prefill_token_s)))
         return budget
 

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from taskrl.chat import ChatFormat
+from taskrl.policies.attention import use_grouped_attention
 from taskrl.policies.base import (
     Completion,
     InvalidRequestError,
@@ -47,6 +48,7 @@ T = TypeVar("T")
 
 ENGINES = ("continuous", "static")
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+PREFILL_MODES = ("latency", "throughput")
 """The prefix cache's default bound (1 GiB: ~23k SmolLM2-135M tokens in float32)."""
 
 __all__ = ["ENGINES", "HFPolicy", "sample_row"]
@@ -75,6 +77,7 @@ class HFPolicy(PolicyBase):
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         draft_tokens: int = 4,
         decode_token_budget: int | None = None,
+        prefill_mode: str = "latency",
     ) -> None:
         """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
 
@@ -86,7 +89,9 @@ class HFPolicy(PolicyBase):
         ``draft_tokens``: prompt-lookup drafts a decoding row may verify per step (0 disables speculative decoding;
         samples are the same either way); ``decode_token_budget``: the most padded positions of a decode forward
         that drafts may fill, so drafts ride only in forwards that cost about what a plain one does (None: 16 on
-        CPU, where a forward is compute-bound past ~16 positions, 256 on an accelerator).
+        CPU, where a forward is compute-bound past ~16 positions, 256 on an accelerator). ``prefill_mode``:
+        "latency" (serving: while rows decode, a prefill chunk costs about one decode forward, so running rows
+        keep their pace) or "throughput" (rollouts: full chunks, the fewest forwards per batch of episodes).
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -96,12 +101,15 @@ class HFPolicy(PolicyBase):
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        if prefill_mode not in PREFILL_MODES:
+            raise ValueError(f"prefill_mode must be one of {', '.join(PREFILL_MODES)}, got {prefill_mode!r}")
         if draft_tokens < 0:
             raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
         if decode_token_budget is not None and decode_token_budget < 1:
             raise ValueError(f"decode_token_budget must be >= 1, got {decode_token_budget}")
         self.device = next(model.parameters()).device if device is None else resolve_device(device)
         self.model = model.to(self.device).eval()
+        use_grouped_attention(self.model)  # same results; prefill chunks and drafts stop copying the KV
         self.tokenizer = tokenizer
         self.chat_format = chat_format if chat_format is not None else ChatFormat(tokenizer)
         self.name = name or model.config.name_or_path or "hf"
@@ -114,6 +122,7 @@ class HFPolicy(PolicyBase):
         self.prefix_cache_bytes = prefix_cache_bytes
         self.draft_tokens = draft_tokens
         self.decode_token_budget = decode_token_budget
+        self.prefill_mode = prefill_mode
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -136,6 +145,7 @@ class HFPolicy(PolicyBase):
             prefix_cache_bytes=prefix_cache_bytes,
             draft_tokens=draft_tokens,
             decode_token_budget=decode_token_budget or (16 if self.device.type == "cpu" else 256),
+            prefill_mode=prefill_mode,
         )
 
     @classmethod

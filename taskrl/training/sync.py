@@ -88,6 +88,7 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         prefix_cache_bytes=policy.prefix_cache_bytes,
         draft_tokens=policy.draft_tokens,
         decode_token_budget=policy.decode_token_budget,
+        prefill_mode=policy.prefill_mode,
     )
 
 

@@ -129,3 +129,20 @@ def test_bad_draft_settings_fail_naming_the_field(tiny: tuple[Any, Any]) -> None
         make_policy(tiny, draft_tokens=-1)
     with pytest.raises(ValueError, match="decode_token_budget"):
         make_policy(tiny, decode_token_budget=0)
+
+
+def test_prefill_mode_sets_the_chunk_while_rows_decode(tiny: tuple[Any, Any]) -> None:
+    """"latency" shrinks a prefill chunk to about one decode forward's cost while rows decode; "throughput"
+    (the trainer's rollouts) keeps every chunk full."""
+    budgets = {}
+    for mode in ("latency", "throughput"):
+        policy = make_policy(tiny, prefill_chunk_tokens=128, prefill_mode=mode)
+        engine = policy._engine
+        engine._decode_s, engine._prefill_token_s = 0.05, 0.001  # measured costs: a decode = 50 prompt tokens
+        engine.decoding.add_row(None)  # a row is decoding
+        budgets[mode] = engine._prefill_budget()
+        engine.decoding.remove_rows({0})
+        policy.close()
+    assert budgets == {"latency": 50, "throughput": 128}
+    with pytest.raises(ValueError, match="prefill_mode"):
+        make_policy(tiny, prefill_mode="fast")

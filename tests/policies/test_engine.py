@@ -364,12 +364,15 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
     """A rollout copy decodes with the learner policy's engine, prefill budget and prefix-cache bound."""
     from taskrl.training.sync import rollout_copy
 
-    source = make_policy(tiny, engine="static", prefill_chunk_tokens=48, prefix_cache_bytes=12345, max_batch_size=5)
+    source = make_policy(tiny, engine="static", prefill_chunk_tokens=48, prefix_cache_bytes=12345, max_batch_size=5,
+                         draft_tokens=2, decode_token_budget=9, prefill_mode="throughput")  # fmt: skip
     copy_policy = rollout_copy(source)
     try:
         assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
         assert (copy_policy.prefix_cache_bytes, copy_policy.max_batch_size) == (12345, 5)
         assert copy_policy._engine.prefix.max_bytes == 12345
+        engine = copy_policy._engine
+        assert (engine.draft_tokens, engine.decode_token_budget, engine.prefill_mode) == (2, 9, "throughput")
     finally:
         copy_policy.close()
         source.close()
