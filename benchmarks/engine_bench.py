@@ -1,9 +1,11 @@
 """Rollout engine benchmark (issue 13): HFPolicy's continuous engine vs its static engine vs transformers
 ``generate`` one request at a time, side by side in one run, on SmolLM2-135M-Instruct.
 
-Engines: ``continuous`` (the default engine, prompt-lookup drafts on), ``continuous_plain`` (the same engine with
-``draft_tokens=0``), ``static`` and ``generate``. ``--rounds N`` plays (a) N times, the engine order reversed
-every other round, so machine load drifting during the run falls on every engine alike.
+Engines: ``continuous`` (the default engine: prompt-lookup drafts, and in (b) the priority lane for short
+requests), ``continuous_plain`` (the same engine with ``draft_tokens=0`` and ``priority_tokens=0``), ``static``
+and ``generate``. ``--rounds N`` plays (a) N times, the engine order reversed every other round, so machine load
+drifting during the run falls on every engine alike. (a) and (c) use the trainer's "throughput" schedule, (b)
+the "latency" schedule of ``taskrl serve``.
 
 (a) ``grpo``: a GRPO step's rollouts on the ``shop`` env: 4 tasks x 4 samples = 16 episodes of up to 5 turns,
     temperature 1, the same seeds for every engine. Prints episodes/s, sampled tokens/s, prompt tokens the
@@ -53,12 +55,14 @@ def cpu_model() -> str:
 ENGINES = ("continuous", "continuous_plain", "static", "generate")
 
 
-def use_engine(policy: HFPolicy, engine: str, prefill_mode: str = "latency") -> None:
+def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None:
     """Switch ``policy`` to one of ``ENGINES`` (not ``generate``), cold: no KV from an earlier engine's run.
-    ``prefill_mode``: "throughput" as the trainer's rollouts use it, "latency" as ``taskrl serve`` does."""
+    ``schedule``: "throughput" as the trainer's rollouts use it, "latency" as ``taskrl serve`` does."""
     policy.engine = "static" if engine == "static" else "continuous"
-    policy._engine.draft_tokens = 0 if engine == "continuous_plain" else policy.draft_tokens
-    policy.prefill_mode = policy._engine.prefill_mode = prefill_mode
+    plain = engine == "continuous_plain"  # this engine without drafts and without a priority lane
+    policy._engine.draft_tokens = 0 if plain else policy.draft_tokens
+    policy._engine.priority_tokens = 0 if plain else policy.priority_tokens
+    policy.schedule = policy._engine.schedule = schedule
     policy.invalidate_kv_cache()
 
 
@@ -289,6 +293,7 @@ def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
             latencies = asyncio.run(trace())
             wall = time.perf_counter() - start
             short_lat = [lat for lat, (_, _, _, s) in zip(latencies, plan, strict=True) if s]
+            long_lat = [lat for lat, (_, _, _, s) in zip(latencies, plan, strict=True) if not s]
             row = {
                 "wall_s": wall,
                 "p50_s": percentile(latencies, 0.5),
@@ -296,6 +301,7 @@ def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
                 "short_p50_s": percentile(short_lat, 0.5),
                 "short_p95_s": percentile(short_lat, 0.95),
                 "short_alone_s": statistics.median(alone),
+                "long_p50_s": percentile(long_lat, 0.5),
             }
             row["short_ratio"] = row["short_p50_s"] / row["short_alone_s"]
             results[engine] = row
@@ -308,12 +314,12 @@ def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
         f"({n_short} short: ~20-token prompt, 6 tokens; the rest ~300-token prompt, 48 tokens)"
     )
     columns = [("wall s", 7), ("p50 s", 6), ("p95 s", 6), ("short p50", 9), ("short p95", 9)]
-    columns += [("alone", 6), ("ratio", 6)]
+    columns += [("alone", 6), ("ratio", 6), ("long p50", 8)]
     print(f"{'engine':12} " + " ".join(f"{name:>{width}}" for name, width in columns))
     for engine, r in results.items():
         print(
             f"{engine:12} {r['wall_s']:7.1f} {r['p50_s']:6.2f} {r['p95_s']:6.2f} {r['short_p50_s']:9.2f} "
-            f"{r['short_p95_s']:9.2f} {r['short_alone_s']:6.2f} {r['short_ratio']:6.2f}"
+            f"{r['short_p95_s']:9.2f} {r['short_alone_s']:6.2f} {r['short_ratio']:6.2f} {r['long_p50_s']:8.2f}"
         )
     if "continuous" in results:
         ratio = results["continuous"]["short_ratio"]
@@ -417,6 +423,7 @@ def main() -> None:
     ap.add_argument("--trace-gap-s", type=float, default=0.1)
     ap.add_argument("--demo-grpo-steps", type=int, default=2)
     ap.add_argument("--warm-start-steps", type=int, default=3, help="SFT steps on shop's expert before (a)")
+    ap.add_argument("--warm-start-cache", type=Path, help="load the warm start from here; make and save it if absent")
     ap.add_argument("--generate-episodes", type=int, default=4, help="episodes the one-at-a-time baseline plays")
     ap.add_argument("--threads", type=int, help="torch threads (1 is far faster on an oversubscribed machine)")
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -426,13 +433,20 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct; {cpu_model()}", flush=True)
     results: dict[str, Any] = {"machine": cpu_model()}
     if "grpo" in args.part or "trace" in args.part:
-        policy = HFPolicy.from_pretrained("smollm2", device=args.device)
+        cached = args.warm_start_cache is not None and (args.warm_start_cache / "config.json").is_file()
+        policy = HFPolicy.from_pretrained(args.warm_start_cache if cached else "smollm2", device=args.device)
         print(f"device {policy.device}", flush=True)
         try:
-            if args.warm_start_steps:
+            if cached:
+                print(f"warm start: loaded from {args.warm_start_cache}")
+            elif args.warm_start_steps:
                 started = time.perf_counter()
                 warm_start(policy, args)
                 print(f"warm start: {args.warm_start_steps} SFT steps in {time.perf_counter() - started:.0f} s")
+                if args.warm_start_cache is not None:
+                    policy.model.save_pretrained(args.warm_start_cache)
+                    policy.tokenizer.save_pretrained(args.warm_start_cache)
+                release_freed()  # the SFT step's activations: the machine is shared
             if "grpo" in args.part:
                 results["grpo"] = grpo_part(policy, args)
             if "trace" in args.part:

@@ -118,7 +118,7 @@ class Trainer:
         if policy is None:
             # rollouts want the batch done soonest, not each row's pace: full prefill chunks
             policy = HFPolicy.from_pretrained(
-                cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype), prefill_mode="throughput"
+                cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype), schedule="throughput"
             )
         # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
         self.learner_policy: HFPolicy = policy

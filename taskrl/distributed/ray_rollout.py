@@ -75,7 +75,7 @@ def hf_rollout_policy(config: TrainConfig) -> Policy:
     from taskrl.training.precision import torch_dtype
 
     policy = HFPolicy.from_pretrained(
-        config.model, device=config.device, dtype=torch_dtype(config.dtype), prefill_mode="throughput"
+        config.model, device=config.device, dtype=torch_dtype(config.dtype), schedule="throughput"
     )
     torch.manual_seed(config.seed)  # the trainer's LoRA initialisation (overwritten by the first push anyway)
     policy.model = prepare_model(policy.model, config)

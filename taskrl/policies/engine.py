@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
     "completed", "failed", "cancelled", "restarts", "draft_tokens", "accepted_draft_tokens", "decode_forwards",
+    "priority_forwards",
 )  # fmt: skip
 _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
@@ -72,14 +73,18 @@ class ContinuousEngine:
         idle_release_s: float = 30.0,
         draft_tokens: int = 0,
         decode_token_budget: int = 16,
-        prefill_mode: str = "latency",
+        schedule: str = "latency",
+        priority_tokens: int = 0,
     ) -> None:
         """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
         ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
         the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row)).
-        ``prefill_mode``: "latency" or "throughput" (see ``_prefill_budget``)."""
+        ``schedule``: "latency" or "throughput" (see ``_prefill_budget`` and ``step``); ``priority_tokens``: in the
+        "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none)."""
         self.policy = policy
-        self.prefill_mode = prefill_mode
+        self.schedule = schedule
+        self.priority_tokens = priority_tokens
+        self._priority_streak = 0
         self.draft_tokens = draft_tokens
         self.decode_token_budget = decode_token_budget
         self.max_batch_size = max_batch_size
@@ -92,6 +97,7 @@ class ContinuousEngine:
         mask_dtype = next(policy.model.parameters()).dtype if eager else None
         self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
         self.decoding = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
+        self.priority = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
         self.idle_release_s = idle_release_s
         self._decode_s: float | None = None  # moving averages: a decode forward, a padded prefill token
         self._prefill_token_s: float | None = None
@@ -128,8 +134,8 @@ class ContinuousEngine:
             "prefix_bytes": self.prefix.bytes,
             "queued": len(self.queue) + len(self._inbox),
             "prefilling": self.prefilling.rows,
-            "running": self.decoding.rows,
-            "kv_bytes": self.prefilling.nbytes + self.decoding.nbytes,
+            "running": self.decoding.rows + self.priority.rows,
+            "kv_bytes": self.prefilling.nbytes + self.decoding.nbytes + self.priority.nbytes,
         }
 
     def _schedule(self) -> None:
@@ -149,7 +155,7 @@ class ContinuousEngine:
         except Exception as exc:  # an engine bug: fail what is in flight rather than hang its callers
             self._fail_all(PolicyError(f"HFPolicy decode step failed: {type(exc).__name__}: {exc}"))
         with self._lock:
-            if self._inbox or self.queue or self.prefilling.rows or self.decoding.rows:
+            if self._inbox or self.queue or self._rows():
                 self._schedule()
             else:
                 self._scheduled = False
@@ -165,8 +171,8 @@ class ContinuousEngine:
         def release() -> None:
             with self._lock:
                 if self._idle.is_set() and epoch == self._idle_epoch:
-                    self.prefilling.release()
-                    self.decoding.release()
+                    for kv in (self.prefilling, self.decoding, self.priority):
+                        kv.release()
 
         try:
             self.policy._executor.submit(release)  # on the decode thread, between steps
@@ -174,18 +180,31 @@ class ContinuousEngine:
             return None
 
     def step(self) -> None:
-        """One scheduling step: admit, prefill a chunk, decode one token per running row."""
+        """One scheduling step: admit, prefill a chunk, decode one token per running row. While requests of the
+        priority lane decode, a step decodes only them (a short request under load then pays for a one-row
+        forward, not for the whole batch's), for at most ``priority_tokens`` steps in a row, so a stream of
+        short requests cannot starve the others."""
         with self._lock:
             self.queue.extend(self._inbox)
             self._inbox = []
         self._check_weights()
         self._drop_cancelled()
-        self._admit()
-        if self.prefilling.rows:
-            self._prefill_step()
-        if self.decoding.rows:
-            self._decode_step()
+        if self.priority.rows and self._priority_streak < self.priority_tokens:
+            self._priority_streak += 1
+            self.stats["priority_forwards"] += 1
+            self._decode_step(self.priority)
+        else:
+            self._priority_streak = 0
+            self._admit()
+            if self.prefilling.rows:
+                self._prefill_step()
+            for kv in (self.decoding, self.priority):
+                if kv.rows:
+                    self._decode_step(kv)
         self.stats["steps"] += 1
+
+    def _rows(self) -> int:
+        return self.prefilling.rows + self.decoding.rows + self.priority.rows
 
     def _check_weights(self) -> None:
         key = self.policy._weights_key()
@@ -193,9 +212,9 @@ class ContinuousEngine:
             return
         if self._weights is not None:
             self.prefix.clear()
-            rows = [*self.prefilling.owners, *self.decoding.owners]
-            self.prefilling.clear()
-            self.decoding.clear()
+            rows = [*self.prefilling.owners, *self.decoding.owners, *self.priority.owners]
+            for kv in (self.prefilling, self.decoding, self.priority):
+                kv.clear()
             if rows:  # sampled under the old weights: start over, in arrival order, under the new ones
                 self.stats["restarts"] += len(rows)
                 restarted = sorted((row.request for row in rows), key=lambda r: r.submitted)
@@ -209,7 +228,7 @@ class ContinuousEngine:
         kept = [r for r in self.queue if not gone(r)]
         self.stats["cancelled"] += len(self.queue) - len(kept)
         self.queue = kept
-        for kv in (self.prefilling, self.decoding):
+        for kv in (self.prefilling, self.decoding, self.priority):
             rows = {i for i, row in enumerate(kv.owners) if gone(row.request)}
             if rows:
                 self.stats["cancelled"] += len(rows)
@@ -227,7 +246,7 @@ class ContinuousEngine:
             candidates.append((len(prompt) - cached, order, request, prompt, cached))
         candidates.sort(key=lambda c: (c[0], c[1]))
         for _, _, request, prompt, cached in candidates:
-            if self.prefilling.rows + self.decoding.rows >= self.max_batch_size or self.prefilling.rows >= most:
+            if self._rows() >= self.max_batch_size or self.prefilling.rows >= most:
                 return
             if self.prefilling.rows and self._shares_inflight(prompt, cached):
                 continue  # wait a step, then reuse the in-flight KV from the cache
@@ -254,14 +273,14 @@ class ContinuousEngine:
         self.stats["cached_tokens"] += cached
 
     def _prefill_budget(self) -> int:
-        """Padded prompt tokens in this step's prefill forward: ``prefill_chunk_tokens``. In ``"latency"`` mode,
+        """Padded prompt tokens in this step's prefill forward: ``prefill_chunk_tokens``. In the ``"latency"`` schedule,
         while rows decode, at most about as many as cost what their decode forward costs (measured), so a running
         row's time per token at most roughly doubles while prompts are read (a CPU's prefill is compute-bound; a
-        GPU's budget stays at ``prefill_chunk_tokens``). In ``"throughput"`` mode (rollouts: only the batch's
-        total time counts) every chunk is full size, since each forward pays for one read of the weights. Never
+        GPU's budget stays at ``prefill_chunk_tokens``). In the ``"throughput"`` schedule (rollouts: only the
+        batch's total time counts) every chunk is full size, since each forward pays for one read of the weights. Never
         the whole prompt at once: a request arriving next must wait for one chunk at most."""
         budget = self.prefill_chunk_tokens
-        bounded = self.prefill_mode == "latency" and self.decoding.rows
+        bounded = self.schedule == "latency" and self.decoding.rows
         if bounded and self._decode_s is not None and self._prefill_token_s:
             budget = min(budget, max(_MIN_PREFILL_CHUNK, int(self._decode_s / self._prefill_token_s)))
         return budget
@@ -308,11 +327,14 @@ class ContinuousEngine:
                     scrub.add(i)
                 elif not self._accept(row, token, logprob):
                     row.pending = token
-                    self.decoding.add_row(row, kv.row_kv(i))
+                    lane = self.priority if self._prioritised(row) else self.decoding
+                    lane.add_row(row, kv.row_kv(i))
         kv.remove_rows(leaving, scrub)
 
-    def _decode_step(self) -> None:
-        kv = self.decoding
+    def _prioritised(self, row: _Row) -> bool:
+        return self.schedule == "latency" and row.request.max_new_tokens <= self.priority_tokens
+
+    def _decode_step(self, kv: RowKV) -> None:
         rows: list[_Row] = list(kv.owners)
         drafts = self._drafts(rows)
         queries = [1 + len(d) for d in drafts]
@@ -322,7 +344,7 @@ class ContinuousEngine:
             ids[i, window - queries[i] :] = torch.tensor([row.pending, *draft], dtype=torch.long)
         started = time.perf_counter()
         logits, failed = self._forward(kv, ids, queries, keep=window)
-        if window == 1:  # the prefill budget is sized by a plain decode forward's cost
+        if window == 1 and kv is self.decoding:  # the prefill budget is sized by a plain decode forward's cost
             self._decode_s = _ema(self._decode_s, time.perf_counter() - started)
         kv.advance([1] * len(rows))  # the pending tokens; accepted drafts advance their row below
         self.stats["decode_forwards"] += 1
@@ -345,11 +367,11 @@ class ContinuousEngine:
             if token is None:
                 leaving.add(i)
                 scrub.add(i)
-            elif self._accept(row, token, logprob, kv_row=i):
+            elif self._accept(row, token, logprob, kv=kv, kv_row=i):
                 leaving.add(i)
             elif not drafts[i]:
                 row.pending = token
-            elif self._verify(i, row, token, drafts[i], logits[i]):
+            elif self._verify(kv, i, row, token, drafts[i], logits[i]):
                 leaving.add(i)
         kv.remove_rows(leaving, scrub)
 
@@ -366,7 +388,7 @@ class ContinuousEngine:
             out.append(lookup_draft(context, room))
         return out
 
-    def _verify(self, i: int, row: _Row, token: int, draft: list[int], logits: torch.Tensor) -> bool:
+    def _verify(self, kv: RowKV, i: int, row: _Row, token: int, draft: list[int], logits: torch.Tensor) -> bool:
         """Walk row ``i``'s drafts after its first sampled ``token``: each draft equal to the token sampled before
         it is kept (its KV is already written) and the next position is sampled from its logits, with the row's
         own generator, exactly as a plain step would. True when the row finished; else ``pending`` is set."""
@@ -377,14 +399,14 @@ class ContinuousEngine:
             position = logits[offset + 1 + j]
             if not bool(torch.isfinite(position).all()):
                 break  # kept drafts stop here; the model fails this row at its next plain step if it stays so
-            self.decoding.lengths[i] += 1
+            kv.lengths[i] += 1
             self.stats["accepted_draft_tokens"] += 1
             picked, logprobs = sample(position[None], [row.request])
             token = int(picked[0])
-            if self._accept(row, token, float(logprobs[0]), kv_row=i):
+            if self._accept(row, token, float(logprobs[0]), kv=kv, kv_row=i):
                 return True
         if not bool(torch.isfinite(logits).all()):  # a rejected draft's KV may be non-finite: never leave it behind
-            self.decoding.zero_tail(i)
+            kv.zero_tail(i)
         row.pending = token
         return False
 
@@ -464,7 +486,7 @@ class ContinuousEngine:
                     out.append((i, None, 0.0))
         return out
 
-    def _accept(self, row: _Row, token: int, logprob: float, kv_row: int | None = None) -> bool:
+    def _accept(self, row: _Row, token: int, logprob: float, kv: RowKV | None = None, kv_row: int = 0) -> bool:
         """Record a sampled token; True when the row is finished (its Completion, or its error, is delivered)."""
         request = row.request
         try:
@@ -476,9 +498,9 @@ class ContinuousEngine:
                 request.finish_reason = "length"
             else:
                 return False
-            if kv_row is not None:  # this turn's KV, for the episode's next turn (which extends it)
+            if kv is not None:  # this turn's KV (row ``kv_row`` of ``kv``), for the episode's next turn
                 fed = torch.tensor(request.prompt_ids + request.token_ids[:-1], dtype=torch.long)
-                self.prefix.insert(fed, self.decoding.row_kv(kv_row))
+                self.prefix.insert(fed, kv.row_kv(kv_row))
             self._complete(row)
         except Exception as exc:
             self._fail(row, exc)
@@ -525,12 +547,13 @@ class ContinuousEngine:
         row.request.deliver(error)
 
     def _fail_all(self, error: PolicyError) -> None:
-        requests = [*self.queue, *(row.request for row in (*self.prefilling.owners, *self.decoding.owners))]
+        owners = (*self.prefilling.owners, *self.decoding.owners, *self.priority.owners)
+        requests = [*self.queue, *(row.request for row in owners)]
         with self._lock:
             requests += self._inbox
             self._inbox = []
         self.queue = []
-        self.prefilling.clear()
-        self.decoding.clear()
+        for kv in (self.prefilling, self.decoding, self.priority):
+            kv.clear()
         for request in requests:
             request.deliver(error)

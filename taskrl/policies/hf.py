@@ -48,8 +48,9 @@ T = TypeVar("T")
 
 ENGINES = ("continuous", "static")
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
-PREFILL_MODES = ("latency", "throughput")
 """The prefix cache's default bound (1 GiB: ~23k SmolLM2-135M tokens in float32)."""
+SCHEDULES = ("latency", "throughput")
+"""How the continuous engine orders work: each request's pace (serving) or the whole batch's time (rollouts)."""
 
 __all__ = ["ENGINES", "HFPolicy", "sample_row"]
 
@@ -77,7 +78,8 @@ class HFPolicy(PolicyBase):
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         draft_tokens: int = 4,
         decode_token_budget: int | None = None,
-        prefill_mode: str = "latency",
+        schedule: str = "latency",
+        priority_tokens: int = 8,
     ) -> None:
         """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
 
@@ -89,9 +91,11 @@ class HFPolicy(PolicyBase):
         ``draft_tokens``: prompt-lookup drafts a decoding row may verify per step (0 disables speculative decoding;
         samples are the same either way); ``decode_token_budget``: the most padded positions of a decode forward
         that drafts may fill, so drafts ride only in forwards that cost about what a plain one does (None: 16 on
-        CPU, where a forward is compute-bound past ~16 positions, 256 on an accelerator). ``prefill_mode``:
+        CPU, where a forward is compute-bound past ~16 positions, 256 on an accelerator). ``schedule``:
         "latency" (serving: while rows decode, a prefill chunk costs about one decode forward, so running rows
-        keep their pace) or "throughput" (rollouts: full chunks, the fewest forwards per batch of episodes).
+        keep their pace, and requests for at most ``priority_tokens`` tokens decode in a lane of their own, so a
+        short request under load pays for a one-row forward instead of the whole batch's) or "throughput"
+        (rollouts: full prefill chunks and one lane, the fewest forwards per batch of episodes).
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -101,8 +105,10 @@ class HFPolicy(PolicyBase):
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
-        if prefill_mode not in PREFILL_MODES:
-            raise ValueError(f"prefill_mode must be one of {', '.join(PREFILL_MODES)}, got {prefill_mode!r}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        if priority_tokens < 0:
+            raise ValueError(f"priority_tokens must be >= 0, got {priority_tokens}")
         if draft_tokens < 0:
             raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
         if decode_token_budget is not None and decode_token_budget < 1:
@@ -122,7 +128,8 @@ class HFPolicy(PolicyBase):
         self.prefix_cache_bytes = prefix_cache_bytes
         self.draft_tokens = draft_tokens
         self.decode_token_budget = decode_token_budget
-        self.prefill_mode = prefill_mode
+        self.schedule = schedule
+        self.priority_tokens = priority_tokens
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -145,7 +152,8 @@ class HFPolicy(PolicyBase):
             prefix_cache_bytes=prefix_cache_bytes,
             draft_tokens=draft_tokens,
             decode_token_budget=decode_token_budget or (16 if self.device.type == "cpu" else 256),
-            prefill_mode=prefill_mode,
+            schedule=schedule,
+            priority_tokens=priority_tokens,
         )
 
     @classmethod

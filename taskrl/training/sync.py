@@ -88,9 +88,9 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         prefix_cache_bytes=policy.prefix_cache_bytes,
         draft_tokens=policy.draft_tokens,
         decode_token_budget=policy.decode_token_budget,
-        prefill_mode=policy.prefill_mode,
+        schedule=policy.schedule,
+        priority_tokens=policy.priority_tokens,
     )
-
 
 
 class CopySync:

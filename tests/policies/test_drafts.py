@@ -131,12 +131,12 @@ def test_bad_draft_settings_fail_naming_the_field(tiny: tuple[Any, Any]) -> None
         make_policy(tiny, decode_token_budget=0)
 
 
-def test_prefill_mode_sets_the_chunk_while_rows_decode(tiny: tuple[Any, Any]) -> None:
-    """"latency" shrinks a prefill chunk to about one decode forward's cost while rows decode; "throughput"
+def test_schedule_sets_the_prefill_chunk_while_rows_decode(tiny: tuple[Any, Any]) -> None:
+    """ "latency" shrinks a prefill chunk to about one decode forward's cost while rows decode; "throughput"
     (the trainer's rollouts) keeps every chunk full."""
     budgets = {}
     for mode in ("latency", "throughput"):
-        policy = make_policy(tiny, prefill_chunk_tokens=128, prefill_mode=mode)
+        policy = make_policy(tiny, prefill_chunk_tokens=128, schedule=mode)
         engine = policy._engine
         engine._decode_s, engine._prefill_token_s = 0.05, 0.001  # measured costs: a decode = 50 prompt tokens
         engine.decoding.add_row(None)  # a row is decoding
@@ -144,5 +144,50 @@ def test_prefill_mode_sets_the_chunk_while_rows_decode(tiny: tuple[Any, Any]) ->
         engine.decoding.remove_rows({0})
         policy.close()
     assert budgets == {"latency": 50, "throughput": 128}
-    with pytest.raises(ValueError, match="prefill_mode"):
-        make_policy(tiny, prefill_mode="fast")
+    with pytest.raises(ValueError, match="schedule"):
+        make_policy(tiny, schedule="fast")
+    with pytest.raises(ValueError, match="priority_tokens"):
+        make_policy(tiny, priority_tokens=-1)
+
+
+async def test_a_short_request_decodes_in_its_own_lane_without_starving_the_batch(tiny: tuple[Any, Any]) -> None:
+    """In the "latency" schedule a request for <= priority_tokens tokens decodes alone while the running batch
+    waits, at most priority_tokens steps in a row; every sample is still the one decoded alone."""
+    _, tokenizer = tiny
+    policy = make_policy(tiny, priority_tokens=3, draft_tokens=0)
+    reference = make_policy(tiny, priority_tokens=0, draft_tokens=0, prefix_cache_bytes=0)
+    engine = policy._engine
+    lanes: list[str] = []
+    plain_decode = engine._decode_step
+
+    def logged(kv: Any) -> None:
+        lanes.append("priority" if kv is engine.priority else "batch")
+        plain_decode(kv)
+
+    engine._decode_step = logged  # type: ignore[method-assign]
+    try:
+        long_prompt = ids(tokenizer, "A long story begins")
+        long_task = asyncio.create_task(policy.generate(token_ids=long_prompt, sampling=sampling(40, 1)))
+        while engine.decoding.rows == 0:
+            await asyncio.sleep(0.001)
+        shorts = [ids(tokenizer, f"Quick question {i}?") for i in range(3)]
+        got = await asyncio.gather(*(policy.generate(token_ids=p, sampling=sampling(3, 10 + i)) for i, p in
+                                     enumerate(shorts)))  # fmt: skip
+        assert not long_task.done()
+        long = await long_task
+        assert engine.stats["priority_forwards"] > 0
+        assert all(c.info["batch_size"] <= len(shorts) for c in got)  # never in a forward with the long row
+        # never more than priority_tokens priority-only forwards in a row while the batch has rows to decode
+        streak = longest = 0
+        for lane in lanes:
+            streak = streak + 1 if lane == "priority" else 0
+            longest = max(longest, streak)
+        assert longest <= 3 + 1  # the bounded streak, then the full step's own priority forward
+        cases = [(long_prompt, long, 1)] + [(p, c, 10 + i) for i, (p, c) in enumerate(zip(shorts, got, strict=True))]
+        for prompt, completion, seed in cases:
+            n = len(completion.token_ids)
+            expected = await reference.generate(token_ids=prompt, sampling=sampling(n, seed))
+            assert_exact(reference, prompt, completion, expected)
+    finally:
+        policy.close()
+        reference.close()

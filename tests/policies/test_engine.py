@@ -69,7 +69,8 @@ async def test_join_mid_decode_is_exact(policy: HFPolicy, reference: HFPolicy, t
     long_prompt, short_prompt = ids(tiny[1], "A long story begins"), ids(tiny[1], "Meanwhile, elsewhere:")
     long_task = asyncio.create_task(policy.generate(token_ids=long_prompt, sampling=sampling(60, 1)))
     await wait_until(lambda: policy.engine_stats().get("decode_tokens", 0) >= 5)
-    short = await policy.generate(token_ids=short_prompt, sampling=sampling(8, 2, 0.7, top_p=0.9))
+    # 12 tokens: above the priority lane's 8, so it joins the running batch
+    short = await policy.generate(token_ids=short_prompt, sampling=sampling(12, 2, 0.7, top_p=0.9))
     assert not long_task.done(), "the short request waited for the long one"
     assert short.info["batch_size"] == 2  # it decoded next to the long row
     long = await long_task
@@ -77,7 +78,7 @@ async def test_join_mid_decode_is_exact(policy: HFPolicy, reference: HFPolicy, t
         policy,
         short_prompt,
         short,
-        await reference.generate(token_ids=short_prompt, sampling=sampling(8, 2, 0.7, top_p=0.9)),
+        await reference.generate(token_ids=short_prompt, sampling=sampling(12, 2, 0.7, top_p=0.9)),
         0.7,
     )
     assert_exact(policy, long_prompt, long, await reference.generate(token_ids=long_prompt, sampling=sampling(60, 1)))
@@ -365,14 +366,15 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
     from taskrl.training.sync import rollout_copy
 
     source = make_policy(tiny, engine="static", prefill_chunk_tokens=48, prefix_cache_bytes=12345, max_batch_size=5,
-                         draft_tokens=2, decode_token_budget=9, prefill_mode="throughput")  # fmt: skip
+                         draft_tokens=2, decode_token_budget=9, schedule="throughput", priority_tokens=3)  # fmt: skip
     copy_policy = rollout_copy(source)
     try:
         assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
         assert (copy_policy.prefix_cache_bytes, copy_policy.max_batch_size) == (12345, 5)
         assert copy_policy._engine.prefix.max_bytes == 12345
         engine = copy_policy._engine
-        assert (engine.draft_tokens, engine.decode_token_budget, engine.prefill_mode) == (2, 9, "throughput")
+        assert (engine.draft_tokens, engine.decode_token_budget, engine.schedule) == (2, 9, "throughput")
+        assert copy_policy.priority_tokens == engine.priority_tokens == 3
     finally:
         copy_policy.close()
         source.close()
