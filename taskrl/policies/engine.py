@@ -85,6 +85,7 @@ class ContinuousEngine:
         self.schedule = schedule
         self.priority_tokens = priority_tokens
         self._priority_streak = 0
+        self._yielded = False
         self.draft_tokens = draft_tokens
         self.decode_token_budget = decode_token_budget
         self.max_batch_size = max_batch_size
@@ -98,6 +99,7 @@ class ContinuousEngine:
         self.prefilling = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
         self.decoding = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
         self.priority = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
+        self.priority_prefilling = RowKV(layers, float_mask_dtype=mask_dtype, max_rows=max_batch_size)
         self.idle_release_s = idle_release_s
         self._decode_s: float | None = None  # moving averages: a decode forward, a padded prefill token
         self._prefill_token_s: float | None = None
@@ -133,9 +135,9 @@ class ContinuousEngine:
             "prefix_entries": len(self.prefix),
             "prefix_bytes": self.prefix.bytes,
             "queued": len(self.queue) + len(self._inbox),
-            "prefilling": self.prefilling.rows,
+            "prefilling": self.prefilling.rows + self.priority_prefilling.rows,
             "running": self.decoding.rows + self.priority.rows,
-            "kv_bytes": self.prefilling.nbytes + self.decoding.nbytes + self.priority.nbytes,
+            "kv_bytes": sum(kv.nbytes for kv in self._kvs()),
         }
 
     def _schedule(self) -> None:
@@ -171,7 +173,7 @@ class ContinuousEngine:
         def release() -> None:
             with self._lock:
                 if self._idle.is_set() and epoch == self._idle_epoch:
-                    for kv in (self.prefilling, self.decoding, self.priority):
+                    for kv in self._kvs():
                         kv.release()
 
         try:
@@ -189,22 +191,41 @@ class ContinuousEngine:
             self._inbox = []
         self._check_weights()
         self._drop_cancelled()
-        if self.priority.rows and self._priority_streak < self.priority_tokens:
+        lane_busy = self.priority.rows or self.priority_prefilling.rows or self._short_arrived()
+        if lane_busy and self._priority_streak < self.priority_tokens:
             self._priority_streak += 1
             self.stats["priority_forwards"] += 1
-            self._decode_step(self.priority)
+            self._admit(priority_only=True)  # another short request joins the lane at once
+            if self.priority_prefilling.rows:
+                self._prefill_step(self.priority_prefilling)
+            if self.priority.rows:
+                self._decode_step(self.priority)
         else:
             self._priority_streak = 0
             self._admit()
-            if self.prefilling.rows:
-                self._prefill_step()
-            for kv in (self.decoding, self.priority):
+            for kv in (self.priority_prefilling, self.prefilling):
                 if kv.rows:
-                    self._decode_step(kv)
+                    self._prefill_step(kv)
+            if self._short_arrived() and not self._yielded:
+                self._yielded = True  # it starts next step instead of after a whole-batch decode; once in a row
+            else:
+                self._yielded = False
+                for kv in (self.decoding, self.priority):
+                    if kv.rows:
+                        self._decode_step(kv)
         self.stats["steps"] += 1
 
+    def _short_arrived(self) -> bool:
+        """Whether a request of the priority lane waits in the inbox or the queue."""
+        with self._lock:
+            waiting = [*self._inbox, *self.queue]
+        return any(self._prioritised(request) for request in waiting)
+
+    def _kvs(self) -> tuple[RowKV, ...]:
+        return (self.prefilling, self.priority_prefilling, self.decoding, self.priority)
+
     def _rows(self) -> int:
-        return self.prefilling.rows + self.decoding.rows + self.priority.rows
+        return sum(kv.rows for kv in self._kvs())
 
     def _check_weights(self) -> None:
         key = self.policy._weights_key()
@@ -212,8 +233,8 @@ class ContinuousEngine:
             return
         if self._weights is not None:
             self.prefix.clear()
-            rows = [*self.prefilling.owners, *self.decoding.owners, *self.priority.owners]
-            for kv in (self.prefilling, self.decoding, self.priority):
+            rows = [row for kv in self._kvs() for row in kv.owners]
+            for kv in self._kvs():
                 kv.clear()
             if rows:  # sampled under the old weights: start over, in arrival order, under the new ones
                 self.stats["restarts"] += len(rows)
@@ -228,33 +249,37 @@ class ContinuousEngine:
         kept = [r for r in self.queue if not gone(r)]
         self.stats["cancelled"] += len(self.queue) - len(kept)
         self.queue = kept
-        for kv in (self.prefilling, self.decoding, self.priority):
+        for kv in self._kvs():
             rows = {i for i, row in enumerate(kv.owners) if gone(row.request)}
             if rows:
                 self.stats["cancelled"] += len(rows)
                 kv.remove_rows(rows)  # its slot and KV are free for the next row
 
-    def _admit(self) -> None:
+    def _admit(self, *, priority_only: bool = False) -> None:
         """Start prefilling queued requests, fewest prompt tokens left to compute first (a short prompt skips
         ahead of long ones, which cannot starve: rows are bounded and short ones finish within a step or two),
-        while row slots last and each prefilling row still gets ``_MIN_PREFILL_SHARE`` tokens of the budget."""
+        while row slots last and each prefilling row still gets ``_MIN_PREFILL_SHARE`` tokens of the budget.
+        Requests of the priority lane prefill apart from the others (``priority_only``: only they start)."""
         most = max(1, self._prefill_budget() // _MIN_PREFILL_SHARE)
         candidates = []
         for order, request in enumerate(self.queue[: self.max_batch_size]):
+            if priority_only and not self._prioritised(request):
+                continue
             prompt = request.prompt_tensor
             cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
             candidates.append((len(prompt) - cached, order, request, prompt, cached))
         candidates.sort(key=lambda c: (c[0], c[1]))
         for _, _, request, prompt, cached in candidates:
-            if self._rows() >= self.max_batch_size or self.prefilling.rows >= most:
-                return
-            if self.prefilling.rows and self._shares_inflight(prompt, cached):
+            target = self.priority_prefilling if self._prioritised(request) else self.prefilling
+            if self._rows() >= self.max_batch_size or target.rows >= most:
+                continue
+            if target.rows and self._shares_inflight(target, prompt, cached):
                 continue  # wait a step, then reuse the in-flight KV from the cache
             self.queue.remove(request)
-            self._start(request, prompt)
+            self._start(request, prompt, target)
 
-    def _shares_inflight(self, prompt: torch.Tensor, cached: int) -> bool:
-        for row in self.prefilling.owners:
+    def _shares_inflight(self, kv: RowKV, prompt: torch.Tensor, cached: int) -> bool:
+        for row in kv.owners:
             n = min(len(row.prompt), len(prompt)) - 1
             if n - cached < self.share_min_tokens:
                 continue
@@ -264,12 +289,12 @@ class ContinuousEngine:
                 return True
         return False
 
-    def _start(self, request: Request, prompt: torch.Tensor) -> None:
+    def _start(self, request: Request, prompt: torch.Tensor, target: RowKV) -> None:
         cached, kv = self.prefix.match(prompt, len(prompt) - 1)  # at least one token left to prefill
         request.start(self.policy.device)
         row = _Row(request, prompt, version=self.policy.version, fed=cached, cached=cached)
         row.started = time.perf_counter()
-        self.prefilling.add_row(row, kv)
+        target.add_row(row, kv)
         self.stats["cached_tokens"] += cached
 
     def _prefill_budget(self) -> int:
@@ -285,15 +310,16 @@ class ContinuousEngine:
             budget = min(budget, max(_MIN_PREFILL_CHUNK, int(self._decode_s / self._prefill_token_s)))
         return budget
 
-    def _chunks(self, rows: list[_Row]) -> list[int]:
+    def _chunks(self, rows: list[_Row], budget: int) -> list[int]:
         """Tokens each prefilling row feeds this step: the budget split evenly, a row needing less takes less."""
-        window = max(1, self._prefill_budget() // len(rows))
+        window = max(1, budget // len(rows))
         return [min(len(row.prompt) - row.fed, window) for row in rows]
 
-    def _prefill_step(self) -> None:
-        kv = self.prefilling
+    def _prefill_step(self, kv: RowKV) -> None:
         rows: list[_Row] = list(kv.owners)
-        queries = self._chunks(rows)
+        # the priority lane's prompts are short and latency-bound: they take the full chunk
+        budget = self.prefill_chunk_tokens if kv is self.priority_prefilling else self._prefill_budget()
+        queries = self._chunks(rows, budget)
         window = max(queries)
         ids = torch.full((len(rows), window), self.policy._pad_id, dtype=torch.long)
         for i, (row, q) in enumerate(zip(rows, queries, strict=True)):
@@ -327,12 +353,12 @@ class ContinuousEngine:
                     scrub.add(i)
                 elif not self._accept(row, token, logprob):
                     row.pending = token
-                    lane = self.priority if self._prioritised(row) else self.decoding
+                    lane = self.priority if self._prioritised(row.request) else self.decoding
                     lane.add_row(row, kv.row_kv(i))
         kv.remove_rows(leaving, scrub)
 
-    def _prioritised(self, row: _Row) -> bool:
-        return self.schedule == "latency" and row.request.max_new_tokens <= self.priority_tokens
+    def _prioritised(self, request: Request) -> bool:
+        return self.schedule == "latency" and request.max_new_tokens <= self.priority_tokens
 
     def _decode_step(self, kv: RowKV) -> None:
         rows: list[_Row] = list(kv.owners)
@@ -547,13 +573,12 @@ class ContinuousEngine:
         row.request.deliver(error)
 
     def _fail_all(self, error: PolicyError) -> None:
-        owners = (*self.prefilling.owners, *self.decoding.owners, *self.priority.owners)
-        requests = [*self.queue, *(row.request for row in owners)]
+        requests = [*self.queue, *(row.request for kv in self._kvs() for row in kv.owners)]
         with self._lock:
             requests += self._inbox
             self._inbox = []
         self.queue = []
-        for kv in (self.prefilling, self.decoding, self.priority):
+        for kv in self._kvs():
             kv.clear()
         for request in requests:
             request.deliver(error)
