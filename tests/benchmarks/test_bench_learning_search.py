@@ -83,7 +83,7 @@ def _args(**changes: object) -> argparse.Namespace:
     values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 192, "sft_steps": 12,
               "sft_tasks": 8, "sft_lr": 1e-3, "lr": 5e-4, "tasks": 2, "group_size": 4, "entropy_coef": 0.0,
               "max_steps": 10_000, "dtype": "bfloat16", "learner_precision": "float32", "context": 2048,
-              "per_call_budget": 256, "data": data}  # fmt: skip
+              "per_call_budget": 256, "micro_batch_tokens": 0, "data": data}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})
 
 
@@ -99,6 +99,11 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "max_context_tokens", "seed", "dtype", "env")
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
     assert bench.env_kwargs("eval", args)["tasks"] == "/d/eval.jsonl"
+    assert sft.micro_batch_tokens == 4096 and arms["grpo"].micro_batch_tokens == 2048
+    small = _args(micro_batch_tokens=1024)
+    assert {
+        bench.stage_config(stage, tmp_path, start, small)["micro_batch_tokens"] for stage in ("sft", *bench.ARMS)
+    } == {1024}
 
 
 def _traj(task_id: str, recall: float, precision: float, pruned: float = 0.0, accuracy: float = math.nan) -> object:
