@@ -92,6 +92,7 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
     assert (sft.algo, sft.model, sft.env, sft.env_kwargs["tasks"]) == ("sft", "smollm2", "search", "/d/sft.jsonl")
     assert sft.env_kwargs["expert_grep"] is False and sft.env_kwargs["context_budget"] == sft.max_context_tokens
+    assert sft.checkpoint_every == 1, "the warm start resumes after a kill"
     arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
     assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs["tasks"] == "/d/sft.jsonl"
