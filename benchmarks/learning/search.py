@@ -1,23 +1,27 @@
-"""Context-1 search learning recipe (issue 14): does GRPO teach SmolLM2-135M two-hop search its SFT warm start
-never showed?
+"""Context-1 search learning recipe (issue 14): does GRPO teach SmolLM2-135M multi-hop search its SFT warm
+start never showed?
 
-Not run in CI. Same protocol as tool_use.py, one seed's run in RUN_DIR/seed_N/, every stage a normal ``Trainer``:
-0. Data (search_tasks.py, once): the built-in stdlib pydoc corpus in 128-token chunks; one-hop questions for the
-   demonstrations, two-hop questions for GRPO, held-out two-hop questions sharing no document with training.
-1. ``sft``: LoRA behaviour cloning of the search-only expert on **one-hop** questions (search the clue, cite
-   the chunk's document), merged into the base: the common start of both arms, evaluated here ("start").
+Not run in CI. Same protocol as tool_use.py, one seed's run in RUN_DIR/seed_N/, every stage a normal ``Trainer``.
+``--design`` picks the task split (search_tasks.py): ``onehop`` (the first: demonstrations of one-hop questions,
+GRPO and evaluation on two-hop ones) or ``hops3`` (the second: demonstrations of one- and two-hop questions, i.e.
+one and two searches, GRPO and evaluation on three-hop ones, a third search and a second bridge never shown).
+0. Data (search_tasks.py, once): a stdlib pydoc corpus in 128-token chunks; the design's demonstration, GRPO and
+   held-out questions, the held-out ones sharing no document, quote, prompt or id with training.
+1. ``sft``: LoRA behaviour cloning of the search-only expert on the demonstration questions (search every clue,
+   cite the chunks' documents), merged into the base: the common start of both arms, evaluated here ("start").
 2. Two arms from that checkpoint at once, one torch thread each, ``--minutes`` of training wall-clock each:
-   ``sft_only`` keeps cloning the one-hop demonstrations; ``grpo`` runs GRPO on **two-hop** questions (search
-   the second clue too and cite both documents), rewarded by the env's Context-1 reward (0.7 F-beta + 0.3
-   trajectory recall + answer-found bonus: dense, so groups differ).
-3. Held-out evaluation of each arm on the held-out two-hop questions: greedy and sampled (T=1, 4 samples per
+   ``sft_only`` keeps cloning the demonstrations; ``grpo`` runs GRPO on the design's harder questions (search
+   every clue and cite every document), rewarded by the env's Context-1 reward (0.7 F-beta + 0.3 trajectory
+   recall + answer-found bonus: dense, so groups differ).
+3. Held-out evaluation of each arm on the held-out questions: greedy and sampled (T=1, 4 samples per
    task) output recall, F-beta (beta 2, fixed so both arms are scored alike), final-answer-found, full recall
    (every fact's document cited), answer exact, trajectory recall, prune accuracy, context utilisation and
    invalid calls per episode, with percentile-bootstrap CIs over tasks; greedy curve points during training.
 
-Writes docs/learning_search.{json,png}. ``--resume`` continues an interrupted seed from its checkpoints.
+Writes docs/learning_search.{json,png} (onehop) or docs/learning_search_hops3.{json,png}. ``--resume``
+continues an interrupted seed from its checkpoints.
 
-    python benchmarks/learning/search.py --seed 0 --minutes 20 [--resume] [--pilot]
+    python benchmarks/learning/search.py --design hops3 --seed 0 --minutes 20 [--resume] [--pilot]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.*, from any working directory
 from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save_seed  # noqa: E402
 from benchmarks.learning.common import summarise as summarise_metrics  # noqa: E402
+from benchmarks.learning.search_tasks import DESIGNS  # noqa: E402
 from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
@@ -63,14 +68,18 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         "device": args.device, "dtype": args.dtype, "learner_precision": args.learner_precision, "seed": args.seed,
         "progress": False, "env": "search", "split": "train", "run_dir": str(run_dir), "resume": True,
     }  # fmt: skip
+    if args.micro_batch_tokens:  # peak memory of forward/backward (same math); 0: the trainer's default
+        config["micro_batch_tokens"] = args.micro_batch_tokens
     sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args),
            "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
     if stage == "sft":
+        # A checkpoint per step: a warm start killed half-way (twice OOM-killed on the shared machine) resumes.
         return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
-                "checkpoint_every": 0}  # fmt: skip
+                "checkpoint_every": 1}  # fmt: skip
     assert start is not None
-    # Two arms share a 23 GB machine: half the default forward/backward token budget (peak memory), same math.
-    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": 2048})
+    # Two arms share a 23 GB machine: at most half the default forward/backward token budget (peak memory).
+    micro = min(args.micro_batch_tokens or 2048, 2048)
+    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": micro})
     if stage == "sft_only":
         return {**config, **sft}
     return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args), "tasks_per_step": args.tasks,
@@ -112,7 +121,7 @@ def summarise(rows: list[dict[str, Any]], task_ids: list[str], seed: int) -> dic
 
 
 def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool) -> dict[str, Any]:
-    """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on held-out two-hop questions."""
+    """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on the held-out questions."""
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
 
@@ -160,10 +169,11 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
         alerts = seed_dir / arm / "alerts.jsonl"
         rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
         record["alerts"] = {m: sum(r["monitor"] == m for r in rows) for m in sorted({r["monitor"] for r in rows})}
-    data = {k: v for k, v in args.data.items() if k in ("counts", "pairs", "overlaps", "chunk_tokens")}
-    return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
-            "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "data": data, "start": start,
-            "arms": arms, "grpo_minus_sft_only": deltas}  # fmt: skip
+    data = {k: v for k, v in args.data.items()
+            if k in ("counts", "hops", "pairs", "overlaps", "chunk_tokens", "documents_in_corpus")}  # fmt: skip
+    return {"design": args.design, "seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes,
+            "command": command, "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "data": data,
+            "start": start, "arms": arms, "grpo_minus_sft_only": deltas}  # fmt: skip
 
 
 def line(name: str, steps: str, final: dict[str, Any]) -> str:
@@ -176,6 +186,7 @@ def line(name: str, steps: str, final: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--design", choices=DESIGNS, default="onehop", help="task split (search_tasks.py)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
     ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
@@ -201,9 +212,11 @@ def main() -> None:
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=1, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
+    ap.add_argument("--micro-batch-tokens", type=int, default=0,
+                    help="forward/backward tokens per micro-batch of every stage (0: default; arms at most 2048)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--run-dir", default="runs/learning_search")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "learning_search.png"))
+    ap.add_argument("--run-dir", default=None, help="default: runs/learning_search[_hops3]")
+    ap.add_argument("--out", default=None, help="default: docs/learning_search[_hops3].png")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
@@ -212,7 +225,8 @@ def main() -> None:
     counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks)
     if args.minutes <= 0 or min(counts) < 1 or args.group_size < 2:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks >= 1; --group-size >= 2")
-    out = Path(args.out)
+    suffix = "" if args.design == "onehop" else f"_{args.design}"
+    out = Path(args.out or ROOT / "docs" / f"learning_search{suffix}.png")
     data_path = out.with_suffix(".json")
     if args.plot_only:
         from benchmarks.learning.search_plots import plot_search
@@ -220,9 +234,9 @@ def main() -> None:
         return plot_search(json.loads(data_path.read_text()), out)
     from benchmarks.learning.search_tasks import prepare
 
-    run_dir = Path(args.run_dir)
+    run_dir = Path(args.run_dir or f"runs/learning_search{suffix}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    args.data = prepare(run_dir / "data")  # built by the parent before any child starts; children reuse it
+    args.data = prepare(run_dir / "data", args.design)  # built by the parent before any child starts; children reuse it
     seed_dir, sft_dir = run_dir / f"seed_{args.seed}", run_dir / f"sft_seed_{args.sft_seed}"
     if args.child == "sft":
         return run_sft(sft_dir, args, stage_config=stage_config,

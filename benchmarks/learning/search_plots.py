@@ -12,6 +12,9 @@ from typing import Any
 
 from benchmarks.learning.plots import COLORS, LINES, _curve
 
+DESIGN_LABELS = {"onehop": ("one-hop", "two-hop"), "hops3": ("one- and two-hop", "three-hop")}
+"""(demonstrated, GRPO and held-out) questions of each task design of search_tasks.py."""
+
 
 def plot_search(data: dict[str, Any], path: Path) -> None:
     import matplotlib
@@ -63,7 +66,8 @@ def plot_search(data: dict[str, Any], path: Path) -> None:
                     for key, short in (("output_recall", "recall"), ("f_beta", "F2")):
                         bar(f"{arm}\n{short} {'T0' if kind == 'greedy' else 'T1'}\ns{seed}", final[kind][key], shade)
     minutes = seeds[0][1]["minutes"] if seeds else 0
-    reward_ax.set(title="GRPO training reward (T=1, two-hop)", xlabel="training minutes", ylabel="mean reward")
+    shown, trained = DESIGN_LABELS[seeds[0][1].get("design", "onehop") if seeds else "onehop"]
+    reward_ax.set(title=f"GRPO training reward (T=1, {trained})", xlabel="training minutes", ylabel="mean reward")
     curve_ax.set(title="held-out greedy output recall", xlabel="training minutes", ylim=(-0.05, 1.05))
     invalid_ax.set(title="invalid tool calls per episode", xlabel="training minutes")
     entropy_ax.set(title="policy entropy (learner, nats/token)", xlabel="training minutes")
@@ -72,9 +76,9 @@ def plot_search(data: dict[str, Any], path: Path) -> None:
     if values:
         bars_ax.bar(range(len(values)), values, yerr=list(zip(*errors, strict=True)), capsize=3, color=colors)
         bars_ax.set_xticks(range(len(values)), names, fontsize=5)
-    bars_ax.set(title="held-out two-hop: output recall, F-beta(2) (95% CI)", ylim=(0, 1.05))
-    fig.suptitle(f"SmolLM2-135M LoRA, Context-1 search: SFT on one-hop questions, then {minutes:g} min per arm of "
-                 "more SFT vs GRPO on two-hop questions (held-out documents)", fontsize=10)  # fmt: skip
+    bars_ax.set(title=f"held-out {trained}: output recall, F-beta(2) (95% CI)", ylim=(0, 1.05))
+    fig.suptitle(f"SmolLM2-135M LoRA, Context-1 search: SFT on {shown} questions, then {minutes:g} min per arm "
+                 f"of more SFT vs GRPO on {trained} questions (held-out documents)", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""benchmarks/learning/search.py: held-out two-hop tasks share no document, stage configs, metrics, the plot."""
+"""benchmarks/learning/search.py: held-out tasks share no document (both designs), stage configs, metrics, the plot."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from taskrl.types import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.learning import search as bench  # noqa: E402
+from benchmarks.learning import search_tasks  # noqa: E402
 from benchmarks.learning.search_plots import plot_search  # noqa: E402
-from benchmarks.learning.search_tasks import disjointness, split_two_hop  # noqa: E402
+from benchmarks.learning.search_tasks import disjointness, split_documents, split_two_hop  # noqa: E402
 
 
 def _task(tid: str, *docs: str, quote: str | None = None) -> Task:
@@ -49,12 +50,40 @@ def test_disjointness_counts_every_kind_of_overlap() -> None:
     assert overlaps["shared_ids"] == 1 and overlaps["shared_prompts"] == 1
 
 
+def test_three_hop_document_split_keeps_tasks_whole_and_demonstrations_off_held_out_documents() -> None:
+    hubs = ["re", "time", "code"]  # every chain passes through a hub: one component, split_two_hop cannot help
+    three = [_task(f"t{i}", f"m{i % 7}", hubs[i % 3], f"n{i % 5}") for i in range(40)]
+    held_docs = split_documents(three, eval_share=0.4, trials=300)
+    held = [t for t in three if set(search_tasks.task_docs(t)) <= held_docs]
+    rl = search_tasks._without_held_out(three, held)
+    assert held and rl and not {t.id for t in held} & {t.id for t in rl}
+    quote = held[0].info["facts"][0]["quote"]
+    demos = [_task("one", "m0"), _task("two", "m1", "re"), _task("dup", "zz", quote=quote)]
+    sft = search_tasks._without_held_out(demos, held)
+    used = {d for t in held for d in search_tasks.task_docs(t)}  # held-out documents no held-out task uses may train
+    assert used <= held_docs and all(not set(search_tasks.task_docs(t)) & used for t in sft + rl)
+    assert "dup" not in {t.id for t in sft}, "a demonstration quoting a held-out sentence is dropped"
+    assert not any(disjointness(sft, rl, held).values())
+    assert split_documents(three, trials=300) == held_docs, "seeded: the same split every time"
+    with pytest.raises(ValueError, match="eval_share"):
+        split_documents(three, eval_share=1.0)
+
+
+def test_designs_are_checked_and_name_their_corpus(tmp_path: Path) -> None:
+    assert search_tasks.corpus_source("onehop", tmp_path) == "stdlib"
+    with pytest.raises(ValueError, match="design must be one of"):
+        search_tasks.prepare(tmp_path, "fourhop")
+    (tmp_path / "split.json").write_text('{"counts": {}}')  # a first-design data dir (no design recorded)
+    with pytest.raises(ValueError, match="onehop design's data, not hops3"):
+        search_tasks.prepare(tmp_path, "hops3")
+
+
 def _args(**changes: object) -> argparse.Namespace:
     data = {"corpus": "/c", "files": {n: f"/d/{n}.jsonl" for n in ("sft", "rl", "eval")}}
     values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 192, "sft_steps": 12,
               "sft_tasks": 8, "sft_lr": 1e-3, "lr": 5e-4, "tasks": 2, "group_size": 4, "entropy_coef": 0.0,
               "max_steps": 10_000, "dtype": "bfloat16", "learner_precision": "float32", "context": 2048,
-              "per_call_budget": 256, "data": data}  # fmt: skip
+              "per_call_budget": 256, "micro_batch_tokens": 0, "data": data}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})
 
 
@@ -63,6 +92,7 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
     assert (sft.algo, sft.model, sft.env, sft.env_kwargs["tasks"]) == ("sft", "smollm2", "search", "/d/sft.jsonl")
     assert sft.env_kwargs["expert_grep"] is False and sft.env_kwargs["context_budget"] == sft.max_context_tokens
+    assert sft.checkpoint_every == 1, "the warm start resumes after a kill"
     arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
     assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs["tasks"] == "/d/sft.jsonl"
@@ -70,6 +100,11 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "max_context_tokens", "seed", "dtype", "env")
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
     assert bench.env_kwargs("eval", args)["tasks"] == "/d/eval.jsonl"
+    assert sft.micro_batch_tokens == 4096 and arms["grpo"].micro_batch_tokens == 2048
+    small = _args(micro_batch_tokens=1024)
+    assert {
+        bench.stage_config(stage, tmp_path, start, small)["micro_batch_tokens"] for stage in ("sft", *bench.ARMS)
+    } == {1024}
 
 
 def _traj(task_id: str, recall: float, precision: float, pruned: float = 0.0, accuracy: float = math.nan) -> object:
@@ -98,6 +133,7 @@ def test_plot_draws_from_a_results_file(tmp_path: Path) -> None:
     step = {"step": 1, "train_s": 60.0, **dict.fromkeys(bench.STEP_KEYS, 0.1)}
     arm = {"steps": [step], "curve": [{"train_s": 30.0, "tasks": 2, "output_recall": est}], "train_s": 60.0,
            "final": evals}  # fmt: skip
-    data = {"seeds": {"0": {"minutes": 1, "start": evals, "arms": {"sft_only": arm, "grpo": arm}}}}
-    plot_search(data, tmp_path / "p.png")
-    assert (tmp_path / "p.png").stat().st_size > 10_000
+    for design in search_tasks.DESIGNS:
+        seed = {"design": design, "minutes": 1, "start": evals, "arms": {"sft_only": arm, "grpo": arm}}
+        plot_search({"seeds": {"0": seed}}, tmp_path / f"{design}.png")
+        assert (tmp_path / f"{design}.png").stat().st_size > 10_000
