@@ -34,6 +34,7 @@ _STATS = (
 )  # fmt: skip
 _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
+_PRIORITY_STREAK = 2  # the priority lane runs at most this many times priority_tokens steps in a row
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
 
 
@@ -184,15 +185,15 @@ class ContinuousEngine:
     def step(self) -> None:
         """One scheduling step: admit, prefill a chunk, decode one token per running row. While requests of the
         priority lane decode, a step decodes only them (a short request under load then pays for a one-row
-        forward, not for the whole batch's), for at most ``priority_tokens`` steps in a row, so a stream of
-        short requests cannot starve the others."""
+        forward, not for the whole batch's), for at most ``_PRIORITY_STREAK`` x ``priority_tokens`` steps in a
+        row (two short requests that overlap both finish), so a stream of short requests cannot starve the others."""
         with self._lock:
             self.queue.extend(self._inbox)
             self._inbox = []
         self._check_weights()
         self._drop_cancelled()
         lane_busy = self.priority.rows or self.priority_prefilling.rows or self._short_arrived()
-        if lane_busy and self._priority_streak < self.priority_tokens:
+        if lane_busy and self._priority_streak < _PRIORITY_STREAK * self.priority_tokens:
             self._priority_streak += 1
             self.stats["priority_forwards"] += 1
             self._admit(priority_only=True)  # another short request joins the lane at once
