@@ -44,7 +44,10 @@ def plot_summary(data: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(seeds), 3, figsize=(17, 4.4 * len(seeds)), squeeze=False)
     for row, (seed, result) in zip(axes, seeds, strict=True):
         success_ax, error_ax, tokens_ax = row
-        _bars(success_ax, result, "success", f"seed {seed}: held-out success (greedy, 95% CI)")
+        # without summary demonstrations none compacts; the first run's record predates the share (all compacted)
+        share = result.get("sft_uncompacted_share", 0.0) if result.get("sft_summaries", True) else 1.0
+        _bars(success_ax, result, "success", f"seed {seed}: held-out success (greedy, 95% CI); "
+              f"warm start {share:.0%} uncompacted demos")  # fmt: skip
         ceiling = result["ceiling"]["success"]
         success_ax.axhline(ceiling["value"], color="black", ls="--", label="ceiling (no compaction)")
         success_ax.set_ylim(0, 1.05)
