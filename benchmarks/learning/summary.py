@@ -285,14 +285,13 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
     ceiling = first_tasks(start["ceiling"], args.eval_tasks, args.seed)
     arms = compaction_report(evals, ceiling, args)
     bought = {}
-    for trigger in args.triggers:  # what RL bought: self_trained - self_untrained success, paired over tasks
+    for trigger in args.triggers:  # what RL bought: self_trained - self_untrained, paired over tasks
         untrained, trained = evals[f"self_untrained@{trigger}"], evals[f"self_trained@{trigger}"]
         prompted = evals[f"prompted@{trigger}"]
-        bought[str(trigger)] = {
-            "trained_minus_untrained": paired_delta(untrained["per_task"]["success"], trained["per_task"]["success"],
-                                                    args.seed),
-            "trained_minus_prompted": paired_delta(prompted["per_task"]["success"], trained["per_task"]["success"],
-                                                   args.seed),
+        bought[str(trigger)] = {  # on success, and (``_reward``) on the per-item credit
+            f"trained_minus_{name}{suffix}": paired_delta(other["per_task"][key], trained["per_task"][key], args.seed)
+            for name, other in (("untrained", untrained), ("prompted", prompted))
+            for key, suffix in (("success", ""), ("reward", "_reward"))
         }  # fmt: skip
     return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
             "sft_summaries": args.sft_summaries, "sft_uncompacted_share": args.sft_uncompacted_share,
@@ -313,8 +312,9 @@ def print_table(result: dict[str, Any]) -> None:
               f"{arm['summary_tokens']['value']:11.1f} {arm['summary_tokens_total']['value']:7.1f} "
               f"{arm['turns']['value']:5.1f} {arm['relookups']['value']:6.2f} {arm['invalid_calls']['value']:7.2f}")
     for trigger, rl in result["rl"].items():
-        print(f"trigger {trigger}: trained - untrained {fmt(rl['trained_minus_untrained'])}, trained - prompted "
-              f"{fmt(rl['trained_minus_prompted'])}")  # fmt: skip
+        print(f"trigger {trigger}: trained - untrained {fmt(rl['trained_minus_untrained'])} (per-item credit "
+              f"{fmt(rl['trained_minus_untrained_reward'])}), trained - prompted {fmt(rl['trained_minus_prompted'])} "
+              f"(per-item credit {fmt(rl['trained_minus_prompted_reward'])})")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
