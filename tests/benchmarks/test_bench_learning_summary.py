@@ -127,7 +127,8 @@ def test_episode_row_counts_relookups_and_summary_tokens() -> None:
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     est = {"value": 0.5, "low": 0.3, "high": 0.7}
-    arms = {f"{arm}@{t}": {"success": est, "compaction_error": est, "summary_tokens": {"value": 20.0}}
+    arms = {f"{arm}@{t}": {"success": est, "compaction_error": est, "compaction_error_reward": est,
+                          "summary_tokens": {"value": 20.0}}
             for arm in bench.MODE for t in (360, 480)}  # fmt: skip
     data = {"seeds": {"0": {"triggers": [360, 480], "ceiling": {"success": est}, "arms": arms}}}
     plot_summary(data, tmp_path / "p.png")
