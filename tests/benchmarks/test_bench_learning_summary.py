@@ -1,5 +1,6 @@
-"""benchmarks/learning/summary.py: valid stage configs (only the GRPO arm trains, with self-summary on), held-out
-tasks that share no item combination with training, compaction error paired against the ceiling, the plot."""
+"""benchmarks/learning/summary.py: valid stage configs (only the GRPO arm trains, with self-summary on), a mixed
+warm start whose demonstrations hold long uncompacted views and self-summarised ones, held-out tasks that share no
+item combination with training, compaction error paired against the ceiling, the plot."""
 
 from __future__ import annotations
 
