@@ -7,8 +7,11 @@ before the context trigger:
 1. ``sft``: LoRA behaviour cloning of the expert (one lookup per turn, then the listing) on 2-6 item training
    combinations; with ``--sft-summaries`` (default) the demonstrations compact at the low trigger and the expert
    answers the summary request with the prices it knows (without them SmolLM2 answers it with a tool call: an
-   empty summary, reward 0 for every sample, nothing for GRPO to learn from); merged and saved as the common
-   checkpoint of every arm. "self_untrained" is then self-summary after SFT only, before RL.
+   empty summary, reward 0 for every sample, nothing for GRPO to learn from). ``--sft-uncompacted-share``
+   (default 0.5) of them play without compaction, so the warm start also sees long uncompacted views and the
+   ceiling works (0 reproduces the first run, whose model only saw views of ~2 lookups and looped without
+   compaction); these mixed demonstrations are played once into SFT_DIR/demonstrations.jsonl. The warm start is
+   merged and saved as the common checkpoint of every arm. "self_untrained" is self-summary after SFT only.
 2. Two child processes from that checkpoint, at once (one torch thread each): ``baselines`` evaluates it as
    (a) ``ceiling``: no compaction, room for everything; (b) ``prompted``: at the trigger the harness asks the same
    model, in a separate conversation, for a summary under an engineered prompt (``taskrl.context``);
@@ -31,9 +34,11 @@ stage at toy size; ``--resume`` continues an interrupted seed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -76,8 +81,11 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
               "env": "prices", "split": "train", "run_dir": str(run_dir), "resume": True}  # fmt: skip
     if stage == "sft":  # with --sft-summaries the expert's episodes compact at the low trigger (self-summaries)
         summary = summary_config(args, args.triggers[0], "self") if args.sft_summaries else {}
+        sft_data = "expert"
+        if mixed_demonstrations(args):  # played beforehand: the file holds the compacted and the uncompacted ones
+            sft_data, summary = str(demonstrations_path(run_dir.parent)), {}
         return {**config, "seed": args.sft_seed, "model": args.model, "algo": "sft", "steps": args.sft_steps,
-                "sft_data": "expert", "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1,
+                "sft_data": sft_data, "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1,
                 "env_kwargs": env_kwargs(args, demos=True), "checkpoint_every": 0, "summary": summary}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "checkpoint_every": 1})
@@ -87,6 +95,66 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
     return {**config, "algo": "grpo", "steps": args.max_steps, "lr": args.lr, "env_kwargs": env_kwargs(args),
             "tasks_per_step": args.tasks, "group_size": args.group_size, "normalize_std": True,
             "summary": summary_config(args, args.triggers[0], "self")}  # fmt: skip
+
+
+def mixed_demonstrations(args: argparse.Namespace) -> bool:
+    """Whether the warm start learns from compacted and uncompacted demonstrations alike."""
+    return args.sft_summaries and args.sft_uncompacted_share > 0
+
+
+def demonstrations_path(sft_dir: Path) -> Path:
+    return sft_dir / "demonstrations.jsonl"
+
+
+def demo_tokenizer(model: str) -> Any:
+    """The tokenizer of the warm start's base model (the demonstrations' token ids are its)."""
+    if model == "smollm2":
+        from taskrl.policies.models import smollm2_tokenizer
+
+        return smollm2_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, local_files_only=True)
+
+
+def write_demonstrations(path: Path, args: argparse.Namespace) -> list[Any]:
+    """The expert's ``--sft-steps`` x ``--sft-tasks`` demonstrations of the mixed warm start, written to ``path``:
+    training tasks in a seeded order (cycling), each played without compaction with probability
+    ``--sft-uncompacted-share`` and otherwise self-summarised at the low trigger. Token-exact (the expert's ids
+    under the base model's chat format), so SFT reads them as it would the expert's live episodes."""
+    from taskrl.chat import ChatFormat
+    from taskrl.context import from_value
+    from taskrl.envs.prices import PricesEnv
+    from taskrl.policies.base import SamplingParams
+    from taskrl.policies.scripted import ScriptedPolicy
+    from taskrl.rollout import RolloutConfig, run_episodes
+    from taskrl.types import write_jsonl
+
+    factory = lambda: PricesEnv(**env_kwargs(args, demos=True))  # noqa: E731
+    train = list(factory().tasks("train"))
+    rng = random.Random(args.sft_seed)
+    order = [train[i % len(train)] for i in range(args.sft_steps * args.sft_tasks)]
+    rng.shuffle(order)
+    uncompacted = [rng.random() < args.sft_uncompacted_share for _ in order]
+    expert = ScriptedPolicy(factory().scripted_rule, name="expert", chat_format=ChatFormat(demo_tokenizer(args.model)))
+
+    def rollout(summary: dict[str, Any]) -> RolloutConfig:
+        return RolloutConfig(max_turns=args.max_turns, max_context_tokens=args.max_context_tokens,
+                             sampling=SamplingParams(max_new_tokens=args.max_new_tokens), seed=args.sft_seed,
+                             summary=from_value(summary, "summary"))  # fmt: skip
+
+    plain = [t for t, u in zip(order, uncompacted, strict=True) if u]
+    compacted = [t for t, u in zip(order, uncompacted, strict=True) if not u]
+    demos = asyncio.run(run_episodes(factory, expert, plain, rollout({})))
+    demos += asyncio.run(run_episodes(factory, expert, compacted, rollout(summary_config(args, args.triggers[0],
+                                                                                          "self"))))  # fmt: skip
+    failed = [t.task_id for t in demos if t.error is not None or not t.terminated]
+    if failed:
+        raise RuntimeError(f"the expert failed its demonstrations of {failed}: check --max-turns and the triggers")
+    partial = path.with_suffix(".partial")
+    write_jsonl(str(partial), demos, append=False)
+    partial.replace(path)  # whole or absent: a killed run replays them
+    return demos
 
 
 def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
@@ -217,17 +285,16 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
     ceiling = first_tasks(start["ceiling"], args.eval_tasks, args.seed)
     arms = compaction_report(evals, ceiling, args)
     bought = {}
-    for trigger in args.triggers:  # what RL bought: self_trained - self_untrained success, paired over tasks
+    for trigger in args.triggers:  # what RL bought: self_trained - self_untrained, paired over tasks
         untrained, trained = evals[f"self_untrained@{trigger}"], evals[f"self_trained@{trigger}"]
         prompted = evals[f"prompted@{trigger}"]
-        bought[str(trigger)] = {
-            "trained_minus_untrained": paired_delta(untrained["per_task"]["success"], trained["per_task"]["success"],
-                                                    args.seed),
-            "trained_minus_prompted": paired_delta(prompted["per_task"]["success"], trained["per_task"]["success"],
-                                                   args.seed),
+        bought[str(trigger)] = {  # on success, and (``_reward``) on the per-item credit
+            f"trained_minus_{name}{suffix}": paired_delta(other["per_task"][key], trained["per_task"][key], args.seed)
+            for name, other in (("untrained", untrained), ("prompted", prompted))
+            for key, suffix in (("success", ""), ("reward", "_reward"))
         }  # fmt: skip
     return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
-            "sft_summaries": args.sft_summaries,
+            "sft_summaries": args.sft_summaries, "sft_uncompacted_share": args.sft_uncompacted_share,
             "triggers": args.triggers, "cpu": cpu_model(), "load_average_at_end": os.getloadavg(),
             "start": {k: start[k] for k in ("sft_steps", "sft_s", "sft_nll")}, "ceiling": ceiling,
             "ceiling_after_grpo": grpo["final"]["ceiling"], "arms": arms, "rl": bought,
@@ -245,8 +312,9 @@ def print_table(result: dict[str, Any]) -> None:
               f"{arm['summary_tokens']['value']:11.1f} {arm['summary_tokens_total']['value']:7.1f} "
               f"{arm['turns']['value']:5.1f} {arm['relookups']['value']:6.2f} {arm['invalid_calls']['value']:7.2f}")
     for trigger, rl in result["rl"].items():
-        print(f"trigger {trigger}: trained - untrained {fmt(rl['trained_minus_untrained'])}, trained - prompted "
-              f"{fmt(rl['trained_minus_prompted'])}")  # fmt: skip
+        print(f"trigger {trigger}: trained - untrained {fmt(rl['trained_minus_untrained'])} (per-item credit "
+              f"{fmt(rl['trained_minus_untrained_reward'])}), trained - prompted {fmt(rl['trained_minus_prompted'])} "
+              f"(per-item credit {fmt(rl['trained_minus_prompted_reward'])})")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -268,6 +336,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sft-summaries", action=argparse.BooleanOptionalAction, default=True,
                     help="demonstrations compact at the low trigger with the expert's self-summary (without them "
                     "SmolLM2 answers a summary request with a tool call: an empty summary, reward 0, no GRPO signal)")
+    ap.add_argument("--sft-uncompacted-share", type=float, default=0.5,
+                    help="share of the demonstrations played without compaction, so the warm start also sees long "
+                    "uncompacted views (its ceiling works); 0: all compact, the first run's warm start")
     ap.add_argument("--sft-tasks", type=int, default=8, help="expert episodes per SFT step")
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate")
@@ -293,6 +364,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.minutes, args.curve_points, args.curve_tasks = min(args.minutes, 0.5), 1, 2
     if len(args.triggers) != 2 or not 0 < args.triggers[0] < args.triggers[1] < args.max_context_tokens:
         ap.error("--triggers must be two increasing token counts below --max-context-tokens, e.g. 360,480")
+    if not 0 <= args.sft_uncompacted_share <= 1:
+        ap.error("--sft-uncompacted-share must be a share between 0 and 1")
     if args.minutes <= 0 or min(args.sft_steps, args.eval_tasks, args.curve_tasks) < 1 or args.group_size < 2:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks >= 1; --group-size >= 2")
     return args
@@ -304,6 +377,8 @@ def main() -> None:
     sft_dir = Path(args.run_dir) / f"sft_seed_{args.sft_seed}"
     start = sft_dir / "start"
     if args.child == "sft":  # the start record: its ceiling (the baselines child evaluates the rest)
+        if mixed_demonstrations(args) and not demonstrations_path(sft_dir).exists():
+            write_demonstrations(demonstrations_path(sft_dir), args)
         return run_sft(sft_dir, args, stage_config=stage_config, start_evals=lambda trainer: {
             "ceiling": evaluate_arm(trainer, "start_ceiling", args, trigger=None, mode=None, n=args.eval_tasks)})
     if args.child == "baselines":

@@ -1,5 +1,6 @@
-"""benchmarks/learning/summary.py: valid stage configs (only the GRPO arm trains, with self-summary on), held-out
-tasks that share no item combination with training, compaction error paired against the ceiling, the plot."""
+"""benchmarks/learning/summary.py: valid stage configs (only the GRPO arm trains, with self-summary on), a mixed
+warm start whose demonstrations hold long uncompacted views and self-summarised ones, held-out tasks that share no
+item combination with training, compaction error paired against the ceiling, the plot."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from taskrl.context import SummaryConfig
+from taskrl.context import SummaryConfig, is_summary_request
 from taskrl.envs.prices import PricesEnv
 from taskrl.eval import EvalConfig
 from taskrl.training.config import config_from_dict
-from taskrl.types import Message, ToolCall, Trajectory
+from taskrl.types import Message, ToolCall, Trajectory, read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.learning import summary as bench  # noqa: E402
@@ -23,9 +24,14 @@ def test_stages_are_valid_configs_from_one_warm_start(tmp_path: Path) -> None:
     args = bench.parse_args(["--device", "cpu"])
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
     assert (sft.algo, sft.model) == ("sft", "smollm2")
-    assert sft.summary == {"trigger_tokens": 360, "mode": "self", "max_summary_tokens": 96}, "demos self-summarise"
+    assert sft.sft_data == str(tmp_path / "demonstrations.jsonl") and sft.summary == {}, "mixed: played beforehand"
+    first_run = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None,
+                                                    bench.parse_args(["--sft-uncompacted-share", "0"])))  # fmt: skip
+    assert first_run.sft_data == "expert"
+    assert first_run.summary == {"trigger_tokens": 360, "mode": "self", "max_summary_tokens": 96}, "all compact"
     plain = bench.parse_args(["--no-sft-summaries"])
-    assert config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, plain)).summary == {}
+    plain_sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, plain))
+    assert (plain_sft.sft_data, plain_sft.summary) == ("expert", {})
     assert sft.env_kwargs == {"min_items": 2, "max_items": 6, "one_call_per_turn": True}
     start = tmp_path / "start"
     stages = {s: config_from_dict(bench.stage_config(s, tmp_path / s, start, args)) for s in
@@ -50,10 +56,33 @@ def test_every_arm_is_a_valid_eval_config(mode: str | None) -> None:
     assert set(bench.MODE.values()) == {"prompted", "state_dump", "self"}
 
 
-def test_bad_triggers_are_refused() -> None:
+def test_bad_triggers_and_shares_are_refused() -> None:
     for bad in ("480,360", "360", "360,2000"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--triggers", bad])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--sft-uncompacted-share", "1.5"])
+
+
+def test_mixed_demonstrations_hold_long_uncompacted_and_compacted_episodes(tmp_path: Path) -> None:
+    args = bench.parse_args(["--sft-steps", "3", "--sft-tasks", "8"])
+    path = tmp_path / "demonstrations.jsonl"
+    demos = bench.write_demonstrations(path, args)
+    assert [t.to_dict() for t in read_jsonl(str(path))] == [t.to_dict() for t in demos] and len(demos) == 24
+    assert all(t.error is None and t.rewards["items_right"] == 1.0 and t.segments for t in demos)
+
+    def lookups(traj: Trajectory) -> int:
+        return sum(len(m.tool_calls or []) for m in traj.messages if m.role == "assistant")
+
+    uncompacted = [t for t in demos if not t.info.get("summaries")]
+    compacted = [t for t in demos if t.info.get("summaries")]
+    # the ceiling's view: 3 or more lookups in context, never compacted, answered from the view
+    assert any(lookups(t) >= 3 for t in uncompacted), [lookups(t) for t in uncompacted]
+    assert all(not any(is_summary_request([m]) for m in t.messages) for t in uncompacted)
+    # the self-summary's view: compacted at the low trigger, the expert's summary in its sampled tokens
+    assert compacted and all(r["mode"] == "self" and r["summary_tokens"] > 0 for t in compacted
+                             for r in t.info["summaries"])  # fmt: skip
+    assert 0.25 <= len(uncompacted) / len(demos) <= 0.75  # the default share, 0.5, over 24 seeded draws
 
 
 def test_held_out_listings_share_no_combination_with_any_training_task() -> None:
@@ -99,7 +128,8 @@ def test_episode_row_counts_relookups_and_summary_tokens() -> None:
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     est = {"value": 0.5, "low": 0.3, "high": 0.7}
-    arms = {f"{arm}@{t}": {"success": est, "compaction_error": est, "summary_tokens": {"value": 20.0}}
+    arms = {f"{arm}@{t}": {"success": est, "compaction_error": est, "compaction_error_reward": est,
+                          "summary_tokens": {"value": 20.0}}
             for arm in bench.MODE for t in (360, 480)}  # fmt: skip
     data = {"seeds": {"0": {"triggers": [360, 480], "ceiling": {"success": est}, "arms": arms}}}
     plot_summary(data, tmp_path / "p.png")
