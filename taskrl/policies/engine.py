@@ -218,6 +218,8 @@ class ContinuousEngine:
 
     def _short_arrived(self) -> bool:
         """Whether a request of the priority lane waits in the inbox or the queue."""
+        if self.schedule != "latency" or not self.priority_tokens:  # no lane: skip the lock on every step
+            return False
         with self._lock:
             waiting = [*self._inbox, *self.queue]
         return any(self._prioritised(request) for request in waiting)
