@@ -195,12 +195,11 @@ class ContinuousEngine:
         lane_busy = self.priority.rows or self.priority_prefilling.rows or self._short_arrived()
         if lane_busy and self._priority_streak < _PRIORITY_STREAK * self.priority_tokens:
             self._priority_streak += 1
-            self.stats["priority_forwards"] += 1
             self._admit(priority_only=True)  # another short request joins the lane at once
-            if self.priority_prefilling.rows:
-                self._prefill_step(self.priority_prefilling)
-            if self.priority.rows:
-                self._decode_step(self.priority)
+            for kv, run in ((self.priority_prefilling, self._prefill_step), (self.priority, self._decode_step)):
+                if kv.rows:  # a short request still queued (no row slot yet) runs no forward this step
+                    self.stats["priority_forwards"] += 1
+                    run(kv)
         else:
             self._priority_streak = 0
             self._admit()
