@@ -1,9 +1,10 @@
 """Rollout engine benchmark (issue 13): HFPolicy's continuous engine vs its static engine vs transformers
 ``generate`` one request at a time, side by side in one run, on SmolLM2-135M-Instruct.
 
-Engines: ``continuous`` (the default engine: prompt-lookup drafts, and in (b) the priority lane for short
-requests), ``continuous_plain`` (the same engine with ``draft_tokens=0`` and ``priority_tokens=0``), ``static``
-and ``generate``. ``--rounds N`` plays (a) N times, the engine order reversed every other round, so machine load
+Engines: ``continuous`` (the default engine: prompt-lookup drafts, the fast forward on CPU, and in (b) the
+priority lane for short requests), ``continuous_hf`` (the same engine on transformers' forward),
+``continuous_plain`` (transformers' forward, ``draft_tokens=0`` and ``priority_tokens=0``), ``static`` and
+``generate``. ``--rounds N`` plays (a) N times, the engine order reversed every other round, so machine load
 drifting during the run falls on every engine alike. (a) and (c) use the trainer's "throughput" schedule, (b)
 the "latency" schedule of ``taskrl serve``.
 
@@ -52,7 +53,7 @@ def cpu_model() -> str:
     return f"{name}, {amx}, torch threads {torch.get_num_threads()}, load average {load}"
 
 
-ENGINES = ("continuous", "continuous_plain", "static", "generate")
+ENGINES = ("continuous", "continuous_hf", "continuous_plain", "static", "generate")
 
 
 def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None:
@@ -60,6 +61,9 @@ def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None
     ``schedule``: "throughput" as the trainer's rollouts use it, "latency" as ``taskrl serve`` does."""
     policy.engine = "static" if engine == "static" else "continuous"
     plain = engine == "continuous_plain"  # this engine without drafts and without a priority lane
+    on_by_default = policy.fast_forward is True or (policy.fast_forward == "auto" and policy.device.type == "cpu")
+    policy._engine.fast_forward = engine == "continuous" and on_by_default
+    policy._engine._fast = None
     policy._engine.draft_tokens = 0 if plain else policy.draft_tokens
     policy._engine.priority_tokens = 0 if plain else policy.priority_tokens
     policy.schedule = policy._engine.schedule = schedule
@@ -249,9 +253,10 @@ def grpo_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
         per_round = [s / c for c, s in zip(rows["continuous"]["round_wall_s"], rows["static"]["round_wall_s"],
                                            strict=True)]  # fmt: skip
         print(f"  per round: {', '.join(f'{x:.2f}x' for x in per_round)}")
-    if "continuous_plain" in rows and "continuous" in rows:
-        ratio = rows["continuous"]["episodes_per_s"] / rows["continuous_plain"]["episodes_per_s"]
-        print(f"continuous (drafts) / continuous_plain episodes/s: {ratio:.2f}x")
+    for other, what in (("continuous_hf", "fast forward"), ("continuous_plain", "fast forward and drafts")):
+        if other in rows and "continuous" in rows:
+            ratio = rows["continuous"]["episodes_per_s"] / rows[other]["episodes_per_s"]
+            print(f"continuous / {other} (what the {what} add) episodes/s: {ratio:.2f}x")
     return rows
 
 

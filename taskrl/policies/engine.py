@@ -11,6 +11,7 @@ restarts in-flight rows from scratch, so no sample is ever drawn from stale KV.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -21,11 +22,14 @@ import torch
 
 from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.drafts import lookup_draft
+from taskrl.policies.fastpath import FastDecoder
 from taskrl.policies.kvcache import PrefixCache, RowKV
 from taskrl.policies.sampling import Request, sample
 
 if TYPE_CHECKING:
     from taskrl.policies.hf import HFPolicy
+
+logger = logging.getLogger(__name__)
 
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
@@ -76,12 +80,15 @@ class ContinuousEngine:
         decode_token_budget: int = 16,
         schedule: str = "latency",
         priority_tokens: int = 0,
+        fast_forward: bool = False,
     ) -> None:
         """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
         ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
         the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row)).
         ``schedule``: "latency" or "throughput" (see ``_prefill_budget`` and ``step``); ``priority_tokens``: in the
-        "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none)."""
+        "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none).
+        ``fast_forward``: run forwards through a ``FastDecoder`` of the current weights (rebuilt after every weight
+        change) where it reproduces the model; otherwise, and in training mode, transformers' forward."""
         self.policy = policy
         self.schedule = schedule
         self.priority_tokens = priority_tokens
@@ -114,6 +121,10 @@ class ContinuousEngine:
         self._idle = threading.Event()
         self._idle.set()
         self._weights: Any = None
+        self.fast_forward = fast_forward
+        self._fast: FastDecoder | None = None
+        self.fast_unsupported: tuple[int, str] = (0, "")
+        """(id of the model, why it cannot take the fast forward); another model is tried afresh."""
 
     # -- any thread --------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -138,6 +149,7 @@ class ContinuousEngine:
             "queued": len(self.queue) + len(self._inbox),
             "prefilling": self.prefilling.rows + self.priority_prefilling.rows,
             "running": self.decoding.rows + self.priority.rows,
+            "fast_forward": self._fast is not None,
             "kv_bytes": sum(kv.nbytes for kv in self._kvs()),
         }
 
@@ -233,6 +245,7 @@ class ContinuousEngine:
         key = self.policy._weights_key()
         if key == self._weights:
             return
+        self._fast = None  # a snapshot of the old weights (rebuilt at the next forward)
         if self._weights is not None:
             self.prefix.clear()
             rows = [row for kv in self._kvs() for row in kv.owners]
@@ -475,6 +488,10 @@ class ContinuousEngine:
     def _run(self, kv: RowKV, ids: torch.Tensor, queries: list[int], keep: int = 1) -> torch.Tensor:
         policy = self.policy
         mask, positions = kv.plan(queries, policy.device)
+        fast = self._fast_decoder()
+        if fast is not None:
+            logits = fast(ids.to(policy.device), mask, positions, kv, keep)
+            return logits[:, -1, :].float() if keep == 1 else logits.float()
         out = policy.model(
             input_ids=ids.to(policy.device),
             attention_mask=mask,
@@ -484,6 +501,19 @@ class ContinuousEngine:
             **{policy._cache_kwarg: kv},
         )
         return out.logits[:, -1, :].float() if keep == 1 else out.logits[:, -keep:, :].float()
+
+    def _fast_decoder(self) -> FastDecoder | None:
+        """The fast forward of the current weights, built on first use after a change; None where it does not
+        apply (the reason is logged once and kept in ``fast_unsupported``)."""
+        model = self.policy.model
+        if not self.fast_forward or model.training or self.fast_unsupported == (id(model), self.fast_unsupported[1]):
+            return None
+        if self._fast is None:
+            self._fast, why = FastDecoder.build(model)
+            if self._fast is None:
+                self.fast_unsupported = (id(model), why)
+                logger.info("continuous engine: transformers' forward (no fast forward: %s)", why)
+        return self._fast
 
     def _sample_rows(
         self, rows: list[_Row], indices: list[int], logits: torch.Tensor

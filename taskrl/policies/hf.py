@@ -80,6 +80,7 @@ class HFPolicy(PolicyBase):
         decode_token_budget: int | None = None,
         schedule: str = "latency",
         priority_tokens: int = 8,
+        fast_forward: str | bool = "auto",
     ) -> None:
         """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
 
@@ -96,6 +97,9 @@ class HFPolicy(PolicyBase):
         keep their pace, and requests for at most ``priority_tokens`` tokens decode in a lane of their own, so a
         short request under load pays for a one-row forward instead of the whole batch's) or "throughput"
         (rollouts: full prefill chunks and one lane, the fewest forwards per batch of episodes).
+        ``fast_forward``: run the continuous engine's forwards through ``taskrl.policies.fastpath`` (fused, LoRA
+        merged, same results; one extra copy of the projection weights): True, False, or "auto" (on CPU only,
+        where per-op overhead is a large share of a small model's forward).
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -113,6 +117,8 @@ class HFPolicy(PolicyBase):
             raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
         if decode_token_budget is not None and decode_token_budget < 1:
             raise ValueError(f"decode_token_budget must be >= 1, got {decode_token_budget}")
+        if fast_forward not in (True, False, "auto"):
+            raise ValueError(f"fast_forward must be True, False or 'auto', got {fast_forward!r}")
         self.device = next(model.parameters()).device if device is None else resolve_device(device)
         self.model = model.to(self.device).eval()
         use_grouped_attention(self.model)  # same results; prefill chunks and drafts stop copying the KV
@@ -130,6 +136,7 @@ class HFPolicy(PolicyBase):
         self.decode_token_budget = decode_token_budget
         self.schedule = schedule
         self.priority_tokens = priority_tokens
+        self.fast_forward = fast_forward
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -154,6 +161,7 @@ class HFPolicy(PolicyBase):
             decode_token_budget=decode_token_budget or (16 if self.device.type == "cpu" else 256),
             schedule=schedule,
             priority_tokens=priority_tokens,
+            fast_forward=self.device.type == "cpu" if fast_forward == "auto" else bool(fast_forward),
         )
 
     @classmethod

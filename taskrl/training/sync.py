@@ -87,6 +87,7 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         prefill_chunk_tokens=policy.prefill_chunk_tokens,
         prefix_cache_bytes=policy.prefix_cache_bytes,
         draft_tokens=policy.draft_tokens,
+        fast_forward=policy.fast_forward,
         decode_token_budget=policy.decode_token_budget,
         schedule=policy.schedule,
         priority_tokens=policy.priority_tokens,

@@ -366,7 +366,8 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
     from taskrl.training.sync import rollout_copy
 
     source = make_policy(tiny, engine="static", prefill_chunk_tokens=48, prefix_cache_bytes=12345, max_batch_size=5,
-                         draft_tokens=2, decode_token_budget=9, schedule="throughput", priority_tokens=3)  # fmt: skip
+                         draft_tokens=2, decode_token_budget=9, schedule="throughput", priority_tokens=3,
+                         fast_forward=False)  # fmt: skip
     copy_policy = rollout_copy(source)
     try:
         assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
@@ -375,6 +376,7 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
         engine = copy_policy._engine
         assert (engine.draft_tokens, engine.decode_token_budget, engine.schedule) == (2, 9, "throughput")
         assert copy_policy.priority_tokens == engine.priority_tokens == 3
+        assert copy_policy.fast_forward is engine.fast_forward is False
     finally:
         copy_policy.close()
         source.close()
