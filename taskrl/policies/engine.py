@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
     "completed", "failed", "cancelled", "restarts", "draft_tokens", "accepted_draft_tokens", "decode_forwards",
-    "priority_forwards",
+    "priority_forwards", "fast_forwards",
 )  # fmt: skip
 _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
@@ -149,7 +149,6 @@ class ContinuousEngine:
             "queued": len(self.queue) + len(self._inbox),
             "prefilling": self.prefilling.rows + self.priority_prefilling.rows,
             "running": self.decoding.rows + self.priority.rows,
-            "fast_forward": self._fast is not None,
             "kv_bytes": sum(kv.nbytes for kv in self._kvs()),
         }
 
@@ -490,6 +489,7 @@ class ContinuousEngine:
         mask, positions = kv.plan(queries, policy.device)
         fast = self._fast_decoder()
         if fast is not None:
+            self.stats["fast_forwards"] += 1
             logits = fast(ids.to(policy.device), mask, positions, kv, keep)
             return logits[:, -1, :].float() if keep == 1 else logits.float()
         out = policy.model(
