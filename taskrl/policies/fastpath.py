@@ -64,6 +64,8 @@ def _merged(linear: Any) -> tuple[torch.Tensor | None, str]:
         return None, "peft adapters merged or disabled"
     if any(getattr(linear, "use_dora", {}).values()):
         return None, "DoRA adapters"
+    if any(getattr(linear, "lora_bias", {}).values()):
+        return None, "LoRA adapters with a bias"
     weight = base.weight.detach()
     active = [name for name in linear.active_adapters if name in getattr(linear, "lora_A", {})]
     if not active:
@@ -109,6 +111,10 @@ class FastDecoder:
                 return None, f"{name} is wrapped (LoRA or modules_to_save on the embeddings)"
         if type(base.lm_head) is not torch.nn.Linear or base.lm_head.bias is not None:
             return None, "lm_head is wrapped or has a bias"
+        norms = [base.model.norm] + [n for layer in base.model.layers
+                                     for n in (layer.input_layernorm, layer.post_attention_layernorm)]  # fmt: skip
+        if any(not type(norm).__name__.endswith("RMSNorm") for norm in norms):
+            return None, "a norm layer is wrapped (modules_to_save) or is not an RMSNorm"
         heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         layers = []

@@ -89,6 +89,11 @@ def test_declines_what_it_cannot_reproduce(model: Any) -> None:
     embedded = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj", "embed_tokens"]))
     fast, why = FastDecoder.build(embedded)
     assert fast is None and "embed_tokens" in why
+    saved = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj"],
+                                                            modules_to_save=["input_layernorm"]))  # fmt: skip
+    fast, why = FastDecoder.build(saved)
+    assert fast is None and "norm" in why
+    assert FastDecoder.build(lora(model, lora_bias=True)) == (None, "LoRA adapters with a bias")
     biased = copy.deepcopy(model)
     biased.config.attention_bias = True
     assert FastDecoder.build(biased) == (None, "attention or MLP biases")
