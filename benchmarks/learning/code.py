@@ -86,6 +86,8 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
                 "checkpoint_every": 0}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1})
+    if args.micro_batch_tokens:  # the arms only: the warm start's config (and so its checkpoint) stays as it was
+        config["micro_batch_tokens"] = args.micro_batch_tokens
     if stage == "sft_only":
         return {**config, **sft}
     return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args.hint_lines, args.design),
@@ -230,6 +232,12 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="plot path (default docs/learning_code.png; --pilot: in run dir)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="the arms' learner token budget per forward/backward (0: TrainConfig's); bounds memory",
+    )
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

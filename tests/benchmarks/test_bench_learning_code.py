@@ -85,7 +85,8 @@ def test_flag_report_catches_a_tampering_episode_that_scored() -> None:
 def stage_args(design: str) -> SimpleNamespace:
     return SimpleNamespace(max_turns=4, max_new_tokens=160, context=2048, device="cpu", dtype="bfloat16", seed=0,
                            sft_seed=0, concurrency=4, sft_lr=1e-3, hint_lines=6, sft_tasks=4, sft_steps=2,
-                           max_steps=100, lr=5e-4, tasks=2, group_size=4, entropy_coef=0.0, design=design)  # fmt: skip
+                           max_steps=100, lr=5e-4, tasks=2, group_size=4, entropy_coef=0.0, design=design,
+                           micro_batch_tokens=0)  # fmt: skip
 
 
 def test_stage_configs_are_valid_and_the_arms_train_on_disjoint_kinds(tmp_path: Path) -> None:
@@ -97,6 +98,12 @@ def test_stage_configs_are_valid_and_the_arms_train_on_disjoint_kinds(tmp_path: 
     assert configs["sft"]["env_kwargs"] == configs["sft_only"]["env_kwargs"]
     assert configs["sft"]["env_kwargs"]["kinds"] == list(DEMO_KINDS)
     assert configs["grpo"]["env_kwargs"]["kinds"] == list(RL_KINDS) and configs["grpo"]["algo"] == "grpo"
+    assert all("micro_batch_tokens" not in config for config in configs.values())
+    args = stage_args("edit_file")
+    args.micro_batch_tokens = 1024
+    small = {s: bench.stage_config(s, tmp_path / s, tmp_path / "start", args) for s in ("sft", "sft_only", "grpo")}
+    assert small["sft"] == configs["sft"]  # the warm start is the same checkpoint
+    assert small["grpo"]["micro_batch_tokens"] == small["sft_only"]["micro_batch_tokens"] == 1024
 
 
 def test_the_lines_design_edits_by_number_everywhere_and_shapes_only_the_grpo_reward(tmp_path: Path) -> None:
