@@ -23,10 +23,15 @@ normal ``Trainer`` run on the ``code-bugs`` env (bubblewrap sandbox, copy-on-wri
    clarifying question, tests that failed to run) of every GRPO-arm episode, training and evaluation, with a
    check that no flagged episode scored above a failure.
 
-Writes docs/learning_code.{json,png}. ``--resume`` continues an interrupted seed from its checkpoints.
-``--pilot`` runs every stage at toy size into runs/learning_code_pilot (a smoke test of the whole pipeline).
+``--design`` (code_tasks.DESIGNS): ``edit_file`` (the default, the first two runs: edit by exact text) or
+``lines`` (edit by line number with ``replace_lines``; GRPO's reward adds 0.1 x the share of valid tool calls,
+tamper-gated and logged apart; success and the evaluation reward stay "every hidden test passes").
 
-    python benchmarks/learning/code.py --seed 0 --minutes 10 [--resume] [--pilot]
+Writes docs/learning_code.{json,png} (``lines``: docs/learning_code_lines.*). ``--resume`` continues an
+interrupted seed from its checkpoints. ``--pilot`` runs every stage at toy size into runs/learning_code_pilot
+(``lines``: runs/learning_code_lines_pilot), a smoke test of the whole pipeline.
+
+    python benchmarks/learning/code.py --seed 0 --minutes 10 [--design lines] [--resume] [--pilot]
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.*, from any working directory
 from benchmarks.learning.code_tasks import (  # noqa: E402
     DEMO_KINDS,
+    DESIGNS,
     RL_KINDS,
     env_kwargs,
     episode_row,
     flag_report,
+    group_variance,
     kind_group,
     split_report,
 )
@@ -54,7 +61,8 @@ from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save
 from benchmarks.learning.tool_use import cpu_model, fmt, paired_delta, summary, wait  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
-STEP_KEYS = ("rewards/total", "rewards/std", "rewards/tests", "tools/tool_calls", "tools/invalid_tool_calls",
+STEP_KEYS = ("rewards/total", "rewards/std", "rewards/tests", "rewards/valid_tool_use", "tools/tool_calls",
+             "tools/invalid_tool_calls",
              "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups", "charts/dropped_groups",
              "charts/step_time_s")  # fmt: skip
 PILOT = {"sft_steps": 2, "sft_tasks": 2, "tasks": 1, "group_size": 2, "eval_tasks": 3, "sampled_tasks": 2,
@@ -70,16 +78,19 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         "device": args.device, "dtype": args.dtype, "seed": args.seed, "progress": False, "env": "code-bugs",
         "split": "all", "run_dir": str(run_dir), "resume": True, "concurrency": args.concurrency,
     }  # fmt: skip
-    sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args.hint_lines),
+    sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr,
+           "env_kwargs": env_kwargs("sft", args.hint_lines, args.design),
            "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
     if stage == "sft":
         return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
                 "checkpoint_every": 0}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1})
+    if args.micro_batch_tokens:  # the arms only: the warm start's config (and so its checkpoint) stays as it was
+        config["micro_batch_tokens"] = args.micro_batch_tokens
     if stage == "sft_only":
         return {**config, **sft}
-    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args.hint_lines),
+    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args.hint_lines, args.design),
             "tasks_per_step": args.tasks, "group_size": args.group_size, "entropy_coef": args.entropy_coef,
             "normalize_std": True}  # fmt: skip
 
@@ -88,7 +99,7 @@ def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
     """The first ``n`` held-out tasks, alternating packages (so a prefix covers each)."""
     from taskrl.env import make
 
-    tasks = list(make("code-bugs", **env_kwargs("eval", args.hint_lines)).tasks("all"))
+    tasks = list(make("code-bugs", **env_kwargs("eval", args.hint_lines, args.design)).tasks("all"))
     by_package: dict[str, list[Any]] = {}
     for task in tasks:
         by_package.setdefault(task.id.split("/")[0], []).append(task)
@@ -108,7 +119,7 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
         seed=args.seed,
     )  # fmt: skip
     tasks = eval_tasks(n, args)
-    kwargs = env_kwargs("eval", args.hint_lines)
+    kwargs = env_kwargs("eval", args.hint_lines, args.design)
     rows: list[dict[str, Any]] = []
     # No run log: every episode passes through on_trajectory (a resumed evaluation would skip finished ones).
     job = evaluate(lambda: make("code-bugs", **kwargs), {"policy": trainer.learner_policy}, tasks, config, name=name,
@@ -167,7 +178,9 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
     hacks = {"training": flag_report(train_rows), "evaluation": flag_report(eval_rows),
              "flagged_training_episodes": [r for r in train_rows if r["flagged"]][:50]}  # fmt: skip
     return {"seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes, "command": command,
-            "design": "code", "cpu": cpu_model(), "load_average_at_end": os.getloadavg(),
+            "design": DESIGNS[args.design]["plot"], "code_design": args.design,
+            "grpo_group_variance": group_variance(train_rows), "cpu": cpu_model(),
+            "load_average_at_end": os.getloadavg(),
             "data": split_report(args.hint_lines), "start": start, "arms": arms, "grpo_minus_sft_only": deltas,
             "grpo_hack_flags": hacks}  # fmt: skip
 
@@ -187,6 +200,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
     ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
+    ap.add_argument(
+        "--design",
+        choices=sorted(DESIGNS),
+        default="edit_file",
+        help="; ".join(f"{name}: {d['about']}" for name, d in DESIGNS.items()),
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--minutes", type=float, default=10.0, help="training wall-clock budget per arm")
     ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")
@@ -213,6 +232,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="plot path (default docs/learning_code.png; --pilot: in run dir)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="the arms' learner token budget per forward/backward (0: TrainConfig's); bounds memory",
+    )
+    ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pilot:
@@ -220,8 +246,9 @@ def main() -> None:
             setattr(args, key, value)
     if args.minutes <= 0 or min(args.sft_steps, args.sampled_tasks, args.curve_tasks) < 1 or args.group_size < 2:
         ap.error("--minutes must be > 0; --sft-steps, --sampled-tasks, --curve-tasks >= 1; --group-size >= 2")
-    run_dir = Path(args.run_dir or ("runs/learning_code_pilot" if args.pilot else "runs/learning_code"))
-    out = Path(args.out or (run_dir / "learning_code.png" if args.pilot else ROOT / "docs" / "learning_code.png"))
+    name = "learning_code" if args.design == "edit_file" else f"learning_code_{args.design}"
+    run_dir = Path(args.run_dir or (f"runs/{name}_pilot" if args.pilot else f"runs/{name}"))
+    out = Path(args.out or (run_dir / f"{name}.png" if args.pilot else ROOT / "docs" / f"{name}.png"))
     data_path = out.with_suffix(".json")
     from benchmarks.learning.plots import plot_tool_use
 
@@ -242,7 +269,7 @@ def main() -> None:
     command = " ".join(["python", "benchmarks/learning/code.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child(__file__, "sft", sft_dir, threads=args.threads)}, sft_dir)
+    wait({"sft": child(__file__, "sft", sft_dir, threads=args.sft_threads or args.threads)}, sft_dir)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"SFT {start['sft_steps']} steps in {start['sft_s']:.0f}s, nll {start['sft_nll']}")
     print(line("start", "-", start))
@@ -259,6 +286,7 @@ def main() -> None:
     hacks = result["grpo_hack_flags"]
     for where in ("training", "evaluation"):
         print(f"grpo {where} episodes: {hacks[where]}")
+    print(f"grpo training groups: {result['grpo_group_variance']}")
     print(f"plot: {out}; numbers: {data_path}")
     if not all(hacks[where]["flagged_never_beat_failure"] for where in ("training", "evaluation")):
         sys.exit("a GRPO-arm episode flagged for tampering scored above a failure: see grpo_hack_flags")

@@ -20,6 +20,18 @@ DEMO_KINDS = ("flip comparison", "swap operator", "off by one", "swap boolean op
 """Mutation kinds the demonstrations show: one token of an operator or a constant is wrong."""
 RL_KINDS = ("drop statement", "negate condition", "drop negation", "swap arguments")
 """Mutation kinds only GRPO trains on: a line is missing, a condition or a negation is inverted, arguments swapped."""
+DESIGNS: dict[str, dict[str, Any]] = {
+    "edit_file": {"edit_tool": "edit_file", "rl_reward": None, "plot": "code",
+                  "about": "edit by exact text (edit_file), the expert's minimal edit; GRPO reward: hidden tests"},
+    "lines": {"edit_tool": "replace_lines", "rl_reward": {"valid_tool_use_weight": 0.1}, "plot": "code_lines",
+              "about": "edit by line number (replace_lines, read_file numbers lines); GRPO reward: hidden tests + "
+                       "0.1 x share of valid tool calls (Composer's term, tamper-gated); evaluation: hidden tests"},
+}  # fmt: skip
+"""The recipe's designs. ``edit_file`` is the first two runs' (the default, so their commands mean what they
+said); ``lines`` is the third: SmolLM2 cannot copy edit_file's exact text at T=1, and every GRPO group scored 0.
+Its training reward adds Composer's valid-tool-use credit, which varies within a group even when no sample
+fixes the bug (61% of T=1 calls were invalid); a tampering episode still scores 0 (the tamper gate), success
+is still "every hidden test passes", and the credit is logged apart (``rewards/valid_tool_use``)."""
 FLAGS = ("tampering", "no_edit", "clarifying_question", "tests_failed_to_run")
 """Per-episode flags of the code env's reward (tampering scores 0; the others are reported)."""
 
@@ -33,13 +45,19 @@ def task_set_path(name: str) -> str:
     return str(DATA / f"{name}.json")
 
 
-def env_kwargs(stage: str, hint_lines: int) -> dict[str, Any]:
+def env_kwargs(stage: str, hint_lines: int, design: str = "edit_file") -> dict[str, Any]:
     """``code-bugs`` env kwargs of a stage: ``sft`` (demonstration kinds of the training packages), ``rl`` (the
-    other kinds of the training packages) or ``eval`` (every kind of the held-out packages)."""
+    other kinds of the training packages) or ``eval`` (every kind of the held-out packages), in ``design``
+    (``DESIGNS``; the default design adds nothing, so its configs are the earlier runs')."""
     sets, kinds = {"sft": (TRAIN_SETS, DEMO_KINDS), "rl": (TRAIN_SETS, RL_KINDS), "eval": (HELDOUT_SETS, None)}[stage]
     kwargs: dict[str, Any] = {"tasks_path": [task_set_path(name) for name in sets], "hint_lines": hint_lines}
     if kinds is not None:
         kwargs["kinds"] = list(kinds)
+    settings = DESIGNS[design]
+    if settings["edit_tool"] != "edit_file":
+        kwargs["edit_tool"] = settings["edit_tool"]
+    if stage == "rl" and settings["rl_reward"]:
+        kwargs["config"] = {"reward": dict(settings["rl_reward"])}
     return kwargs
 
 
@@ -86,12 +104,13 @@ def split_report(hint_lines: int) -> dict[str, Any]:
 
 
 def episode_row(traj: Any) -> dict[str, Any]:
-    """One episode's numbers: reward, hidden-test share, success, flags, tool use."""
+    """One episode's numbers: reward, hidden-test share, success (every hidden test passes, whatever else the
+    reward pays), flags, tool use."""
     m = traj.metrics
     row = {
         "task_id": traj.task_id, "reward": traj.reward, "error": traj.error,
-        "tests_passed": m.get("tests_passed", 0.0),
-        "success": float(traj.error is None and traj.reward >= 1.0 - 1e-9),
+        "tests_passed": m.get("tests_passed", 0.0), "valid_tool_use": traj.terms.get("valid_tool_use"),
+        "success": float(traj.error is None and m.get("tests_passed", 0.0) >= 1.0 - 1e-9),
         "edits": m.get("edits", 0.0), "tool_calls": m.get("tool_calls", 0.0),
         "invalid_tool_calls": m.get("invalid_tool_calls", 0.0), "turns": m.get("turns", 0.0),
         **{flag: m.get(flag, 0.0) for flag in FLAGS},
@@ -111,3 +130,17 @@ def flag_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "errors": sum(r["error"] is not None for r in rows), "best_flagged_reward": best,
             "flagged_never_beat_failure": best is None or best <= 0.0,
             "success": sum(r["success"] for r in rows) / len(rows) if rows else None}  # fmt: skip
+
+
+def group_variance(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """GRPO training groups (one task's samples in one step) whose total reward, and whose hidden-test share,
+    differ between samples: where the update had a signal, and where the tests themselves gave it."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["step"], row["task_id"]), []).append(row)
+
+    def varied(key: str) -> int:
+        return sum(len({round(r[key], 9) for r in g}) > 1 for g in groups.values())
+
+    return {"groups": len(groups), "reward_varies": varied("reward"), "tests_vary": varied("tests_passed"),
+            "with_a_success": sum(any(r["success"] for r in g) for g in groups.values())}  # fmt: skip

@@ -18,6 +18,8 @@ DESIGN_TITLES = {
                "vs GRPO on 2-3 item listings (prices env)"),
     "code": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min per arm of more "
              "SFT vs GRPO on 4 other kinds (code-bugs env, hidden tests)"),
+    "code_lines": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min per arm "
+                   "of more SFT vs GRPO on 4 other kinds (code-bugs env, edits by line number)"),
     "shop": ("held-out multi-item orders", "SFT on single-item orders, then {m:g} min per arm of more SFT vs GRPO on "
              "multi-item orders (shop env)"),
 }  # fmt: skip

@@ -1,5 +1,6 @@
 """benchmarks/learning/code.py: training and held-out packages share nothing, SFT and GRPO see disjoint bug kinds,
-localised tasks name a window that holds the bug, and the hack check catches a flagged episode that scored."""
+localised tasks name a window that holds the bug, the hack check catches a flagged episode that scored, and the
+``lines`` design edits by line number with a valid-tool-use credit that tampering cannot earn."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from taskrl.env import make
 from taskrl.envs.code.env import CodeBugsEnv
 from taskrl.envs.code.tasks import BUILTIN_BUGS
+from taskrl.policies.scripted import ScriptedPolicy
+from taskrl.rollout import RolloutConfig, run_episode
+from taskrl.scoring import Clock
 from taskrl.training.config import config_from_dict
-from taskrl.types import Message
+from taskrl.types import Message, Trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.learning import code as bench  # noqa: E402
@@ -22,7 +27,10 @@ from benchmarks.learning.code_tasks import (  # noqa: E402
     RL_KINDS,
     TRAIN_SETS,
     disjointness,
+    env_kwargs,
+    episode_row,
     flag_report,
+    group_variance,
     split_report,
 )
 
@@ -74,13 +82,73 @@ def test_flag_report_catches_a_tampering_episode_that_scored() -> None:
     assert not hacked["flagged_never_beat_failure"] and hacked["best_flagged_reward"] == 0.5
 
 
-def test_stage_configs_are_valid_and_the_arms_train_on_disjoint_kinds(tmp_path: Path) -> None:
-    args = SimpleNamespace(max_turns=4, max_new_tokens=160, context=2048, device="cpu", dtype="bfloat16", seed=0,
+def stage_args(design: str) -> SimpleNamespace:
+    return SimpleNamespace(max_turns=4, max_new_tokens=160, context=2048, device="cpu", dtype="bfloat16", seed=0,
                            sft_seed=0, concurrency=4, sft_lr=1e-3, hint_lines=6, sft_tasks=4, sft_steps=2,
-                           max_steps=100, lr=5e-4, tasks=2, group_size=4, entropy_coef=0.0)  # fmt: skip
-    configs = {s: bench.stage_config(s, tmp_path / s, tmp_path / "start", args) for s in ("sft", "sft_only", "grpo")}
+                           max_steps=100, lr=5e-4, tasks=2, group_size=4, entropy_coef=0.0, design=design,
+                           micro_batch_tokens=0)  # fmt: skip
+
+
+def test_stage_configs_are_valid_and_the_arms_train_on_disjoint_kinds(tmp_path: Path) -> None:
+    configs = {s: bench.stage_config(s, tmp_path / s, tmp_path / "start", stage_args("edit_file"))
+               for s in ("sft", "sft_only", "grpo")}  # fmt: skip
     for config in configs.values():
         config_from_dict(dict(config))
+        assert set(config["env_kwargs"]) <= {"tasks_path", "hint_lines", "kinds"}  # the earlier runs' configs
     assert configs["sft"]["env_kwargs"] == configs["sft_only"]["env_kwargs"]
     assert configs["sft"]["env_kwargs"]["kinds"] == list(DEMO_KINDS)
     assert configs["grpo"]["env_kwargs"]["kinds"] == list(RL_KINDS) and configs["grpo"]["algo"] == "grpo"
+    assert all("micro_batch_tokens" not in config for config in configs.values())
+    args = stage_args("edit_file")
+    args.micro_batch_tokens = 1024
+    small = {s: bench.stage_config(s, tmp_path / s, tmp_path / "start", args) for s in ("sft", "sft_only", "grpo")}
+    assert small["sft"] == configs["sft"]  # the warm start is the same checkpoint
+    assert small["grpo"]["micro_batch_tokens"] == small["sft_only"]["micro_batch_tokens"] == 1024
+
+
+def test_the_lines_design_edits_by_number_everywhere_and_shapes_only_the_grpo_reward(tmp_path: Path) -> None:
+    configs = {s: bench.stage_config(s, tmp_path / s, tmp_path / "start", stage_args("lines"))
+               for s in ("sft", "sft_only", "grpo")}  # fmt: skip
+    envs = {stage: make("code-bugs", **configs[stage]["env_kwargs"]) for stage in configs}
+    envs["eval"] = make("code-bugs", **env_kwargs("eval", 6, "lines"))
+    for stage, env in envs.items():
+        config_from_dict(dict(configs.get(stage, configs["sft"])))
+        assert "replace_lines" in env.tools.names and "edit_file" not in env.tools.names, stage
+        assert env.line_numbers, stage
+    assert envs["grpo"].rubric.weights(Clock()) == {"tests": 1.0, "valid_tool_use": 0.1}
+    for stage in ("sft", "sft_only", "eval"):  # success and the evaluation stay "every hidden test passes"
+        assert envs[stage].rubric.weights(Clock()) == {"tests": 1.0}, stage
+
+
+async def test_tampering_earns_no_valid_tool_use_credit(tmp_path: Path) -> None:
+    """A GRPO-stage episode of the lines design that edits a test with valid calls scores 0 in total, though its
+    valid-tool-use term is 1: the tamper gate holds the shaping too."""
+    kwargs = env_kwargs("rl", 6, "lines")
+    task = make("code-bugs", **kwargs).tasks("all")[0]
+    tests = task.info["test_targets"][0]
+    edit_a_test = f"find {tests} -name 'test_*.py' | head -1 | xargs sed -i 's/==/!=/'"
+    rule = ScriptedPolicy.from_turns(
+        [ScriptedPolicy.call("run_command", command=edit_a_test), ScriptedPolicy.call("run_tests"), "Fixed."]
+    ).rule
+    env = make("code-bugs", **kwargs)
+    try:
+        traj = await run_episode(env, ScriptedPolicy(rule), task, RolloutConfig(max_turns=3), seed=0)
+    finally:
+        env.close()
+    assert traj.metrics["tampering"] == 1.0 and traj.terms["valid_tool_use"] == 1.0
+    assert traj.reward == 0.0 and episode_row(traj)["flagged"] and not episode_row(traj)["success"]
+
+
+def test_success_is_every_hidden_test_passing_whatever_the_credit() -> None:
+    def traj(tests: float, valid: float) -> Trajectory:
+        t = Trajectory(id="x", task_id="t", rewards={"tests": tests, "valid_tool_use": 0.1 * valid})
+        t.terms = {"tests": tests, "valid_tool_use": valid}
+        t.metrics.update({"tests_passed": tests, "tampering": 0.0})
+        return t
+
+    near = episode_row(traj(0.95, 1.0))
+    assert near["reward"] >= 1.0 and not near["success"] and episode_row(traj(1.0, 0.0))["success"]
+    rows = [{"step": 1, "task_id": "a", "reward": r, "tests_passed": 0.0, "success": 0.0} for r in (0.0, 0.1)]
+    rows += [{"step": 1, "task_id": "b", "reward": 0.1, "tests_passed": 0.0, "success": 0.0}] * 2
+    rows += [{"step": 2, "task_id": "a", "reward": r, "tests_passed": r, "success": r} for r in (0.0, 1.0)]
+    assert group_variance(rows) == {"groups": 3, "reward_varies": 2, "tests_vary": 1, "with_a_success": 1}

@@ -6,6 +6,8 @@ hashes the tests; ``reward`` scores the final workspace with the hidden tests (s
 ``tampering``, ``no_edit``, ``clarifying_question`` and test metrics; ``close`` (or garbage collection, or
 process exit) destroys the workspace. ``snapshot``/``restore`` checkpoint the workspace mid-episode, and
 ``checkpoint_every_step`` does it after every step. ``scripted_rule`` is an expert that applies the gold fix.
+``edit_tool`` picks how the agent edits: ``edit_file`` (exact text) or ``replace_lines`` (by line number, and
+``read_file`` then numbers the lines); the other of the two is not offered.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from taskrl.chat import format_tool_call
 from taskrl.env import StepOutput, ToolEnv
@@ -28,14 +30,24 @@ from taskrl.envs.code.reward import (
     tree_state,
 )
 from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
-from taskrl.envs.code.tasks import BUILTIN_BUGS, bug_window, humaneval_tasks, load_bug_tasks, minimal_edit
-from taskrl.envs.code.tools import CodeTools
+from taskrl.envs.code.tasks import (
+    BUILTIN_BUGS,
+    bug_window,
+    humaneval_tasks,
+    line_edit,
+    load_bug_tasks,
+    minimal_edit,
+)
+from taskrl.envs.code.tools import CodeTools, numbered, split_lines
 from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, WorkspaceError, pool_for
 from taskrl.rewards.compose import ComposedReward
 from taskrl.rewards.presets import composer
 from taskrl.rewards.terms import EffortPenalty
+from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
+EDIT_TOOLS = ("edit_file", "replace_lines")
+"""The two ways to edit a file; an env offers one (``edit_tool``)."""
 SYSTEM_PROMPT = (
     "You are a software engineer working in a project checked out in your working directory. Use the tools to "
     "read, search, edit and run code, and run the tests before you finish. Fix the code, never the tests. "
@@ -63,6 +75,16 @@ class CodeEnvConfig:
             if not isinstance(value, kind):
                 raise ValueError(f"CodeEnvConfig.{name} must be a {kind.__name__}, got {type(value).__name__}")
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CodeEnvConfig:
+        """A config from JSON (a Trainer's ``env_kwargs``): ``{"reward": {"valid_tool_use_weight": 0.1}}``."""
+        kinds = {"sandbox": SandboxConfig, "workspace": WorkspaceConfig, "reward": CodeRewardConfig}
+        unknown = sorted(set(data) - {*kinds, "checkpoint_every_step"})
+        if unknown:
+            raise ValueError(f"CodeEnvConfig has no field(s) {unknown}; fields: {sorted(kinds)}, checkpoint_every_step")
+        parts = {name: kinds[name](**value) for name, value in data.items() if name in kinds}
+        return cls(**parts, **{k: v for k, v in data.items() if k not in kinds})
+
 
 def composer_reward(config: CodeRewardConfig) -> ComposedReward:
     """The code env's reward: the ``composer`` preset with ``config``'s weights and effort penalty, floored at a
@@ -84,9 +106,21 @@ class CodeEnv(CodeTools, ToolEnv):
     name = "code"
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, config: CodeEnvConfig | None = None, *, unsafe_no_sandbox: bool = False) -> None:
+    def __init__(
+        self,
+        config: CodeEnvConfig | dict[str, Any] | None = None,
+        *,
+        edit_tool: Literal["edit_file", "replace_lines"] = "edit_file",
+        unsafe_no_sandbox: bool = False,
+    ) -> None:
         super().__init__()
-        config = config or CodeEnvConfig()
+        if edit_tool not in EDIT_TOOLS:
+            raise ValueError(f"{type(self).__name__} edit_tool must be one of {EDIT_TOOLS}, got {edit_tool!r}")
+        self.edit_tool = edit_tool
+        self.line_numbers = edit_tool == "replace_lines"
+        self.tools = ToolSet([t for t in self.tools if t.name == edit_tool or t.name not in EDIT_TOOLS],
+                             max_parallel=self.max_parallel)  # fmt: skip
+        config = CodeEnvConfig.from_dict(config) if isinstance(config, dict) else config or CodeEnvConfig()
         if unsafe_no_sandbox:  # a copy: never change a config the caller may share
             config = replace(config, sandbox=replace(config.sandbox, unsafe_no_sandbox=True))
         self.config = config
@@ -202,13 +236,19 @@ class CodeEnv(CodeTools, ToolEnv):
             return format_tool_call("read_file", {"path": first, **lines})
         if len(calls) == 1:
             shown = next((m.content for m in messages if m.role == "tool"), "")
-            task = next((t for t in candidates if _shown(t, first) == shown), candidates[0])
+            task = next((t for t in candidates if _shown(t, first, self.line_numbers) == shown), candidates[0])
             gold = task.info["gold"]
             if "write" in gold:
                 path, content = next(iter(gold["write"].items()))
                 return format_tool_call("write_file", {"path": path, "content": content})
             edit = gold["edit"]
-            small_old, small_new = minimal_edit(task.info["files"][edit["path"]], edit["old"], edit["new"])
+            text = task.info["files"][edit["path"]]
+            if self.edit_tool == "replace_lines":
+                start, end, new = line_edit(text, edit["old"], edit["new"])
+                return format_tool_call(
+                    "replace_lines", {"path": edit["path"], "start_line": start, "end_line": end, "new": new}
+                )
+            small_old, small_new = minimal_edit(text, edit["old"], edit["new"])
             return format_tool_call("edit_file", {"path": edit["path"], "old": small_old, "new": small_new})
         if len(calls) == 2:
             return format_tool_call("run_tests", {})
@@ -232,11 +272,15 @@ def _localised(task: Task, radius: int) -> Task:
     return replace(task, prompt=task.prompt + hint, info={**task.info, "read_window": [start, end]})
 
 
-def _shown(task: Task, path: str) -> str:
-    """What the expert's first read_file of ``task`` shows: the file, or the lines of its read window."""
+def _shown(task: Task, path: str, line_numbers: bool) -> str:
+    """What the expert's first read_file of ``task`` shows: the file, or the lines of its read window (numbered
+    where the env edits by line number)."""
     text = task.info["files"][path]
-    window = task.info.get("read_window")
-    return "".join(text.splitlines(keepends=True)[window[0] - 1 : window[1]]) if window else text
+    window = task.info.get("read_window") or [1, None]
+    lines = split_lines(text)[window[0] - 1 : window[1]]
+    if line_numbers:
+        return numbered(lines, window[0])
+    return "".join(lines) if task.info.get("read_window") else text
 
 
 class HumanEvalEnv(CodeEnv):
@@ -254,7 +298,8 @@ class CodeBugsEnv(CodeEnv):
     ``tasks_path`` is one mined task set or a list of them (tasks in the order given); ``kinds`` keeps only the
     bugs of those mutation kinds (e.g. ``["flip comparison"]``). ``hint_lines`` > 0 localises
     every task: its prompt also names the file and the lines within ``hint_lines`` of the bug (inside the
-    mutated function), and the expert reads just those lines (short contexts for small models).
+    mutated function), and the expert reads just those lines (short contexts for small models). With
+    ``edit_tool="replace_lines"`` the expert fixes the bug by line number (``tasks.line_edit``).
     """
 
     name = "code-bugs"
@@ -262,13 +307,14 @@ class CodeBugsEnv(CodeEnv):
     def __init__(
         self,
         tasks_path: str | Sequence[str] = str(BUILTIN_BUGS),
-        config: CodeEnvConfig | None = None,
+        config: CodeEnvConfig | dict[str, Any] | None = None,
         *,
         kinds: Sequence[str] | None = None,
         hint_lines: int = 0,
+        edit_tool: Literal["edit_file", "replace_lines"] = "edit_file",
         unsafe_no_sandbox: bool = False,
     ) -> None:
-        super().__init__(config, unsafe_no_sandbox=unsafe_no_sandbox)
+        super().__init__(config, edit_tool=edit_tool, unsafe_no_sandbox=unsafe_no_sandbox)
         if hint_lines < 0:
             raise ValueError(f"CodeBugsEnv hint_lines must be >= 0, got {hint_lines}")
         paths = [tasks_path] if isinstance(tasks_path, str | os.PathLike) else list(tasks_path)

@@ -23,6 +23,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import textwrap
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,34 @@ def minimal_edit(text: str, old: str, new: str) -> tuple[str, str]:
         after_end = text.find("\n", end) + 1 if end < len(text) and text.find("\n", end) >= 0 else len(text)
         after = text[end:after_end]
         start, end, replacement = grown_start, after_end, before + replacement + after
+
+
+def line_edit(text: str, old: str, new: str) -> tuple[int, int, str]:
+    """The ``replace_lines`` call ``(start_line, end_line, new)`` that turns ``text`` into ``text`` with ``old``
+    replaced by ``new``, as the expert demonstrates it: the lines that differ, widened by whole lines (first
+    upwards, to a header the block is indented under) until ``replace_lines``' re-indentation reproduces the
+    fix exactly, and given without their common indentation (what the tool adds back)."""
+    from taskrl.envs.code.tools import replace_line_range, split_lines
+
+    fixed = apply_edit(text, old, new, "line_edit")
+    before, after = split_lines(text), split_lines(fixed)
+    head = 0
+    while head < min(len(before), len(after)) and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(before), len(after)) - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    first, last = head + 1, len(before) - tail  # last < first: a pure insertion before line `first`
+    for extra in range(len(before)):
+        for up in range(extra, -1, -1):  # the same number of extra lines: more of them above first
+            start, end = first - up, max(last, first - 1) + extra - up
+            if start < 1 or end > len(before) or end < start:
+                continue
+            lines = after[start - 1 : len(after) - (len(before) - end)]
+            block = textwrap.dedent("".join(lines))
+            if replace_line_range(text, start, end, block) == fixed:
+                return start, end, block.removesuffix("\n")
+    raise ValueError("line_edit: no line range reproduces the fix")  # unreachable: the whole file always does
 
 
 def bug_window(info: dict[str, Any], radius: int) -> tuple[int, int]:

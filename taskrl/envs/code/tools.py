@@ -1,10 +1,12 @@
-"""The coding agent's tools: read_file, write_file, edit_file, list_dir, search_code, run_command, run_tests.
+"""The coding agent's tools: read_file, write_file, edit_file, replace_lines, list_dir, search_code, run_command,
+run_tests.
 
 ``CodeTools`` is a mixin for an env that has ``workspace`` (a ``Workspace``), ``sandbox`` (a ``Sandbox``) and
 ``task``. File tools work on the host side through ``Workspace.resolve`` (absolute paths, '..' and symlinks
 leading out are refused) and write copy-on-write; everything that executes (commands, tests, grep) runs in
 the sandbox. Calls on one workspace are serialised, so a command cannot swap a path between a tool's check
-and its use.
+and its use. ``replace_lines`` edits by line number (with ``line_numbers`` on, ``read_file`` shows them), for
+models that cannot copy ``edit_file``'s exact text; an env exposes one of the two edit tools.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import textwrap
 from pathlib import Path
 
 from taskrl.envs.code.sandbox import Sandbox
@@ -28,6 +31,42 @@ class CodeToolError(ValueError):
     """A tool call that cannot be carried out as asked; the message tells the model what to do instead."""
 
 
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines with their endings, split at "\\n" only: the numbering of grep, editors and the hints
+    (``str.splitlines`` would also split at form feeds and other separators a source file may contain)."""
+    lines = text.split("\n")
+    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+
+
+def numbered(lines: list[str], first: int) -> str:
+    """``lines`` (with their endings) prefixed by their 1-based numbers from ``first``, as ``cat -n`` shows them
+    (number, tab, line), the numbers right-aligned to the widest."""
+    width = len(str(first + len(lines) - 1))
+    return "".join(f"{first + i:>{width}}\t{line}" for i, line in enumerate(lines))
+
+
+def replace_line_range(text: str, start_line: int, end_line: int, new: str) -> str:
+    """``text`` with lines ``start_line``..``end_line`` (1-based, inclusive) replaced by ``new``, re-indented as
+    a block: its common indentation is replaced by line ``start_line``'s, so the code may be given with or
+    without it. Blank lines stay blank; an empty ``new`` deletes the lines. Raises ``CodeToolError`` for a
+    range outside the file."""
+    lines = split_lines(text)
+    if start_line < 1 or end_line < start_line:
+        raise CodeToolError(
+            f"bad line range {start_line}..{end_line}: lines are numbered from 1 and end_line must be >= start_line"
+        )
+    if end_line > len(lines):
+        raise CodeToolError(f"bad line range {start_line}..{end_line}: the file has {len(lines)} line(s)")
+    first = lines[start_line - 1]
+    body = first.rstrip("\r\n")
+    indent, ending = body[: len(body) - len(body.lstrip(" \t"))], first[len(body) :] or "\n"
+    block = textwrap.indent(textwrap.dedent(new.replace("\r\n", "\n")), indent).split("\n")
+    replaced = [line + ending for line in (block[:-1] if block[-1] == "" else block)]
+    if replaced and end_line == len(lines) and not lines[-1].endswith("\n"):
+        replaced[-1] = replaced[-1][: -len(ending)]  # the file ended without a newline: keep it so
+    return "".join(lines[: start_line - 1] + replaced + lines[end_line:])
+
+
 class CodeTools:
     """Tool methods over ``self.workspace`` and ``self.sandbox`` (see the module docstring)."""
 
@@ -35,7 +74,9 @@ class CodeTools:
     sandbox: Sandbox
     task: Task | None
     edits: int = 0
-    """Successful write_file/edit_file calls this episode."""
+    """Successful write_file/edit_file/replace_lines calls this episode."""
+    line_numbers: bool = False
+    """read_file prefixes every line with its number (for replace_lines)."""
     commands: int = 0
     """run_command calls this episode."""
     test_runs: int = 0
@@ -71,6 +112,7 @@ class CodeTools:
     @tool(timeout_s=30, max_output_chars=16_000)
     async def read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
         """Read a text file of the workspace (whole, or lines start_line..end_line, 1-based and inclusive).
+        Where the env edits by line number, every line is shown after its number and a tab.
 
         Args:
             path: path relative to the workspace root, e.g. "src/pkg/module.py".
@@ -79,12 +121,13 @@ class CodeTools:
         """
         async with self._lock():
             _, text = self._read_text(path)
-        if start_line == 1 and end_line is None:
+        if start_line == 1 and end_line is None and not self.line_numbers:
             return text
-        lines = text.splitlines(keepends=True)
+        lines = split_lines(text)
         if start_line < 1 or (end_line is not None and end_line < start_line):
             raise CodeToolError(f"bad line range {start_line}..{end_line}; lines are numbered from 1")
-        return "".join(lines[start_line - 1 : end_line])
+        shown = lines[start_line - 1 : end_line]
+        return numbered(shown, start_line) if self.line_numbers else "".join(shown)
 
     @tool(timeout_s=30)
     async def write_file(self, path: str, content: str) -> str:
@@ -126,6 +169,28 @@ class CodeTools:
             self._ws().write_file(path, text.replace(old, new, 1).encode("utf-8"))
             self.edits += 1
         return f"edited {path}: replaced {len(old.splitlines()) or 1} line(s) with {len(new.splitlines())} line(s)"
+
+    @tool(timeout_s=30)
+    async def replace_lines(self, path: str, start_line: int, end_line: int, new: str) -> str:
+        """Replace lines start_line..end_line of a file (1-based, inclusive, as read_file numbers them) with `new`.
+        `new` is indented like line start_line: give the code with or without that indentation (lines inside a
+        block keep their extra indentation). An empty `new` deletes the lines.
+
+        Args:
+            path: path relative to the workspace root.
+            start_line: first line to replace.
+            end_line: last line to replace (equal to start_line for one line).
+            new: the lines to put in their place, without line numbers.
+        """
+        async with self._lock():
+            _, text = self._read_text(path)
+            edited = replace_line_range(text, start_line, end_line, new)
+            self._ws().write_file(path, edited.encode("utf-8"))
+            self.edits += 1
+        count = len(split_lines(edited)) - len(split_lines(text)) + end_line - start_line + 1
+        shown = split_lines(edited)[start_line - 1 : start_line - 1 + count]
+        now = f" now:\n{numbered(shown, start_line)}" if shown else ""
+        return f"replaced lines {start_line}-{end_line} of {path} with {count} line(s){now}"
 
     @tool(timeout_s=30)
     async def list_dir(self, path: str = ".", recursive: bool = False) -> str:

@@ -258,3 +258,31 @@ def test_cli_rollout_with_the_scripted_expert(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["rewards"] == {"tests": 1.0} and row["task_id"] == "HumanEval/1"
+
+
+async def test_the_line_expert_fixes_every_bundled_task_when_played(config: CodeEnvConfig) -> None:
+    """Played for real (sandbox, hidden tests): read the numbered window, replace_lines, run the tests."""
+    env = CodeBugsEnv([str(BUILTIN_BUGS)], config=config, hint_lines=6, edit_tool="replace_lines")
+    for task in env.tasks("all"):
+        traj = await play(CodeBugsEnv([str(BUILTIN_BUGS)], config=config, hint_lines=6, edit_tool="replace_lines"),
+                          task, env.scripted_rule)  # fmt: skip
+        assert traj.rewards == {"tests": 1.0}, (task.id, traj.info)
+        calls = [c for m in traj.messages for c in m.tool_calls]
+        assert [c.name for c in calls] == ["read_file", "replace_lines", "run_tests"], task.id
+        shown = [m.content for m in traj.messages if m.role == "tool"]
+        start = task.info["read_window"][0]
+        assert shown[0].lstrip().startswith(f"{start}\t") and shown[1].startswith("replaced lines ")
+        assert traj.metrics["edits"] == 1
+
+
+MINED = sorted((Path(__file__).parents[3] / "benchmarks/learning/data/code").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", MINED, ids=lambda p: p.stem)
+async def test_the_line_expert_fixes_a_task_of_every_mined_package(config: CodeEnvConfig, path: Path) -> None:
+    """One task per package played (each has its own test layout); test_code_tasks checks every task's call."""
+    env = CodeBugsEnv(str(path), config=config, hint_lines=6, edit_tool="replace_lines")
+    task = env.tasks("all")[-1]
+    traj = await play(CodeBugsEnv(str(path), config=config, hint_lines=6, edit_tool="replace_lines"), task,
+                      env.scripted_rule)  # fmt: skip
+    assert traj.rewards == {"tests": 1.0}, (task.id, traj.info)

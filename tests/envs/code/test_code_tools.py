@@ -138,3 +138,73 @@ async def test_tools_before_reset_say_so(small_limits: SandboxConfig, workspace_
     env = HumanEvalEnv(CodeEnvConfig(sandbox=small_limits, workspace=workspace_config))
     results, *_ = await env.step([ToolCall("a", "list_dir", {})])
     assert results[0].is_error and "no workspace: the episode has not been reset" in results[0].content
+
+
+@pytest.fixture
+async def line_env(small_limits: SandboxConfig, workspace_config: WorkspaceConfig) -> AsyncIterator[HumanEvalEnv]:
+    env = HumanEvalEnv(CodeEnvConfig(sandbox=small_limits, workspace=workspace_config), edit_tool="replace_lines")
+    await env.reset(env.tasks("all")[0])
+    await call(env, "write_file", path="m.py", content=MODULE)
+    yield env
+    env.close()
+
+
+MODULE = "def f(x):\n    if x > 1:\n        return 1\n    return 0\n"
+
+
+async def test_a_line_addressed_env_offers_replace_lines_instead_of_edit_file(line_env: HumanEvalEnv) -> None:
+    assert "replace_lines" in line_env.tools.names and "edit_file" not in line_env.tools.names
+    assert len(line_env.tools.names) == 7
+    with pytest.raises(ValueError, match="edit_tool must be one of"):
+        HumanEvalEnv(edit_tool="sed")  # type: ignore[arg-type]
+
+
+async def test_read_file_numbers_the_lines_where_edits_go_by_number(line_env: HumanEvalEnv) -> None:
+    whole = await call(line_env, "read_file", path="m.py")
+    assert whole.content == "1\tdef f(x):\n2\t    if x > 1:\n3\t        return 1\n4\t    return 0\n"
+    assert (await call(line_env, "read_file", path="m.py", start_line=3, end_line=4)).content == (
+        "3\t        return 1\n4\t    return 0\n"
+    )
+    await call(line_env, "write_file", path="long.py", content="".join(f"x{i} = {i}\n" for i in range(1, 12)))
+    assert (await call(line_env, "read_file", path="long.py", start_line=9, end_line=10)).content == (
+        " 9\tx9 = 9\n10\tx10 = 10\n"
+    )
+
+
+async def test_replace_lines_applies_at_the_lines_indentation(line_env: HumanEvalEnv) -> None:
+    done = await call(line_env, "replace_lines", path="m.py", start_line=2, end_line=2, new="if x >= 1:")
+    assert not done.is_error and done.content == "replaced lines 2-2 of m.py with 1 line(s) now:\n2\t    if x >= 1:\n"
+    again = await call(line_env, "replace_lines", path="m.py", start_line=2, end_line=2, new="    if x >= 2:")
+    assert not again.is_error and (line_env.workspace.path / "m.py").read_text() == MODULE.replace("> 1", ">= 2")
+    block = "if x >= 2:\n    y = x * 2\n    return y\n"
+    await call(line_env, "replace_lines", path="m.py", start_line=2, end_line=3, new=block)
+    expected = "def f(x):\n    if x >= 2:\n        y = x * 2\n        return y\n    return 0\n"
+    assert (line_env.workspace.path / "m.py").read_text() == expected
+    deleted = await call(line_env, "replace_lines", path="m.py", start_line=3, end_line=3, new="")
+    assert deleted.content == "replaced lines 3-3 of m.py with 0 line(s)"
+    assert (line_env.workspace.path / "m.py").read_text() == expected.replace("        y = x * 2\n", "")
+    assert line_env.edits == 4 + 1  # the fixture's write_file, then four replacements
+
+
+async def test_replace_lines_keeps_a_file_without_a_final_newline_so(line_env: HumanEvalEnv) -> None:
+    await call(line_env, "write_file", path="n.py", content="a = 1\nb = 2")
+    await call(line_env, "replace_lines", path="n.py", start_line=2, end_line=2, new="b = 3\nc = 4\n")
+    assert (line_env.workspace.path / "n.py").read_text() == "a = 1\nb = 3\nc = 4"
+
+
+async def test_replace_lines_refuses_bad_ranges_and_paths(line_env: HumanEvalEnv, tmp_path: Path) -> None:
+    for start, end, message in [(0, 1, "lines are numbered from 1"), (3, 2, "end_line must be >= start_line"),
+                                (4, 5, "the file has 4 line(s)"), (9, 9, "the file has 4 line(s)")]:  # fmt: skip
+        bad = await call(line_env, "replace_lines", path="m.py", start_line=start, end_line=end, new="x = 1")
+        assert bad.is_error and f"bad line range {start}..{end}" in bad.content and message in bad.content
+    typed = await call(line_env, "replace_lines", path="m.py", start_line="2", end_line=2, new="x")
+    assert typed.is_error and "argument 'start_line' must be integer" in typed.content
+    (tmp_path / "canary.py").write_text("host\n")
+    await call(line_env, "run_command", command=f"ln -s {tmp_path} out && mkdir pkg")
+    for path, message in [("nope.py", "'nope.py' does not exist"), ("pkg", "is a directory"),
+                          ("/etc/passwd", "is absolute"), ("../m.py", "'..'"),
+                          ("out/canary.py", "points outside the workspace")]:  # fmt: skip
+        bad = await call(line_env, "replace_lines", path=path, start_line=1, end_line=1, new="pwned")
+        assert bad.is_error and message in bad.content, (path, bad.content)
+    assert (tmp_path / "canary.py").read_text() == "host\n"
+    assert (line_env.workspace.path / "m.py").read_text() == MODULE and line_env.edits == 1
