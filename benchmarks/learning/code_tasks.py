@@ -104,13 +104,15 @@ def split_report(hint_lines: int) -> dict[str, Any]:
 
 
 def episode_row(traj: Any) -> dict[str, Any]:
-    """One episode's numbers: reward, hidden-test share, success (every hidden test passes, whatever else the
-    reward pays), flags, tool use."""
+    """One episode's numbers: reward, hidden-test share, success, flags, tool use. Success is the held-out
+    metric's (``taskrl.eval``: an unshaped reward of 1): every hidden test passes and no tool call was invalid
+    (an invalid call caps an episode at a failure), whatever else a shaped training reward pays."""
     m = traj.metrics
     row = {
         "task_id": traj.task_id, "reward": traj.reward, "error": traj.error,
         "tests_passed": m.get("tests_passed", 0.0), "valid_tool_use": traj.terms.get("valid_tool_use"),
-        "success": float(traj.error is None and m.get("tests_passed", 0.0) >= 1.0 - 1e-9),
+        "success": float(traj.error is None and m.get("tests_passed", 0.0) >= 1.0 - 1e-9
+                         and not m.get("invalid_tool_calls", 0.0)),
         "edits": m.get("edits", 0.0), "tool_calls": m.get("tool_calls", 0.0),
         "invalid_tool_calls": m.get("invalid_tool_calls", 0.0), "turns": m.get("turns", 0.0),
         **{flag: m.get(flag, 0.0) for flag in FLAGS},

@@ -148,6 +148,9 @@ def test_success_is_every_hidden_test_passing_whatever_the_credit() -> None:
 
     near = episode_row(traj(0.95, 1.0))
     assert near["reward"] >= 1.0 and not near["success"] and episode_row(traj(1.0, 0.0))["success"]
+    sloppy = traj(1.0, 0.5)
+    sloppy.metrics["invalid_tool_calls"] = 1.0  # capped at a failure, as the held-out evaluation counts it
+    assert not episode_row(sloppy)["success"]
     rows = [{"step": 1, "task_id": "a", "reward": r, "tests_passed": 0.0, "success": 0.0} for r in (0.0, 0.1)]
     rows += [{"step": 1, "task_id": "b", "reward": 0.1, "tests_passed": 0.0, "success": 0.0}] * 2
     rows += [{"step": 2, "task_id": "a", "reward": r, "tests_passed": r, "success": r} for r in (0.0, 1.0)]
