@@ -62,8 +62,8 @@ def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None
     policy.engine = "static" if engine == "static" else "continuous"
     plain = engine == "continuous_plain"  # this engine without drafts and without a priority lane
     on_by_default = policy.fast_forward is True or (policy.fast_forward == "auto" and policy.device.type == "cpu")
-    policy._engine.fast_forward = engine == "continuous" and on_by_default
-    policy._engine._fast = None
+    policy._engine.fast.enabled = engine == "continuous" and on_by_default
+    policy._engine.fast.invalidate()
     policy._engine.draft_tokens = 0 if plain else policy.draft_tokens
     policy._engine.priority_tokens = 0 if plain else policy.priority_tokens
     policy.schedule = policy._engine.schedule = schedule

@@ -11,7 +11,6 @@ restarts in-flight rows from scratch, so no sample is ever drawn from stale KV.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter
@@ -22,14 +21,13 @@ import torch
 
 from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.drafts import lookup_draft
-from taskrl.policies.fastpath import FastDecoder
+from taskrl.policies.fastpath import FastForward
 from taskrl.policies.kvcache import PrefixCache, RowKV
 from taskrl.policies.sampling import Request, sample
 
 if TYPE_CHECKING:
     from taskrl.policies.hf import HFPolicy
 
-logger = logging.getLogger(__name__)
 
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
@@ -121,10 +119,7 @@ class ContinuousEngine:
         self._idle = threading.Event()
         self._idle.set()
         self._weights: Any = None
-        self.fast_forward = fast_forward
-        self._fast: FastDecoder | None = None
-        self.fast_unsupported: tuple[int, str] = (0, "")
-        """(id of the model, why it cannot take the fast forward); another model is tried afresh."""
+        self.fast = FastForward(fast_forward)
 
     # -- any thread --------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -244,7 +239,7 @@ class ContinuousEngine:
         key = self.policy._weights_key()
         if key == self._weights:
             return
-        self._fast = None  # a snapshot of the old weights (rebuilt at the next forward)
+        self.fast.invalidate()  # rebuilt from the new weights at the next forward
         if self._weights is not None:
             self.prefix.clear()
             rows = [row for kv in self._kvs() for row in kv.owners]
@@ -487,7 +482,7 @@ class ContinuousEngine:
     def _run(self, kv: RowKV, ids: torch.Tensor, queries: list[int], keep: int = 1) -> torch.Tensor:
         policy = self.policy
         mask, positions = kv.plan(queries, policy.device)
-        fast = self._fast_decoder()
+        fast = self.fast.get(policy.model)
         if fast is not None:
             self.stats["fast_forwards"] += 1
             logits = fast(ids.to(policy.device), mask, positions, kv, keep)
@@ -501,19 +496,6 @@ class ContinuousEngine:
             **{policy._cache_kwarg: kv},
         )
         return out.logits[:, -1, :].float() if keep == 1 else out.logits[:, -keep:, :].float()
-
-    def _fast_decoder(self) -> FastDecoder | None:
-        """The fast forward of the current weights, built on first use after a change; None where it does not
-        apply (the reason is logged once and kept in ``fast_unsupported``)."""
-        model = self.policy.model
-        if not self.fast_forward or model.training or self.fast_unsupported == (id(model), self.fast_unsupported[1]):
-            return None
-        if self._fast is None:
-            self._fast, why = FastDecoder.build(model)
-            if self._fast is None:
-                self.fast_unsupported = (id(model), why)
-                logger.info("continuous engine: transformers' forward (no fast forward: %s)", why)
-        return self._fast
 
     def _sample_rows(
         self, rows: list[_Row], indices: list[int], logits: torch.Tensor

@@ -22,6 +22,7 @@ keeps transformers' forward.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ import torch.nn.functional as F
 from torch.nn.functional import scaled_dot_product_attention
 
 from taskrl.policies.kvcache import RowKV
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED = ("llama",)
 """``config.model_type`` values whose decoder layer this module reproduces."""
@@ -182,3 +185,28 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+class FastForward:
+    """The engine's switch for the fast forward: a ``FastDecoder`` of the current weights, built at the first
+    forward after ``invalidate`` (every weight change), or None where it does not apply (disabled, training mode,
+    or a model it declined: the reason is logged once and kept in ``unsupported``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.decoder: FastDecoder | None = None
+        self.unsupported: tuple[int, str] = (0, "")
+        """(id of the model, why it cannot take the fast forward); another model is tried afresh."""
+
+    def invalidate(self) -> None:
+        self.decoder = None  # a snapshot of the old weights
+
+    def get(self, model: Any) -> FastDecoder | None:
+        if not self.enabled or model.training or self.unsupported[0] == id(model):
+            return None
+        if self.decoder is None:
+            self.decoder, why = FastDecoder.build(model)
+            if self.decoder is None:
+                self.unsupported = (id(model), why)
+                logger.info("continuous engine: transformers' forward (no fast forward: %s)", why)
+        return self.decoder

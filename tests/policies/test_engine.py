@@ -376,7 +376,7 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
         engine = copy_policy._engine
         assert (engine.draft_tokens, engine.decode_token_budget, engine.schedule) == (2, 9, "throughput")
         assert copy_policy.priority_tokens == engine.priority_tokens == 3
-        assert copy_policy.fast_forward is engine.fast_forward is False
+        assert copy_policy.fast_forward is engine.fast.enabled is False
     finally:
         copy_policy.close()
         source.close()

@@ -138,7 +138,7 @@ async def test_training_mode_and_unsupported_models_keep_transformers_forward(mo
     try:
         await policy.generate(token_ids=tokenizer.encode("hello"), sampling=SamplingParams(max_new_tokens=3, seed=0))
         assert policy.engine_stats()["fast_forwards"] == 0
-        assert policy._engine.fast_unsupported[1] == "attention or MLP biases"
+        assert policy._engine.fast.unsupported[1] == "attention or MLP biases"
     finally:
         policy.close()
     policy = HFPolicy(copy.deepcopy(model), tokenizer, device="cpu")
