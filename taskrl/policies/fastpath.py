@@ -109,9 +109,8 @@ class FastDecoder:
         for problem, present in problems.items():
             if present:
                 return None, problem
-        for name in ("embed_tokens",):
-            if type(getattr(base.model, name, None)) is not torch.nn.Embedding:
-                return None, f"{name} is wrapped (LoRA or modules_to_save on the embeddings)"
+        if type(getattr(base.model, "embed_tokens", None)) is not torch.nn.Embedding:
+            return None, "embed_tokens is wrapped (LoRA or modules_to_save on the embeddings)"
         if type(base.lm_head) is not torch.nn.Linear or base.lm_head.bias is not None:
             return None, "lm_head is wrapped or has a bias"
         norms = [base.model.norm] + [n for layer in base.model.layers
@@ -143,7 +142,8 @@ class FastDecoder:
 
     @property
     def nbytes(self) -> int:
-        """Memory the fused copies hold (norms, embeddings and the LM head are the model's own tensors)."""
+        """Memory of the fused q/k/v and gate/up copies (o and down are copies too when a LoRA adapter is merged
+        into them; norms, embeddings and the LM head are always the model's own tensors)."""
         return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.qkv, layer.gate_up))
 
     @torch.no_grad()
