@@ -3,9 +3,10 @@
 
 Engines: ``continuous`` (the default engine: prompt-lookup drafts, the fast forward on CPU, and in (b) the
 priority lane for short requests), ``continuous_hf`` (the same engine on transformers' forward),
-``continuous_plain`` (transformers' forward, ``draft_tokens=0`` and ``priority_tokens=0``), ``static`` and
-``generate``. ``--rounds N`` plays (a) N times, the engine order reversed every other round, so machine load
-drifting during the run falls on every engine alike. (a) and (c) use the trainer's "throughput" schedule, (b)
+``continuous_plain`` (transformers' forward, ``draft_tokens=0`` and ``priority_tokens=0``), ``static``,
+``static_before`` (in (c): the static engine and the learner as they were before issue 13, without the step's
+shared-prompt pass; elsewhere the same as ``static``) and ``generate``. ``--rounds N`` plays (a) N times, the
+engine order reversed every other round, so machine load drifting during the run falls on every engine alike. (a) and (c) use the trainer's "throughput" schedule, (b)
 the "latency" schedule of ``taskrl serve``.
 
 (a) ``grpo``: a GRPO step's rollouts on the ``shop`` env: 4 tasks x 4 samples = 16 episodes of up to 5 turns,
@@ -53,13 +54,13 @@ def cpu_model() -> str:
     return f"{name}, {amx}, torch threads {torch.get_num_threads()}, load average {load}"
 
 
-ENGINES = ("continuous", "continuous_hf", "continuous_plain", "static", "generate")
+ENGINES = ("continuous", "continuous_hf", "continuous_plain", "static", "static_before", "generate")
 
 
 def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None:
     """Switch ``policy`` to one of ``ENGINES`` (not ``generate``), cold: no KV from an earlier engine's run.
     ``schedule``: "throughput" as the trainer's rollouts use it, "latency" as ``taskrl serve`` does."""
-    policy.engine = "static" if engine == "static" else "continuous"
+    policy.engine = "static" if engine.startswith("static") else "continuous"
     plain = engine == "continuous_plain"  # this engine without drafts and without a priority lane
     on_by_default = policy.fast_forward is True or (policy.fast_forward == "auto" and policy.device.type == "cpu")
     policy._engine.fast.enabled = engine == "continuous" and on_by_default
@@ -366,6 +367,8 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
             policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype)
             use_engine(policy, engine, "throughput")  # as the Trainer builds its own policy
             trainer = Trainer(config, policy=policy)
+            if engine == "static_before":  # the learner before issue 13: each micro-batch runs its own prompt
+                trainer.learner.step_prefix = False
             try:
                 rows = trainer.train()
             finally:
@@ -379,10 +382,11 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
             }
             print(f"  {engine}: {out[engine]}", flush=True)
     print(f"\n(c) make demo's GRPO arm ({RL_RECIPE.name}), {args.demo_grpo_steps} GRPO steps from its SFT warm start")
-    print(f"{'engine':12} {'GRPO step s':>24} {'rollout s':>24} {'training reward':>28}")
+    print(f"{'engine':14} {'GRPO step s':>20} {'rollout s':>20} {'update s':>20} {'training reward':>24}")
     for engine, r in out.items():
-        steps_s, rollout_s = " ".join(f"{x:.1f}" for x in r["step_s"]), " ".join(f"{x:.1f}" for x in r["rollout_s"])
-        print(f"{engine:12} {steps_s:>24} {rollout_s:>24} {' '.join(f'{x:.3f}' for x in r['reward']):>28}")
+        steps_s, rollout_s, update_s = (" ".join(f"{x:.1f}" for x in r[k]) for k in ("step_s", "rollout_s", "update_s"))
+        rewards = " ".join(f"{x:.3f}" for x in r["reward"])
+        print(f"{engine:14} {steps_s:>20} {rollout_s:>20} {update_s:>20} {rewards:>24}")
     if "continuous" in out and "static" in out:
         ratio = sum(out["static"]["step_s"]) / sum(out["continuous"]["step_s"])
         rollout = sum(out["static"]["rollout_s"]) / sum(out["continuous"]["rollout_s"])
@@ -391,6 +395,13 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
             f"rollout time: {rollout:.2f}x"
         )
         print(f"same training rewards: {out['static']['reward'] == out['continuous']['reward']}")
+    if "continuous" in out and "static_before" in out:
+        ratio = sum(out["static_before"]["step_s"]) / sum(out["continuous"]["step_s"])
+        update = sum(out["static_before"]["update_s"]) / sum(out["continuous"]["update_s"])
+        print(
+            f"GRPO step time before issue 13 (static engine, learner without the step prefix) / now: {ratio:.2f}x "
+            f"(target >= 2x: {'met' if ratio >= 2 else 'missed'}); update time: {update:.2f}x"
+        )
     return out
 
 

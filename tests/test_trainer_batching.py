@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from taskrl.training.batching import (
     collate,
     micro_batch_cost,
     plan_micro_batches,
+    plan_step,
     prefix_length,
     sequences_from,
 )
@@ -68,6 +70,41 @@ def test_micro_batches_cover_every_token_once_within_budget(shape: list[tuple[in
         members = [sequences[i] for i in batch]
         assert len(batch) == 1 or micro_batch_cost(members) <= budget
         assert len(collate(members, pad_id=0).targets) == sum(s.num_sampled for s in members)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(1, 40)), min_size=2, max_size=16), st.integers(1, 300))
+def test_step_plan_covers_every_sequence_once_within_budget(shape: list[tuple[int, int]], budget: int) -> None:
+    prompts = [PROMPT + [1, 2], PROMPT + [3, 4]]  # two groups: the step shares PROMPT
+    sequences = sequences_from([_traj(prompts[p], list(range(1, n + 1))) for p, n in shape])
+    prefix, plan = plan_step(sequences, budget)
+    assert sorted(i for batch in plan for i in batch) == list(range(len(sequences)))
+    for batch in plan:
+        members = [sequences[i] for i in batch]
+        if prefix:
+            widest = max(len(s.token_ids) for s in members) - prefix
+            assert len(batch) == 1 or len(batch) * widest <= budget
+            collated = collate(members, pad_id=0, step_prefix=prefix)
+            assert collated.computed_tokens == len(batch) * widest
+            assert collated.prefix_ids.tolist() == sequences[0].token_ids[:prefix] and prefix >= len(PROMPT)
+        else:
+            assert len(batch) == 1 or micro_batch_cost(members) <= budget
+
+
+def test_step_plan_runs_the_shared_prompt_once_unless_groups_own_long_prompts() -> None:
+    # A step prefix: two groups whose prompts differ only at the end, lengths spread out (outliers run alone).
+    lengths = [2, 3, 3, 4, 30, 60]
+    sequences = sequences_from([_traj(PROMPT + [g], list(range(1, n + 1))) for g in (1, 2) for n in lengths])
+    prefix, plan = plan_step(sequences, 4096)
+    assert prefix == len(PROMPT)
+    per_batch = sum(micro_batch_cost([sequences[i] for i in b]) for b in plan_micro_batches(sequences, 4096))
+    step = prefix + sum(len(b) * (max(len(sequences[i].token_ids) for i in b) - prefix) for b in plan)
+    assert step < per_batch
+    # Each group's own 200-token prompt: sharing per micro-batch wins, the step shares too little.
+    owned = sequences_from([_traj(PROMPT + [g] * 200, list(range(1, n + 1))) for g in (1, 2) for n in (2, 3)])
+    assert plan_step(owned, 4096)[0] == 0
+    with pytest.raises(ValueError, match="step_prefix"):
+        collate(owned, pad_id=0, step_prefix=len(PROMPT) + 5)
 
 
 def test_epoch_sampler_is_deterministic_resumable_and_covers_each_epoch() -> None:

@@ -21,7 +21,7 @@ from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.training.batching import collate, sequences_from
 from taskrl.training.config import TrainConfig
 from taskrl.training.learner import Learner
-from taskrl.training.model import forward, prepare_model
+from taskrl.training.model import StepPrefix, forward, prepare_model
 from taskrl.types import Trajectory
 
 BASE = TrainConfig(lr=1e-3, max_grad_norm=0.0, temperature=1.0, progress=False)
@@ -123,6 +123,47 @@ def test_shared_prefix_forward_is_exact(tiny: tuple[Any, Any], monkeypatch: pyte
     assert torch.allclose(lp_a, lp_b, atol=1e-5)
     for a, b in zip(grads_a, grads_b, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_step_prefix_gradient_equals_plain_rows(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, finetune: str
+) -> None:
+    """One prompt pass per optimizer step (StepPrefix, several micro-batches, LoRA, checkpointing) gives the
+    gradient of every row run whole, and computes fewer tokens."""
+    trajectories = _sampled(_policy(tiny), n_tasks=2, group=4)
+    runs = {}
+    for mode in ("plain", "step_prefix", "step_prefix_checkpointed"):
+        config = replace(BASE, finetune=finetune, micro_batch_tokens=40,
+                         gradient_checkpointing=mode.endswith("checkpointed"))  # fmt: skip
+        torch.manual_seed(0)  # the same LoRA initialisation in every mode
+        learner = _learner(_policy(tiny), config)
+        if finetune == "lora":  # a non-zero adapter, so the prefix's K/V depend on what trains
+            for name, param in learner.model.named_parameters():
+                if "lora_B" in name:
+                    torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(len(name)))
+        monkeypatch.setattr(batching, "MIN_SHARED_PREFIX", 10**9 if mode == "plain" else 8)
+        backward_calls = []
+        monkeypatch.setattr(StepPrefix, "backward", _counting(StepPrefix.backward, backward_calls))
+        captured = _capture_grads(learner)
+        metrics = learner.update(trajectories, step=0)
+        assert (len(backward_calls) > 0) == (mode != "plain")
+        runs[mode] = (captured[0], metrics["charts/forward_tokens"])
+    plain_grads, plain_tokens = runs["plain"]
+    assert any(g.abs().sum() > 0 for g in plain_grads)
+    for mode in ("step_prefix", "step_prefix_checkpointed"):
+        grads, tokens = runs[mode]
+        assert tokens < plain_tokens
+        for a, b in zip(grads, plain_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def _counting(method: Any, calls: list[int]) -> Any:
+    def wrapper(self: Any) -> None:
+        calls.append(1)
+        method(self)
+
+    return wrapper
 
 
 def test_frozen_parameters_do_not_change(tiny: tuple[Any, Any]) -> None:

@@ -7,6 +7,11 @@ their whole prompt) so the learner runs it once and the rows only their own suff
 (the suffixes attend to the prefix's keys and values, and backpropagate into them), and a group of 8 answers
 to a 300-token prompt costs 300 + 8 x answer tokens instead of 8 x (300 + answer). ``share_prefix=False``
 (the FSDP2 learner: every rank must make the same decoder calls) runs each micro-batch as one plain forward.
+
+``plan_step`` goes one level up: when every sequence of an optimizer step shares a prompt (the system prompt and
+tool schemas of a GRPO step), the learner can run that prompt once for the whole step (``model.StepPrefix``)
+and every micro-batch only its rows' suffixes, packed by length. It picks that plan or the per-micro-batch one,
+whichever computes fewer tokens (a micro-batch counted as ``MICRO_BATCH_OVERHEAD`` tokens more).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from taskrl.types import Trajectory
 
 MIN_SHARED_PREFIX = 8
 """Shorter shared prefixes are not worth a separate forward call."""
+MICRO_BATCH_OVERHEAD = 64
+"""What one more forward+backward call costs, in tokens: the per-op cost of ~30 layers' calls on a CPU, which is
+why the planners do not split a batch into a micro-batch per row to save a little padding."""
 
 
 @dataclass
@@ -140,6 +148,49 @@ def plan_micro_batches(
     return batches
 
 
+def plan_step(
+    sequences: Sequence[TokenSequence], token_budget: int, share_prefix: bool = True
+) -> tuple[int, list[list[int]]]:
+    """(step prefix, micro-batches): the prompt length all ``sequences`` share, to be run once for every
+    micro-batch, and the micro-batches of their suffixes; or (0, ``plan_micro_batches``'s plan) where that
+    computes fewer tokens (groups with long prompts of their own, or nothing shared by all)."""
+    per_batch = plan_micro_batches(sequences, token_budget, share_prefix)
+    prefix = prefix_length(sequences, share_prefix)
+    if not prefix:
+        return 0, per_batch
+    suffixes = _plan_suffixes(sequences, token_budget, prefix)
+    cost_step = prefix + sum(_step_cost([sequences[i] for i in batch], prefix) for batch in suffixes)
+    cost_batches = sum(micro_batch_cost([sequences[i] for i in batch]) + MICRO_BATCH_OVERHEAD for batch in per_batch)
+    return (prefix, suffixes) if cost_step < cost_batches else (0, per_batch)
+
+
+def _step_cost(rows: Sequence[TokenSequence], prefix: int) -> int:
+    return len(rows) * max(len(s.token_ids) - prefix for s in rows) + MICRO_BATCH_OVERHEAD
+
+
+def _plan_suffixes(sequences: Sequence[TokenSequence], token_budget: int, prefix: int) -> list[list[int]]:
+    """Sequences sorted by length, cut into consecutive runs minimising padded suffix tokens plus a
+    ``MICRO_BATCH_OVERHEAD`` per run, each run within ``token_budget`` (a longer suffix runs alone)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].token_ids))
+    widths = [len(sequences[i].token_ids) - prefix for i in order]
+    n = len(order)
+    best = [0] + [float("inf")] * n  # best[j]: cheapest cut of the first j sequences
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j - 1, -1, -1):  # the run order[i:j], padded to its longest, widths[j - 1]
+            cost = (j - i) * widths[j - 1]
+            if cost > token_budget and i < j - 1:
+                break
+            if best[i] + cost + MICRO_BATCH_OVERHEAD < best[j]:
+                best[j], cut[j] = best[i] + cost + MICRO_BATCH_OVERHEAD, i
+    runs: list[list[int]] = []
+    j = n
+    while j > 0:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
+
+
 @dataclass
 class MicroBatch:
     """Tensors of one forward: an optional shared prefix and right-padded suffix rows."""
@@ -164,18 +215,31 @@ class MicroBatch:
     """Sampled tokens per row; the flattened [N] tensors are in row order."""
     temperatures: torch.Tensor | None = None
     """[N] sampling temperature of each sampled token's row, NaN where the row has none; None when no row has one."""
+    step_prefix: bool = False
+    """The prefix is the optimizer step's, run once for all its micro-batches (not counted here)."""
 
     @property
     def computed_tokens(self) -> int:
-        prefix = 0 if self.prefix_ids is None else len(self.prefix_ids)
+        prefix = 0 if self.prefix_ids is None or self.step_prefix else len(self.prefix_ids)
         return prefix + self.input_ids.numel()
 
 
 def collate(
-    sequences: Sequence[TokenSequence], pad_id: int, device: torch.device | str = "cpu", share_prefix: bool = True
+    sequences: Sequence[TokenSequence],
+    pad_id: int,
+    device: torch.device | str = "cpu",
+    share_prefix: bool = True,
+    step_prefix: int = 0,
 ) -> MicroBatch:
-    """Build the tensors of one micro-batch (see the module docstring for the prefix sharing)."""
-    prefix = prefix_length(sequences, share_prefix)
+    """Build the tensors of one micro-batch (see the module docstring for the prefix sharing).
+
+    ``step_prefix``: the length of the prompt the optimizer step shares (``plan_step``), which the learner runs
+    once for all micro-batches: the rows then hold only what follows it, even a row alone."""
+    prefix = step_prefix or prefix_length(sequences, share_prefix)
+    if step_prefix:
+        head = sequences[0].token_ids[:step_prefix]
+        if any(s.token_ids[:step_prefix] != head or s.first_sampled <= step_prefix for s in sequences):
+            raise ValueError(f"step_prefix={step_prefix}: not a prompt every row shares before its first sampled token")
     width = max(len(s.token_ids) for s in sequences) - prefix
     n = len(sequences)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -203,6 +267,7 @@ def collate(
         last_columns=torch.tensor(last_columns, dtype=torch.long, device=device),
         num_sampled=[s.num_sampled for s in sequences],
         temperatures=_row_temperatures(sequences, device),
+        step_prefix=bool(step_prefix),
     )
 
 

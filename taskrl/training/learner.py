@@ -33,9 +33,9 @@ from taskrl.algos.schedules import make_schedule
 from taskrl.distributed import fsdp
 from taskrl.distributed.ddp import DataParallel
 from taskrl.seeding import derive_seed
-from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, sequences_from
+from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, plan_step, sequences_from
 from taskrl.training.config import TrainConfig
-from taskrl.training.model import LearnerGraph, Reference, decoder_layers, forward, make_value_head
+from taskrl.training.model import LearnerGraph, Reference, StepPrefix, decoder_layers, forward, make_value_head
 from taskrl.training.precision import learner_autocast
 from taskrl.types import Trajectory
 
@@ -110,6 +110,9 @@ class Learner:
         self.graph = LearnerGraph(model)
         self.ref_graph = LearnerGraph(self.reference.copy) if self.reference and self.reference.copy else None
         self.sharded = config.learner_backend == "fsdp2" and self.group.active
+        # One prompt pass per optimizer step (model.StepPrefix): not sharded (every rank must make the same decoder
+        # calls) and only on a plain per-layer KV cache.
+        self.step_prefix = not self.sharded and StepPrefix.supported(model)
         if self.sharded:
             fsdp.shard(self.graph, decoder_layers(model), self.group)
             if self.ref_graph is not None:
@@ -360,15 +363,24 @@ class Learner:
                     subset = [sequences[i] for i in mine]
                     self.optimizer.zero_grad(set_to_none=True)  # gradients left by anyone else must not leak in
                     finite = True
-                    for local in self._collective(self._micro_batches(subset)):
+                    prefix, plan = (plan_step(subset, cfg.micro_batch_tokens) if self.step_prefix and subset
+                                    else (0, self._micro_batches(subset)))  # fmt: skip
+                    shared = None
+                    if prefix:
+                        ids = torch.tensor(subset[0].token_ids[:prefix], dtype=torch.long, device=self.device)
+                        shared = StepPrefix(self.graph, ids, self.autocast_dtype)
+                        computed += prefix
+                    for local in self._collective(plan):
                         if local is None:
                             self._filler_step()
                             continue
                         ids = [mine[j] for j in local]
                         done, loss_finite = self._micro_step(
-                            sequences, ids, scores, tokens, entropy_coef, sft_mode, stats
+                            sequences, ids, scores, tokens, entropy_coef, sft_mode, stats, shared
                         )
                         computed, finite = computed + done, finite and loss_finite
+                    if shared is not None:
+                        shared.backward()
                     norm = self._reduce_and_clip()
                     bad_loss = self.group.sum([0.0 if finite else 1.0])[0] > 0  # the same verdict on every rank
                     if bad_loss or not math.isfinite(norm):
@@ -424,13 +436,16 @@ class Learner:
         entropy_coef: float,
         sft_mode: bool,
         stats: _Stats,
+        shared: StepPrefix | None = None,
     ) -> tuple[int, bool]:
         """Forward and backward one micro-batch; its loss is already divided by the optimizer step's tokens.
+        ``shared``: the step's prompt, already run (its gradient is backpropagated once, after the last one).
 
         Returns (tokens computed, whether the loss was finite)."""
         cfg = self.config
         rows = [sequences[i] for i in ids]
-        batch = collate(rows, self.pad_id, self.device, share_prefix=not self.sharded)
+        batch = collate(rows, self.pad_id, self.device, share_prefix=not self.sharded,
+                        step_prefix=shared.length if shared is not None else 0)  # fmt: skip
         temperature = 1.0 if sft_mode else self._temperature()
         out = forward(
             self.graph,
@@ -441,6 +456,7 @@ class Learner:
             entropy_grad=entropy_coef > 0,
             value_head=None if sft_mode else self.value_head,
             autocast_dtype=self.autocast_dtype,
+            step_prefix=shared,
         )
         logprobs = out.logprobs
         if out.entropy is not None:

@@ -23,6 +23,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from taskrl.algos.losses import token_entropy, token_logprobs
 from taskrl.training.batching import MicroBatch
@@ -197,12 +198,17 @@ class LearnerGraph(nn.Module):
         position_ids: torch.Tensor,
         rows: torch.Tensor,
         columns: torch.Tensor,
+        step_prefix: StepPrefix | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(hidden states [n, S, H], the picked states [N, H], their logits [N, V])."""
+        """(hidden states [n, S, H], the picked states [N, H], their logits [N, V]).
+
+        ``step_prefix``: ``prefix_ids``' K/V already computed for the whole optimizer step."""
         base = base_model(self.model)
         decoder, head = base.get_decoder(), base.get_output_embeddings()
         kwargs: dict[str, Any] = {}
-        if prefix_ids is not None:
+        if step_prefix is not None:
+            kwargs[_cache_kwarg(decoder)] = step_prefix.cache.frozen_copy(input_ids.shape[0])
+        elif prefix_ids is not None:
             prefix_cache = _ReplayableCache(config=base.config)
             decoder(input_ids=prefix_ids[None], use_cache=True, **{_cache_kwarg(decoder): prefix_cache})
             kwargs[_cache_kwarg(decoder)] = prefix_cache.frozen_copy(input_ids.shape[0])
@@ -210,7 +216,7 @@ class LearnerGraph(nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            use_cache=prefix_ids is not None,
+            use_cache=bool(kwargs),
             **kwargs,
         )
         hidden = out.last_hidden_state
@@ -228,6 +234,7 @@ def forward(
     entropy_grad: bool = False,
     value_head: nn.Module | None = None,
     autocast_dtype: torch.dtype | None = None,
+    step_prefix: StepPrefix | None = None,
 ) -> ForwardOutput:
     """Logprobs (at ``temperature``) of the batch's sampled tokens, optionally entropies and values.
 
@@ -238,6 +245,8 @@ def forward(
     ``autocast_dtype`` (e.g. ``torch.bfloat16``) runs the decoder and LM head under ``torch.autocast`` (weights
     stay in their own dtype: fp32 master weights); logits, logprobs, entropies and values are float32.
 
+    ``step_prefix``: the optimizer step's shared prompt, already run (``batch`` collated with ``step_prefix``).
+
     Gradients flow when the caller has them enabled; wrap in ``torch.no_grad()`` to score. Entropies carry a
     gradient only with ``entropy_grad`` (an entropy bonus): for logging, the [tokens x vocab] softmax is not
     kept for the backward pass.
@@ -246,8 +255,9 @@ def forward(
     base = base_model(graph.model)
     with _autocast(autocast_dtype, batch.input_ids.device):
         hidden, picked, logits = graph(
-            batch.prefix_ids, batch.input_ids, batch.attention_mask, batch.position_ids, batch.rows, batch.columns
-        )
+            batch.prefix_ids, batch.input_ids, batch.attention_mask, batch.position_ids, batch.rows, batch.columns,
+            step_prefix=step_prefix,
+        )  # fmt: skip
     # The logprob and loss math runs in float32 whatever the autocast dtype (token_logprobs upcasts too).
     logits = logits.float()
     softcap = getattr(base.config, "final_logit_softcapping", None)
@@ -278,6 +288,53 @@ def _autocast(dtype: torch.dtype | None, device: torch.device) -> contextlib.Abs
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class StepPrefix:
+    """The prompt every row of one optimizer step shares, run once for all its micro-batches.
+
+    Its keys and values enter each micro-batch's forward as leaf tensors: each micro-batch's backward adds its
+    gradient into their ``.grad``, and ``backward()`` then runs the prefix pass's own backward once with the sum.
+    The step's gradient is the one of a forward of every row with its whole prompt (the suffixes attend to the
+    prefix's K/V and backpropagate into them), for one prefix pass per step instead of one per micro-batch.
+    """
+
+    def __init__(self, model: Any, prefix_ids: torch.Tensor, autocast_dtype: torch.dtype | None = None) -> None:
+        graph = model if isinstance(model, LearnerGraph) else LearnerGraph(model)
+        base = base_model(graph.model)
+        decoder = base.get_decoder()
+        cache = _ReplayableCache(config=base.config)
+        with _autocast(autocast_dtype, prefix_ids.device):
+            decoder(input_ids=prefix_ids[None], use_cache=True, **{_cache_kwarg(decoder): cache})
+        self.length = int(prefix_ids.shape[0])
+        self._outputs: list[torch.Tensor] = []
+        self._leaves: list[torch.Tensor] = []
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                out = getattr(layer, name)
+                leaf = out.detach().requires_grad_(out.requires_grad)
+                setattr(layer, name, leaf)
+                self._outputs.append(out)
+                self._leaves.append(leaf)
+        self.cache = cache
+
+    @staticmethod
+    def supported(model: Any) -> bool:
+        """Whether the model's KV cache is plain per-layer keys and values (no sliding-window or other state)."""
+        base = base_model(model.model if isinstance(model, LearnerGraph) else model)
+        try:
+            layers = DynamicCache(config=base.config).layers
+        except (TypeError, ValueError, AttributeError):
+            return False
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    def backward(self) -> None:
+        """Backpropagate the micro-batches' summed gradient through the prefix pass (once; a no-op without one)."""
+        pairs = [(out, leaf.grad) for out, leaf in zip(self._outputs, self._leaves, strict=True)
+                 if out.requires_grad and leaf.grad is not None]  # fmt: skip
+        self._outputs, self._leaves = [], []
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
 
 
 class Reference:
