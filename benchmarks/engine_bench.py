@@ -6,8 +6,8 @@ priority lane for short requests), ``continuous_hf`` (the same engine on transfo
 ``continuous_plain`` (transformers' forward, ``draft_tokens=0`` and ``priority_tokens=0``), ``static``,
 ``static_before`` (in (c): the static engine and the learner as they were before issue 13, without the step's
 shared-prompt pass; elsewhere the same as ``static``) and ``generate``. ``--rounds N`` plays (a) N times, the
-engine order reversed every other round, so machine load drifting during the run falls on every engine alike. (a) and (c) use the trainer's "throughput" schedule, (b)
-the "latency" schedule of ``taskrl serve``.
+engine order reversed every other round, so machine load drifting during the run falls on every engine alike.
+(a) and (c) use the trainer's "throughput" schedule, (b) the "latency" schedule of ``taskrl serve``.
 
 (a) ``grpo``: a GRPO step's rollouts on the ``shop`` env: 4 tasks x 4 samples = 16 episodes of up to 5 turns,
     temperature 1, the same seeds for every engine. Prints episodes/s, sampled tokens/s, prompt tokens the
