@@ -391,7 +391,7 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
         ratio = sum(out["static"]["step_s"]) / sum(out["continuous"]["step_s"])
         rollout = sum(out["static"]["rollout_s"]) / sum(out["continuous"]["rollout_s"])
         print(
-            f"GRPO step time static / continuous: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
+            f"GRPO step time static / continuous: {ratio:.3f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
             f"rollout time: {rollout:.2f}x"
         )
         print(f"same training rewards: {out['static']['reward'] == out['continuous']['reward']}")
@@ -399,7 +399,7 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
         ratio = sum(out["static_before"]["step_s"]) / sum(out["continuous"]["step_s"])
         update = sum(out["static_before"]["update_s"]) / sum(out["continuous"]["update_s"])
         print(
-            f"GRPO step time before issue 13 (static engine, learner without the step prefix) / now: {ratio:.2f}x "
+            f"GRPO step time before issue 13 (static engine, learner without the step prefix) / now: {ratio:.3f}x "
             f"(target >= 2x: {'met' if ratio >= 2 else 'missed'}); update time: {update:.2f}x"
         )
     return out
