@@ -77,8 +77,10 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
     sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args),
            "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
     if stage == "sft":
+        # A checkpoint per step: a warm start killed half-way (a shared machine) resumes, and one cut short by the
+        # clock ends at the steps done by rerunning with a smaller --sft-steps (``steps`` may change on resume).
         return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
-                "checkpoint_every": 0}  # fmt: skip
+                "checkpoint_every": 1}  # fmt: skip
     assert start is not None
     # Two arms share the machine: at most half the default forward/backward token budget (peak memory), same math.
     micro = min(args.micro_batch_tokens or 2048, 2048)
