@@ -72,14 +72,19 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         "device": args.device, "dtype": args.dtype, "learner_precision": args.learner_precision, "seed": args.seed,
         "progress": False, "env": "swarm", "split": "train", "run_dir": str(run_dir), "resume": True,
     }  # fmt: skip
+    if args.micro_batch_tokens:  # peak memory of forward/backward (same math); 0: the trainer's default
+        config["micro_batch_tokens"] = args.micro_batch_tokens
     sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args),
            "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
     if stage == "sft":
+        # A checkpoint per step: a warm start killed half-way (a shared machine) resumes, and one cut short by the
+        # clock ends at the steps done by rerunning with a smaller --sft-steps (``steps`` may change on resume).
         return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
-                "checkpoint_every": 0}  # fmt: skip
+                "checkpoint_every": 1}  # fmt: skip
     assert start is not None
-    # Two arms share the machine: half the default forward/backward token budget (peak memory), same math.
-    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": 2048})
+    # Two arms share the machine: at most half the default forward/backward token budget (peak memory), same math.
+    micro = min(args.micro_batch_tokens or 2048, 2048)
+    config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": micro})
     if stage == "sft_only":
         return {**config, **sft}
     return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args), "tasks_per_step": args.tasks,
@@ -206,6 +211,12 @@ def main() -> None:
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="forward/backward tokens per micro-batch of every stage (0: default; arms at most 2048)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pilot:
