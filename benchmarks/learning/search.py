@@ -4,7 +4,9 @@ start never showed?
 Not run in CI. Same protocol as tool_use.py, one seed's run in RUN_DIR/seed_N/, every stage a normal ``Trainer``.
 ``--design`` picks the task split (search_tasks.py): ``onehop`` (the first: demonstrations of one-hop questions,
 GRPO and evaluation on two-hop ones) or ``hops3`` (the second: demonstrations of one- and two-hop questions, i.e.
-one and two searches, GRPO and evaluation on three-hop ones, a third search and a second bridge never shown).
+one and two searches, GRPO and evaluation on three-hop ones, a third search and a second bridge never shown) or
+``hops3b`` (the third: hops3's tasks, with the training-only "prune or answer" note moved from T/2 to the hard
+limit in every stage, ``DESIGN_ENV``, so demonstrations answer without a note, as held-out episodes must).
 0. Data (search_tasks.py, once): a stdlib pydoc corpus in 128-token chunks; the design's demonstration, GRPO and
    held-out questions, the held-out ones sharing no document, quote, prompt or id with training.
 1. ``sft``: LoRA behaviour cloning of the search-only expert on the demonstration questions (search every clue,
@@ -18,10 +20,10 @@ one and two searches, GRPO and evaluation on three-hop ones, a third search and 
    (every fact's document cited), answer exact, trajectory recall, prune accuracy, context utilisation and
    invalid calls per episode, with percentile-bootstrap CIs over tasks; greedy curve points during training.
 
-Writes docs/learning_search.{json,png} (onehop) or docs/learning_search_hops3.{json,png}. ``--resume``
+Writes docs/learning_search.{json,png} (onehop) or docs/learning_search_<design>.{json,png}. ``--resume``
 continues an interrupted seed from its checkpoints.
 
-    python benchmarks/learning/search.py --design hops3 --seed 0 --minutes 20 [--resume] [--pilot]
+    python benchmarks/learning/search.py --design hops3b --seed 0 --minutes 20 [--resume] [--pilot]
 """
 
 from __future__ import annotations
@@ -53,11 +55,19 @@ NO_TEST_SPLIT = 2**32 + 1
 """``test_every`` above every 4-byte id hash but 0: each task file is used whole (the split is by file)."""
 
 
+DESIGN_ENV: dict[str, dict[str, Any]] = {"hops3b": {"soft_fraction": 0.9}}
+"""Env settings a design changes. hops3b: the training-only "prune or answer" note at 0.9 T (the hard limit)
+instead of T/2. At T/2 it preceded almost every demonstration's answer (the system prompt and one or two search
+results pass T/2 = 1,024 tokens), so the warm start learned to answer after the note, which held-out evaluation
+never shows (``training=False``); hops3's warm start then wrote a tool reply instead of an answer."""
+
+
 def env_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The search env on one of the recipe's task files (sft, rl or eval)."""
+    """The search env on one of the recipe's task files (sft, rl or eval), with the design's env settings."""
     data = args.data
     return {"corpus": data["corpus"], "tasks": data["files"][name], "per_call_budget": args.per_call_budget,
-            "context_budget": args.context, "test_every": NO_TEST_SPLIT, "expert_grep": False}  # fmt: skip
+            "context_budget": args.context, "test_every": NO_TEST_SPLIT, "expert_grep": False,
+            **DESIGN_ENV.get(args.design, {})}  # fmt: skip
 
 
 def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -215,8 +225,8 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=0,
                     help="forward/backward tokens per micro-batch of every stage (0: default; arms at most 2048)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--run-dir", default=None, help="default: runs/learning_search[_hops3]")
-    ap.add_argument("--out", default=None, help="default: docs/learning_search[_hops3].png")
+    ap.add_argument("--run-dir", default=None, help="default: runs/learning_search[_<design>]")
+    ap.add_argument("--out", default=None, help="default: docs/learning_search[_<design>].png")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON next to --out")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")

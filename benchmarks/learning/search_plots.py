@@ -12,7 +12,11 @@ from typing import Any
 
 from benchmarks.learning.plots import COLORS, LINES, _curve
 
-DESIGN_LABELS = {"onehop": ("one-hop", "two-hop"), "hops3": ("one- and two-hop", "three-hop")}
+DESIGN_LABELS = {
+    "onehop": ("one-hop", "two-hop"),
+    "hops3": ("one- and two-hop", "three-hop"),
+    "hops3b": ("one- and two-hop", "three-hop"),
+}
 """(demonstrated, GRPO and held-out) questions of each task design of search_tasks.py."""
 
 

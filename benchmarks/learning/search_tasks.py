@@ -2,7 +2,8 @@
 
 ``prepare(data_dir, design)`` builds (once, resumable) a pydoc corpus of 128-token chunks, generates verified
 questions with ``taskrl.datagen``'s extractive generator and writes ``sft.jsonl`` (the expert's demonstrations),
-``rl.jsonl`` (GRPO's questions) and ``eval.jsonl`` (held-out questions). Two designs (``DESIGNS``):
+``rl.jsonl`` (GRPO's questions) and ``eval.jsonl`` (held-out questions). Two task designs (``DESIGNS``; ``hops3b``
+has hops3's tasks, its change is in search.py's ``DESIGN_ENV``):
 - ``onehop`` (the first, about a minute on two cores): the built-in ``stdlib`` source (40 modules); SFT on
   one-hop questions, RL and evaluation on two-hop questions (a bridge clue whose masked term names the second
   hop's document: a skill no demonstration shows). Two-hop tasks are split by connected components of their
@@ -32,7 +33,7 @@ CHUNK_TOKENS = 128
 TWO_HOP_REQUESTED = 300
 ONE_HOP_REQUESTED = 200
 GENERATION_SEED = 0
-DESIGNS = ("onehop", "hops3")
+DESIGNS = ("onehop", "hops3", "hops3b")
 HOPS3_MAX_CHARS = 30_000
 """hops3 corpus: the default 40 modules plus every public stdlib module whose pydoc text is at most this long."""
 HOPS3_REQUESTED = {1: 300, 2: 600, 3: 1000}
@@ -190,7 +191,7 @@ def prepare(data_dir: Path, design: str = "onehop", device: str = "auto") -> dic
 
     store, _ = build_corpus(corpus_source(design, data_dir), data_dir / "corpus", chunk_tokens=CHUNK_TOKENS,
                             device=device)  # fmt: skip
-    files, generation = (_onehop_files if design == "onehop" else _hops3_files)(store)
+    files, generation = (_onehop_files if design == "onehop" else _hops3_files)(store)  # hops3b: hops3's tasks
     overlaps = disjointness(files["sft"], files["rl"], files["eval"])
     if any(overlaps.values()):
         raise AssertionError(f"held-out tasks overlap training tasks: {overlaps}")

@@ -83,7 +83,7 @@ def _args(**changes: object) -> argparse.Namespace:
     values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 192, "sft_steps": 12,
               "sft_tasks": 8, "sft_lr": 1e-3, "lr": 5e-4, "tasks": 2, "group_size": 4, "entropy_coef": 0.0,
               "max_steps": 10_000, "dtype": "bfloat16", "learner_precision": "float32", "context": 2048,
-              "per_call_budget": 256, "micro_batch_tokens": 0, "data": data}  # fmt: skip
+              "per_call_budget": 256, "micro_batch_tokens": 0, "data": data, "design": "hops3"}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})
 
 
@@ -105,6 +105,23 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     assert {
         bench.stage_config(stage, tmp_path, start, small)["micro_batch_tokens"] for stage in ("sft", *bench.ARMS)
     } == {1024}
+
+
+def test_hops3b_moves_the_training_note_to_the_hard_limit_in_every_stage_and_hops3_stays_as_it_was(
+    tmp_path: Path,
+) -> None:
+    from taskrl.envs.search.env import SearchEnvConfig
+
+    start = tmp_path / "start"
+    for design, soft in (("hops3", SearchEnvConfig().soft_fraction), ("hops3b", 0.9)):
+        args = _args(design=design)
+        stages = {stage: config_from_dict(bench.stage_config(stage, tmp_path / stage, start, args))
+                  for stage in ("sft", *bench.ARMS)}  # fmt: skip
+        kwargs = [c.env_kwargs for c in stages.values()] + [bench.env_kwargs("eval", args)]
+        for k in kwargs:
+            env = SearchEnvConfig(**{f: v for f, v in k.items() if f in SearchEnvConfig.__dataclass_fields__})
+            assert env.soft_fraction == soft and env.hard_fraction == SearchEnvConfig().hard_fraction
+    assert "hops3b" in search_tasks.DESIGNS and "hops3b" in bench.DESIGN_ENV
 
 
 def _traj(task_id: str, recall: float, precision: float, pruned: float = 0.0, accuracy: float = math.nan) -> object:
