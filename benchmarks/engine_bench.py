@@ -387,21 +387,16 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
         steps_s, rollout_s, update_s = (" ".join(f"{x:.1f}" for x in r[k]) for k in ("step_s", "rollout_s", "update_s"))
         rewards = " ".join(f"{x:.3f}" for x in r["reward"])
         print(f"{engine:14} {steps_s:>20} {rollout_s:>20} {update_s:>20} {rewards:>24}")
-    if "continuous" in out and "static" in out:
-        ratio = sum(out["static"]["step_s"]) / sum(out["continuous"]["step_s"])
-        rollout = sum(out["static"]["rollout_s"]) / sum(out["continuous"]["rollout_s"])
-        print(
-            f"GRPO step time static / continuous: {ratio:.3f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
-            f"rollout time: {rollout:.2f}x"
-        )
-        print(f"same training rewards: {out['static']['reward'] == out['continuous']['reward']}")
-    if "continuous" in out and "static_before" in out:
-        ratio = sum(out["static_before"]["step_s"]) / sum(out["continuous"]["step_s"])
-        update = sum(out["static_before"]["update_s"]) / sum(out["continuous"]["update_s"])
-        print(
-            f"GRPO step time before issue 13 (static engine, learner without the step prefix) / now: {ratio:.3f}x "
-            f"(target >= 2x: {'met' if ratio >= 2 else 'missed'}); update time: {update:.2f}x"
-        )
+    comparisons = (("static", "static / continuous", "rollout_s"),
+                   ("static_before", "before issue 13 (static engine, learner without the step prefix) / now",
+                    "update_s"))  # fmt: skip
+    for baseline, label, part in comparisons:
+        if "continuous" not in out or baseline not in out:
+            continue
+        ratio, part_ratio = (sum(out[baseline][k]) / sum(out["continuous"][k]) for k in ("step_s", part))
+        print(f"GRPO step time {label}: {ratio:.3f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
+              f"{part.removesuffix('_s')} time: {part_ratio:.2f}x")  # fmt: skip
+        print(f"same training rewards: {out[baseline]['reward'] == out['continuous']['reward']}")
     return out
 
 
