@@ -30,9 +30,13 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import smollm2_tokenizer, tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 
-LONG = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 1500, "temperature": 1.0}
-"""Seconds of decoding for the tiny model even on an idle CPU with the continuous engine (a few ms per token);
-far past the 0.3-0.5 s limits of these tests. A random 49k-token vocabulary samples EOS with negligible odds."""
+LONG = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 6000, "temperature": 1.0,
+        "seed": 0}
+"""Tens of seconds of decoding for the tiny model (a few ms per token on an idle CPU): far past the 0.3-0.5 s limits
+of these tests, and long enough that a client polling ``/metrics`` on a loaded machine still hangs up mid-decode
+(1,500 tokens once finished first: 2.6 s idle). Seeded, so no early stop token can end it by chance (a 49k-token
+vocabulary with two stop tokens ends 1,500 unseeded tokens early about 6% of the time)."""
+CONTEXT = 8192  # room for LONG's prompt and 6,000 new tokens in the tiny model
 
 
 def metric(url: str, name: str) -> float:
@@ -48,7 +52,7 @@ def wait_until(check: Any, timeout_s: float = 60.0) -> None:
 
 
 def test_a_client_that_hangs_up_cancels_its_generation_and_is_not_logged(tmp_path: Path) -> None:
-    model, tokenizer = tiny_model(seed=0)
+    model, tokenizer = tiny_model(seed=0, max_position_embeddings=CONTEXT)
     policy = HFPolicy(model, tokenizer, device="cpu")
     with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
         with running_server(create_app({"tiny": policy}, store=store)) as url:
@@ -73,7 +77,7 @@ def test_a_client_that_hangs_up_cancels_its_generation_and_is_not_logged(tmp_pat
 
 
 def test_the_generation_time_limit_answers_504_and_logs_nothing(tmp_path: Path) -> None:
-    model, tokenizer = tiny_model(seed=0)
+    model, tokenizer = tiny_model(seed=0, max_position_embeddings=CONTEXT)
     policy = HFPolicy(model, tokenizer, device="cpu")
     config = ServeConfig(generation_timeout_s=0.3)
     with InteractionStore(f"sqlite:///{tmp_path / 's.db'}", sqlite_synchronous="NORMAL") as store:
