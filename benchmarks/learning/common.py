@@ -83,9 +83,10 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: C
             held_out: Callable[..., dict[str, Any]], final_evals: Callable[[Any, Any], dict[str, Any]],
             step_keys: Sequence[str]) -> None:  # fmt: skip
     """Child: one arm of a recipe, trained for ``args.minutes`` of training wall-clock (resuming its checkpoint
-    and record; no step starts that its predecessor's duration says would end past the budget, so arms whose steps
-    differ in length still train for about the same time: the swarm's seed-0 GRPO arm once overran by 48%), with ``args.curve_points`` held-out curve points on the way, then ``final_evals``. The recipe
-    supplies its stage config, its held-out evaluation and the step metrics it records."""
+    and record), with ``args.curve_points`` held-out curve points on the way, then ``final_evals``. No step starts
+    that the previous step's duration says would end past the budget, so arms whose steps differ in length train
+    for about the same time (the swarm's seed-0 GRPO arm once overran by 48%). The recipe supplies its stage
+    config, its held-out evaluation and the step metrics it records."""
     import torch
 
     torch.set_num_threads(args.threads)
