@@ -160,8 +160,25 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     assert {"start", "sft_only", "sft_grpo"} <= set(results) and results["sft_only_steps"] >= 1
     text = console.export_text()
     assert "SFT-only arm" in text and "SFT -> GRPO arm" in text and "+2 GRPO steps" in text
+    assert "GRPO - SFT-only, paired over the 2 held-out tasks" in text and "verdict" in results["grpo_minus_sft_only"]
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["sft_grpo.json", "sft_only.json", "start.json"]
     assert [r["step"] for r in read_metrics(out / "grpo")] == [1, 2] and (out / "start" / "config.json").exists()
     assert not (out / "config.json").exists()
     sft_only = json.loads((out / "sft_only" / "config.json").read_text())
     assert sft_only["algo"] == "sft" and sft_only["model"] == str(out / "start")
+
+
+def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:
+    from taskrl.training.demo import paired_difference
+
+    def evaluation(successes: list[int]) -> dict[str, Any]:
+        return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}
+
+    sft_only = evaluation([0] * 12 + [1] * 4)
+    better = paired_difference(sft_only, evaluation([1] * 12 + [1] * 4), seed=0)
+    assert better["value"] == 0.75 and better["low"] > 0 and better["verdict"].startswith("GRPO beats")
+    worse = paired_difference(evaluation([1] * 16), evaluation([0] * 14 + [1] * 2), seed=0)
+    assert worse["high"] < 0 and worse["verdict"].startswith("SFT-only beats")
+    # one task better, one worse, the rest equal: no verdict either way
+    tie = paired_difference(evaluation([0, 1] + [1] * 14), evaluation([1, 0] + [1] * 14), seed=0)
+    assert tie["value"] == 0 and tie["low"] < 0 < tie["high"] and tie["verdict"].startswith("no difference")

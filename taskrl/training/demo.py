@@ -45,20 +45,43 @@ def _shape(env_kwargs: dict[str, Any]) -> str:
     return f"({low} items)" if low == high else f"({low}-{high} items)"
 
 
-def _estimate(e: dict[str, Any]) -> str:
-    ci = f" [{e['low']:.2f}, {e['high']:.2f}]" if e.get("low") is not None else ""
-    return f"{e['value']:.2f}{ci}"
+def _estimate(e: dict[str, Any], sign: str = "") -> str:
+    ci = f" [{e['low']:{sign}.2f}, {e['high']:{sign}.2f}]" if e.get("low") is not None else ""
+    return f"{e['value']:{sign}.2f}{ci}"
 
 
 def _row(table: Table, name: str, steps: str, result: dict[str, Any], start: dict[str, Any] | None) -> None:
     stats = result["policies"]["policy"]
     delta = "-"
     if start is not None:
-        ours = [row["policies"]["policy"]["successes"] for row in result["per_task"]]
-        base = [row["policies"]["policy"]["successes"] for row in start["per_task"]]
+        ours, base = _successes(result), _successes(start)
         delta = f"{(sum(ours) - sum(base)) / max(len(ours), 1):+.2f}"
     table.add_row(name, steps, _estimate(stats["success_rate"]), delta, f"{stats['tool_calls']:.2f}",
                   f"{stats['invalid_tool_calls']:.2f}")  # fmt: skip
+
+
+def _successes(result: dict[str, Any]) -> list[float]:
+    """Per-task greedy success of one evaluation, in task order."""
+    return [float(row["policies"]["policy"]["successes"]) for row in result["per_task"]]
+
+
+def paired_difference(sft_only: dict[str, Any], grpo: dict[str, Any], seed: int) -> dict[str, Any]:
+    """GRPO minus SFT-only over the same held-out tasks: the mean per-task difference with a percentile-bootstrap
+    95% CI (tasks resampled together), and the verdict it supports. RL's contribution is this difference, never
+    the GRPO arm against the warm start."""
+    from taskrl.eval import bootstrap_ci
+
+    diffs = [g - s for s, g in zip(_successes(sft_only), _successes(grpo), strict=True)]
+    ci = bootstrap_ci(diffs, seed=seed)
+    value = sum(diffs) / max(len(diffs), 1)
+    if ci is not None and ci[0] > 0:
+        verdict = "GRPO beats SFT-only: the paired CI is above 0"
+    elif ci is not None and ci[1] < 0:
+        verdict = "SFT-only beats GRPO: the paired CI is below 0"
+    else:
+        verdict = "no difference this run can resolve: the paired CI spans 0"
+    return {"value": value, "low": ci[0] if ci else None, "high": ci[1] if ci else None, "tasks": len(diffs),
+            "verdict": verdict}  # fmt: skip
 
 
 def run_demo(
@@ -147,9 +170,13 @@ def run_demo(
     _row(table, "SFT-only arm", f"+{sft_steps} SFT steps", sft_only, start)
     _row(table, "SFT -> GRPO arm", f"+{rl_config.steps} GRPO steps", grpo, start)
     console.print(table)
+    paired = paired_difference(sft_only, grpo, rl_config.seed)
+    console.print(f"GRPO - SFT-only, paired over the {paired['tasks']} held-out tasks: {_estimate(paired, '+')} "
+                  f"({paired['verdict']})")  # fmt: skip
     sampled = " -> ".join(f"{row['rewards/total']:.2f}" for row in rl_rows)
     console.print(f"GRPO training reward per step (temperature {rl_config.temperature}, partial credit included): "
                   f"{sampled}")  # fmt: skip
     console.print(f"{time.perf_counter() - began:.0f}s in all; run dir {out_dir} (sft/, grpo/, sft_only/: "
                   f"metrics.jsonl, trajectories/; eval/): `taskrl report {out_dir / 'grpo'}`")  # fmt: skip
-    return {"start": start, "sft_only": sft_only, "sft_grpo": grpo, "grpo_rows": rl_rows, "sft_only_steps": sft_steps}
+    return {"start": start, "sft_only": sft_only, "sft_grpo": grpo, "grpo_rows": rl_rows, "sft_only_steps": sft_steps,
+            "grpo_minus_sft_only": paired}  # fmt: skip
