@@ -200,13 +200,9 @@ def rollout(
     pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj)
     start = time.perf_counter()
     trajectories = asyncio.run(_play(env, pol, tasks, config, out, factory))
-    meta = _write_meta(
-        out,
-        config,
-        trajectories,
-        {"env": env, "env_kwargs": kwargs, "policy": policy, "model": model,
-         "wall_time_s": time.perf_counter() - start},  # fmt: skip
-    )
+    info = {"env": env, "env_kwargs": kwargs, "policy": policy, "model": model,
+            "wall_time_s": time.perf_counter() - start}  # fmt: skip
+    meta = _write_meta(out, config, trajectories, info)
     console.print(_summary_table({policy: trajectories}, f"env {env}"))
     console.print(f"trajectories: {out}   run info: {meta}")
 
@@ -224,14 +220,16 @@ def _show_episode(traj: Trajectory) -> None:
 def demo(
     out_dir: Annotated[Path, typer.Option(help="run directory (replaced on every demo)")] = Path("runs/demo"),
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
+    seed: Annotated[int | None, typer.Option(help="seed of both recipes (default: the recipes' own, 0)")] = None,
 ) -> None:
     """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on 1-2 item price listings, then an SFT-only arm
-    and an SFT -> GRPO arm on 3-item listings, side by side on held-out tasks (recipes/demo*.toml)."""
+    and an SFT -> GRPO arm on 3-item listings, side by side on held-out tasks (recipes/demo*.toml). ``--seed``
+    reruns the whole comparison with another seed (task order, sampling; the held-out tasks stay the same)."""
     from taskrl.runlog import read_trajectories
     from taskrl.training.demo import run_demo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    run_demo(out_dir, device=device, console=console)
+    run_demo(out_dir, device=device, console=console, overrides=None if seed is None else {"seed": seed})
     after = read_trajectories(out_dir / "grpo", "sft_grpo-policy").get(0, [])
     if after:
         _show_episode(max(after, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))
