@@ -47,7 +47,8 @@ ARMS = ("sft_only", "grpo")
 REPORT_BETA = 2.0
 """F-beta of the report: the reward's annealed beta, fixed (the reward's own beta moves with each arm's epochs)."""
 METRICS = ("output_recall", "f_beta", "answer_found", "full_recall", "answer_correct", "trajectory_recall",
-           "output_precision", "context_utilisation", "invalid_tool_calls", "tool_calls", "turns")  # fmt: skip
+           "output_precision", "context_utilisation", "invalid_tool_calls", "tool_calls", "turns",
+           "lists_documents")  # fmt: skip
 STEP_KEYS = ("rewards/total", "rewards/std", "rewards/f_beta", "rewards/trajectory_recall", "rewards/answer_found",
              "tools/tool_calls", "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll",
              "losses/policy_loss", "charts/groups", "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
@@ -103,7 +104,9 @@ def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
 
 
 def episode_row(traj: Any) -> dict[str, Any]:
-    """One held-out episode's numbers (F-beta recomputed at REPORT_BETA from its precision and recall)."""
+    """One held-out episode's numbers (F-beta recomputed at REPORT_BETA from its precision and recall;
+    ``lists_documents``: the final answer has a ``DOCUMENTS:`` list, the format the scorer reads)."""
+    from taskrl.envs.search.env import parse_output_docs
     from taskrl.rewards.formulas import f_beta
 
     m = traj.metrics
@@ -117,7 +120,8 @@ def episode_row(traj: Any) -> dict[str, Any]:
         "context_utilisation": m.get("search/context_utilisation", float("nan")),
         "prune_accuracy": m.get("search/prune_accuracy", float("nan")), "pruned": m.get("search/pruned_chunks", 0.0),
         "invalid_tool_calls": m.get("invalid_tool_calls", 0.0), "tool_calls": m.get("tool_calls", 0.0),
-        "turns": m.get("turns", 0.0), "final_answer": (traj.final_answer or "")[:300],
+        "turns": m.get("turns", 0.0), "lists_documents": float(bool(parse_output_docs(traj.final_answer))),
+        "final_answer": (traj.final_answer or "")[:300],
     }  # fmt: skip
 
 
@@ -137,7 +141,8 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
 
     config = EvalConfig(
         samples_per_task=4 if sampled else 1, temperature=1.0 if sampled else 0.0, max_turns=args.max_turns,
-        max_context_tokens=args.context, max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
+        max_context_tokens=args.context, max_new_tokens=args.max_new_tokens, concurrency=args.eval_concurrency,
+        seed=args.seed,
     )  # fmt: skip
     tasks = eval_tasks(n, args)
     episodes = trainer.run.dir / f"{name}_episodes.jsonl"
@@ -190,8 +195,9 @@ def line(name: str, steps: str, final: dict[str, Any]) -> str:
     g, s = final["greedy"], final.get("sampled")
     sampled = (f" | T=1 recall {fmt(s['output_recall']):18} F2 {fmt(s['f_beta'])} invalid/ep "
                f"{s['invalid_tool_calls']['value']:.2f}") if s else ""  # fmt: skip
+    found, invalid = fmt(g["answer_found"]), g["invalid_tool_calls"]["value"]
     return (f"{name:9} {steps:>5}  recall {fmt(g['output_recall']):18} F2 {fmt(g['f_beta']):18} "
-            f"found {fmt(g['answer_found']):18} invalid/ep {g['invalid_tool_calls']['value']:.2f}{sampled}")
+            f"found {found:18} invalid/ep {invalid:.2f}{sampled}")  # fmt: skip
 
 
 def main() -> None:
@@ -218,12 +224,13 @@ def main() -> None:
     ap.add_argument("--per-call-budget", type=int, default=256, help="tokens one search result may hold")
     ap.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks of the final greedy evaluation")
     ap.add_argument("--sampled-tasks", type=int, default=8, help="held-out tasks of the T=1 x 4 evaluation")
+    ap.add_argument("--eval-concurrency", type=int, default=8, help="held-out episodes played at once (32: 8.8 GB)")
     ap.add_argument("--start-sampled", action="store_true", help="also evaluate the warm start at T=1")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=1, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
     ap.add_argument("--micro-batch-tokens", type=int, default=0,
-                    help="forward/backward tokens per micro-batch of every stage (0: default; arms at most 2048)")
+                    help="forward/backward tokens per micro-batch, every stage (0: default; arms <= 2048)")  # fmt: skip
     ap.add_argument("--device", default="auto")
     ap.add_argument("--run-dir", default=None, help="default: runs/learning_search[_<design>]")
     ap.add_argument("--out", default=None, help="default: docs/learning_search[_<design>].png")
@@ -232,9 +239,9 @@ def main() -> None:
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks)
+    counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks, args.eval_concurrency)
     if args.minutes <= 0 or min(counts) < 1 or args.group_size < 2:
-        ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks >= 1; --group-size >= 2")
+        ap.error("--minutes must be > 0; --group-size >= 2; every other count >= 1")
     suffix = "" if args.design == "onehop" else f"_{args.design}"
     out = Path(args.out or ROOT / "docs" / f"learning_search{suffix}.png")
     data_path = out.with_suffix(".json")

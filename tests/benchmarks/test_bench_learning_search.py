@@ -134,6 +134,9 @@ def _traj(task_id: str, recall: float, precision: float, pruned: float = 0.0, ac
 def test_metrics_are_means_per_task_then_over_tasks_with_f_beta_at_the_report_beta() -> None:
     row = bench.episode_row(_traj("t", 0.5, 1.0))
     assert row["f_beta"] == pytest.approx(5 * 0.5 / (4 * 1.0 + 0.5)) and row["full_recall"] == 0.0
+    assert row["lists_documents"] == 0.0, "an ANSWER line without DOCUMENTS lists nothing"
+    listing = SimpleNamespace(**{**vars(_traj("t", 0.5, 1.0)), "final_answer": "ANSWER: x\nDOCUMENTS: zlib, gzip"})
+    assert bench.episode_row(listing)["lists_documents"] == 1.0
     rows = [bench.episode_row(t) for t in (_traj("a", 1.0, 1.0), _traj("a", 0.0, 0.0, pruned=2, accuracy=0.5),
                                            _traj("b", 0.5, 0.5, pruned=1, accuracy=1.0))]  # fmt: skip
     out = bench.summarise(rows, ["a", "b"], seed=0)
