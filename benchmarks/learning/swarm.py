@@ -11,8 +11,8 @@ copy of its question, and the answer table), not searching.
    demonstrations, 3-row tasks for GRPO, held-out 3-row tasks of rows sharing no document, quote or question
    with any training row.
 1. ``sft``: LoRA behaviour cloning of the env's fan-out expert (``scripted_rule``: one helper per row, all in one
-   turn, then the table) on the **1-2 row** tasks, merged into the base: the common start of both arms,
-   evaluated here ("start").
+   turn, written row by row: create row k's helper, assign it row k; then the table) on the **1-2 row** tasks,
+   merged into the base: the common start of both arms, evaluated here ("start").
 2. Two arms from that checkpoint at once, one torch thread each, ``--minutes`` of training wall-clock each:
    ``sft_only`` keeps cloning the 1-2 row demonstrations; ``grpo`` runs GRPO on **3-row** tasks with the env's
    ``parl`` reward (item F1 + λ1·r_parallel + λ2·r_finish annealed to 0 over ``--anneal-steps`` + λ3·r_efficiency
@@ -122,7 +122,8 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
 
     config = EvalConfig(
         samples_per_task=4 if sampled else 1, temperature=1.0 if sampled else 0.0, max_turns=args.max_turns,
-        max_context_tokens=args.context, max_new_tokens=args.max_new_tokens, concurrency=16, seed=args.seed,
+        max_context_tokens=args.context, max_new_tokens=args.max_new_tokens, concurrency=args.eval_concurrency,
+        seed=args.seed,
     )  # fmt: skip
     tasks = eval_tasks(n, args)
     ids = [t.id for t in tasks]
@@ -201,6 +202,12 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048, help="orchestrator context tokens")
     ap.add_argument("--eval-tasks", type=int, default=24, help="held-out tasks of the final greedy evaluation")
     ap.add_argument("--sampled-tasks", type=int, default=8, help="held-out tasks of the T=1 x 4 evaluation")
+    ap.add_argument(
+        "--eval-concurrency",
+        type=int,
+        default=8,
+        help="held-out episodes at once (peak memory: 16 reached 6-6.6 GB per arm)",
+    )
     ap.add_argument("--start-sampled", action="store_true", help="also evaluate the warm start at T=1")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=1, help="curve evaluations during training")
@@ -222,9 +229,12 @@ def main() -> None:
     if args.pilot:
         vars(args).update(PILOT)
         args.start_sampled = True
-    counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks)
+    counts = (args.sft_steps, args.eval_tasks, args.sampled_tasks, args.curve_tasks, args.eval_concurrency)
     if args.minutes <= 0 or min(counts) < 1 or args.group_size < 2:
-        ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks >= 1; --group-size >= 2")
+        ap.error(
+            "--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks, --eval-concurrency >= 1; "
+            "--group-size >= 2"
+        )
     out = Path(args.out)
     data_path = out.with_suffix(".json")
     from benchmarks.learning.swarm_plots import plot_swarm

@@ -40,14 +40,17 @@ def _task_text(key: str, question: str) -> str:
 
 
 def fanout_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-    """Scripted orchestrator: one helper per row, all assigned in the first turn, then the answer table."""
+    """Scripted orchestrator: one helper per row, all assigned in the first turn, then the answer table.
+
+    The turn is written row by row (create row k's helper, assign it row k), so a model cloned on 1-2 row tasks
+    has a per-row unit to repeat on a longer table; the env runs a turn's creates before its assignments anyway."""
     rows = _rows(messages)
     if not any(m.role == "assistant" for m in messages):
-        creates = [format_tool_call("create_subagent", {"name": f"row{k}", "system_prompt": SUBAGENT_INSTRUCTIONS})
-                   for k in rows]  # fmt: skip
-        assigns = [format_tool_call("assign_task", {"agent_id": f"row{k}", "task": _task_text(k, q)})
-                   for k, q in rows.items()]  # fmt: skip
-        return "\n".join(creates + assigns)
+        calls = [call for k, q in rows.items() for call in (
+            format_tool_call("create_subagent", {"name": f"row{k}", "system_prompt": SUBAGENT_INSTRUCTIONS}),
+            format_tool_call("assign_task", {"agent_id": f"row{k}", "task": _task_text(k, q)}),
+        )]  # fmt: skip
+        return "\n".join(calls)
     return render_table({k: v for k, v in _answers(messages).items() if k in rows})
 
 

@@ -10,8 +10,10 @@ from taskrl.env import acheck_env
 from taskrl.envs.search.env import SearchEnv
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig
 from taskrl.envs.swarm.scripted import fanout_rule, serial_rule
+from taskrl.envs.swarm.tasks import WIDE, render_prompt
 from taskrl.monitor import MonitorConfig, Monitors, spurious_parallelism
 from taskrl.monitor import serial_collapse as serial_collapse_rate
+from taskrl.parsing import parse_hermes
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.report.data import timeline
 from taskrl.rollout import RolloutConfig, run_episode, run_episodes
@@ -65,6 +67,33 @@ def test_fanout_and_serial_e2e_over_a_real_corpus(wide_tasks_path: str, swarm_co
     gantt = timeline(swarm[0])
     assert gantt is not None and len(gantt["rows"]) == 3 and gantt["critical_steps"] == 4.0
     assert sum(r["critical"] for r in gantt["rows"]) == 1
+
+
+def test_fanout_expert_writes_one_create_then_assign_unit_per_row() -> None:
+    """A 3-row turn repeats the 1- and 2-row turns' unit (create row k, assign row k), not a block of creates."""
+
+    def calls(rows: int) -> list[tuple[str, str]]:
+        prompt = render_prompt(WIDE, [f"Clue {i}\nQuestion: what is [X{i}]?" for i in range(1, rows + 1)])
+        turn = parse_hermes(fanout_rule([Message("user", prompt)], None))
+        assert not turn.invalid and not turn.content
+        return [(c.name, c.arguments.get("name") or c.arguments["agent_id"]) for c in turn.tool_calls]
+
+    unit = lambda k: [("create_subagent", f"row{k}"), ("assign_task", f"row{k}")]  # noqa: E731
+    assert calls(1) == unit(1)
+    assert calls(2) == unit(1) + unit(2)
+    assert calls(3) == unit(1) + unit(2) + unit(3)
+
+
+def test_a_turn_that_assigns_each_helper_right_after_creating_it_runs_every_assignment(
+    wide_tasks_path: str, swarm_corpus: Any
+) -> None:
+    env = env_for(wide_tasks_path, swarm_corpus)
+    prompt = env.tasks("train")[0].prompt
+    traj = one_episode(env, [fanout_rule([Message("user", prompt)], None), "| 1 | x |"])
+    results = [m for m in traj.messages if m.role == "tool"]
+    assert [m.name for m in results] == ["create_subagent", "assign_task"] * 3
+    assert traj.metrics["invalid_tool_calls"] == 0 and not any("no sub-agent" in m.content for m in results)
+    assert traj.metrics["swarm/assignments"] == 3 and len(traj.children) == 3
 
 
 def one_episode(env: SwarmEnv, turns: list[str], max_turns: int = 10) -> Trajectory:
