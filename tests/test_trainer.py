@@ -166,6 +166,7 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     assert not (out / "config.json").exists()
     sft_only = json.loads((out / "sft_only" / "config.json").read_text())
     assert sft_only["algo"] == "sft" and sft_only["model"] == str(out / "start")
+    assert sft_only["seed"] != json.loads((out / "sft" / "config.json").read_text())["seed"]  # no replayed batches
 
 
 def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:

@@ -4,7 +4,8 @@ Every setting comes from two recipes (one source; ``taskrl train`` runs each alo
 1. ``recipes/demo_sft.toml``: LoRA SFT on the expert's one- and two-item price listings (the task's format, not
    a three-item listing), merged into the base model: the common starting checkpoint.
 2. ``recipes/demo.toml``: the **SFT -> GRPO** arm, GRPO from that checkpoint on three-item listings.
-3. The **SFT-only** arm continues recipe 1 from the same checkpoint for as long as the GRPO arm trained.
+3. The **SFT-only** arm continues recipe 1 from the same checkpoint for as long as the GRPO arm trained (in a
+   task order of its own, so it does not first replay the warm start's batches).
 The start and both arms are played greedily on the same held-out tasks of the RL recipe's shape (no item
 combination shared with any training task); the table shows success with bootstrap CIs and each arm's paired
 difference from the start. Results go to ``RUN_DIR/eval/{start,sft_only,sft_grpo}.json``.
@@ -99,6 +100,7 @@ def run_demo(
     """
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
+    from taskrl.seeding import derive_seed
     from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
 
@@ -152,7 +154,9 @@ def run_demo(
     finally:
         trainer.close()
     console.print(f"3/4 SFT-only: more SFT on the same demonstrations for the same {budget:.0f}s of training")
-    sft_only_recipe = {**sft_recipe, "model": str(start_dir), "run_dir": str(out_dir / "sft_only"), "steps": 10_000}
+    # Its own task order: with the warm start's seed the sampler would replay the warm start's batches first.
+    sft_only_recipe = {**sft_recipe, "model": str(start_dir), "run_dir": str(out_dir / "sft_only"), "steps": 10_000,
+                       "seed": derive_seed(sft_config.seed, "sft_only")}  # fmt: skip
     trainer = Trainer(config_from_dict(sft_only_recipe), console=console)
     try:
         sft_began, sft_steps = time.perf_counter(), 0

@@ -58,6 +58,21 @@ def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_pa
     assert calls["final"] == [len(steps)]
 
 
+def test_the_sft_only_arm_draws_its_own_task_order(tmp_path: Path) -> None:
+    """From the warm start's seed the arm's sampler would replay the warm start's batches first."""
+    from benchmarks.learning.common import sft_only_seed
+
+    model, tokenizer = tiny_model()
+    start = tmp_path / "start"
+    model.save_pretrained(str(start))
+    tokenizer.save_pretrained(str(start))
+    recipe = _recipe()
+    recipe.pop("calls")
+    args = argparse.Namespace(threads=1, minutes=0.001, curve_points=0, curve_tasks=1)
+    run_arm("sft_only", tmp_path, start, args, step_keys=KEYS, **recipe)
+    assert json.loads((tmp_path / "sft_only.json").read_text())["config"]["seed"] == sft_only_seed(0) != 0
+
+
 def test_recovered_steps_carry_the_recipe_keys(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "charts/step_time_s": 2.0, "rewards/total": 1.0}))
     rows = lost_steps(tmp_path, [], completed=1, keys=KEYS)
