@@ -36,11 +36,17 @@ def _recipe() -> dict[str, Any]:
     return {"stage_config": stage_config, "held_out": held_out, "final_evals": final_evals, "calls": calls}
 
 
-def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_path: Path) -> None:
+def _start(tmp_path: Path) -> Path:
+    """A tiny model saved as the arms' starting checkpoint."""
     model, tokenizer = tiny_model()
     start = tmp_path / "start"
     model.save_pretrained(str(start))
     tokenizer.save_pretrained(str(start))
+    return start
+
+
+def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_path: Path) -> None:
+    start = _start(tmp_path)
     recipe = _recipe()
     calls = recipe.pop("calls")
     args = argparse.Namespace(threads=1, minutes=0.02, curve_points=1, curve_tasks=3)  # a 1.2 s budget
@@ -62,10 +68,7 @@ def test_the_sft_only_arm_draws_its_own_task_order(tmp_path: Path) -> None:
     """From the warm start's seed the arm's sampler would replay the warm start's batches first."""
     from benchmarks.learning.common import sft_only_seed
 
-    model, tokenizer = tiny_model()
-    start = tmp_path / "start"
-    model.save_pretrained(str(start))
-    tokenizer.save_pretrained(str(start))
+    start = _start(tmp_path)
     recipe = _recipe()
     recipe.pop("calls")
     args = argparse.Namespace(threads=1, minutes=0.001, curve_points=0, curve_tasks=1)
