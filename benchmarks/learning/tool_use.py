@@ -32,6 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks.learning.plots, from any working directory
 from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save_seed  # noqa: E402
+from taskrl.eval import paired_delta  # noqa: E402  (re-exported: the other recipes import it from here)
 
 ARMS = ("sft_only", "grpo")
 DESIGNS: dict[str, dict[str, Any]] = {
@@ -143,15 +144,6 @@ STEP_KEYS = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_
             "tools/tool_calls",
             "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups",
             "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
-
-
-def paired_delta(a: list[float], b: list[float], seed: int) -> dict[str, float | None]:
-    """Mean of b - a over the same tasks, with a percentile-bootstrap 95% CI (tasks resampled together)."""
-    from taskrl.eval import bootstrap_ci
-
-    diffs = [y - x for x, y in zip(a, b, strict=True)]
-    ci = bootstrap_ci(diffs, seed=seed)
-    return {"value": sum(diffs) / len(diffs), "low": ci[0] if ci else None, "high": ci[1] if ci else None}
 
 
 def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:

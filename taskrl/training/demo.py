@@ -70,19 +70,17 @@ def paired_difference(sft_only: dict[str, Any], grpo: dict[str, Any], seed: int)
     """GRPO minus SFT-only over the same held-out tasks: the mean per-task difference with a percentile-bootstrap
     95% CI (tasks resampled together), and the verdict it supports. RL's contribution is this difference, never
     the GRPO arm against the warm start."""
-    from taskrl.eval import bootstrap_ci
+    from taskrl.eval import paired_delta
 
-    diffs = [g - s for s, g in zip(_successes(sft_only), _successes(grpo), strict=True)]
-    ci = bootstrap_ci(diffs, seed=seed)
-    value = sum(diffs) / max(len(diffs), 1)
-    if ci is not None and ci[0] > 0:
+    delta = paired_delta(_successes(sft_only), _successes(grpo), seed)
+    low, high = delta["low"], delta["high"]
+    if low is not None and low > 0:
         verdict = "GRPO beats SFT-only: the paired CI is above 0"
-    elif ci is not None and ci[1] < 0:
+    elif high is not None and high < 0:
         verdict = "SFT-only beats GRPO: the paired CI is below 0"
     else:
         verdict = "no difference this run can resolve: the paired CI spans 0"
-    return {"value": value, "low": ci[0] if ci else None, "high": ci[1] if ci else None, "tasks": len(diffs),
-            "verdict": verdict}  # fmt: skip
+    return {**delta, "tasks": len(sft_only["per_task"]), "verdict": verdict}
 
 
 def run_demo(
