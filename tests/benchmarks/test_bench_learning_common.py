@@ -54,9 +54,11 @@ def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_pa
     record = json.loads((tmp_path / "grpo.json").read_text())
     steps = record["steps"]
     assert steps and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
-    last = steps[-1]["train_s"] - (steps[-2]["train_s"] if len(steps) > 1 else 0.0)
-    # No step starts that the previous one's duration says would end past the budget; it stopped for that reason.
-    assert (record["train_s"] <= 1.2 or len(steps) == 1) and record["train_s"] + last > 1.2
+    # No step starts that the previous one's duration says would end past the budget (a step may still run longer
+    # than its forecast: the check is on the forecast, not on timing luck); it stopped for that reason.
+    ends = [0.0, 0.0] + [s["train_s"] for s in steps]
+    assert all(ends[i - 1] + (ends[i - 1] - ends[i - 2]) <= 1.2 for i in range(3, len(ends)))
+    assert record["train_s"] + (ends[-1] - ends[-2]) > 1.2
     assert set(steps[0]) == {"step", "train_s", *KEYS}
     assert [c["step"] for c in record["curve"]] == [calls["held_out"][0][1]] and "per_task" not in record["curve"][0]
     assert calls["held_out"][0][2:] == (3, False) and record["final"] == {"greedy": {"success": {"value": 0.25}}}
