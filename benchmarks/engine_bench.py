@@ -438,6 +438,14 @@ def main() -> None:
     ap.add_argument("--generate-episodes", type=int, default=4, help="episodes the one-at-a-time baseline plays")
     ap.add_argument("--threads", type=int, help="torch threads (1 is far faster on an oversubscribed machine)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="weights of (a) and (b)'s policy (the learning recipes and the demo roll out in bfloat16)",
+    )
+    ap.add_argument("--decode-token-budget", type=int, help="the continuous engine's (default: HFPolicy's)")
+    ap.add_argument("--draft-tokens", type=int, help="the continuous engine's drafts per row (default: HFPolicy's)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -445,8 +453,23 @@ def main() -> None:
     results: dict[str, Any] = {"machine": cpu_model()}
     if "grpo" in args.part or "trace" in args.part:
         cached = args.warm_start_cache is not None and (args.warm_start_cache / "config.json").is_file()
-        policy = HFPolicy.from_pretrained(args.warm_start_cache if cached else "smollm2", device=args.device)
-        print(f"device {policy.device}", flush=True)
+        if args.dtype != "float32" and not cached and args.warm_start_steps:
+            ap.error(
+                "--dtype bfloat16 loads a made warm start: the warm start trains in float32, so make its "
+                "--warm-start-cache with a float32 run first"
+            )
+        policy = HFPolicy.from_pretrained(
+            args.warm_start_cache if cached else "smollm2", device=args.device, dtype=getattr(torch, args.dtype)
+        )
+        if args.decode_token_budget is not None:
+            policy._engine.decode_token_budget = args.decode_token_budget
+        if args.draft_tokens is not None:
+            policy.draft_tokens = args.draft_tokens  # use_engine hands it to the engine
+        print(
+            f"device {policy.device}, weights {args.dtype}, decode budget {policy._engine.decode_token_budget}, "
+            f"drafts {policy.draft_tokens}",
+            flush=True,
+        )
         try:
             if cached:
                 print(f"warm start: loaded from {args.warm_start_cache}")
