@@ -231,9 +231,12 @@ class ToolEnv(EnvDefaults):
     name: str = "tool_env"
     system_prompt: str = "You are a helpful assistant. Use the tools when they help."
     max_parallel: int | None = None
+    sequential_tools: bool = False
+    """Run a turn's tool calls in call order, one at a time (``ToolSet.sequential``): set it when the tools share
+    episode state, so a turn's observations depend only on its calls."""
 
     def __init__(self) -> None:
-        self.tools = ToolSet.from_object(self, max_parallel=self.max_parallel)
+        self.tools = ToolSet.from_object(self, max_parallel=self.max_parallel, sequential=self.sequential_tools)
         self.task: Task | None = None
 
     def tasks(self, split: str = "train") -> Sequence[Task]:

@@ -2,8 +2,9 @@
 
 ``@tool`` reads a function's signature, type hints and docstring (Google-style ``Args:``) into a schema;
 arguments are validated before the call, each call has a timeout, and output is truncated to a cap with
-a visible marker (error messages too). A ``ToolSet`` groups tools, runs one turn's calls concurrently, caps calls
-per turn (``max_parallel``) and adds up per-call cost. Every failure becomes an error ``ToolResult``, never an
+a visible marker (error messages too). A ``ToolSet`` groups tools, runs one turn's calls concurrently (or one at a
+time in call order, ``sequential``, for tools that share state), caps calls per turn (``max_parallel``) and adds
+up per-call cost. Every failure becomes an error ``ToolResult``, never an
 exception out of the agent loop. A timeout ends the work, not only the wait: each call runs with a ``CallBudget``
 (``call_budget()`` inside the tool) that long-running tools check between pieces of work; on timeout it is
 stopped and the call's thread (a daemon, so it can never keep the process alive) is given a moment to end.
@@ -342,6 +343,10 @@ class ToolSet:
     tools: list[Tool] = field(default_factory=list)
     max_parallel: int | None = None
     """Most calls executed per turn; extra calls get an error result. None = no cap."""
+    sequential: bool = False
+    """Run a turn's calls one at a time, in call order. For tools that share state (a token budget, the chunks
+    already shown, a file two calls edit): run concurrently, what each call returns would depend on which thread
+    got there first, so the same turn could show the model different observations from run to run."""
 
     def __post_init__(self) -> None:
         self._by_name: dict[str, Tool] = {}
@@ -353,10 +358,10 @@ class ToolSet:
             raise ValueError(f"ToolSet.max_parallel must be >= 1 or None, got {self.max_parallel}")
 
     @classmethod
-    def from_object(cls, obj: Any, *, max_parallel: int | None = None) -> ToolSet:
+    def from_object(cls, obj: Any, *, max_parallel: int | None = None, sequential: bool = False) -> ToolSet:
         """Collect the ``@tool`` methods of an object (e.g. an env instance), bound to it."""
         found = [getattr(obj, n) for n, v in inspect.getmembers(type(obj)) if isinstance(v, Tool)]
-        return cls(found, max_parallel=max_parallel)
+        return cls(found, max_parallel=max_parallel, sequential=sequential)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
@@ -396,7 +401,8 @@ class ToolSet:
         return sum(self._by_name[c.name].cost for c in calls if c.name in self._by_name)
 
     async def execute(self, calls: list[ToolCall]) -> list[ToolResult]:
-        """Run calls concurrently; results come back in call order. Never raises."""
+        """Run calls concurrently (``sequential``: one after another); results come back in call order. Never
+        raises."""
         limit = len(calls) if self.max_parallel is None else self.max_parallel
         if len(calls) == 1:  # the common case: no task to create
             problem = self.check_call(calls[0])
@@ -409,6 +415,8 @@ class ToolSet:
                 jobs.append(_error(call, problem))
             else:
                 jobs.append(self._by_name[call.name](call))
+        if self.sequential:  # a coroutine starts when awaited: each call sees the state the calls before it left
+            return [await job for job in jobs]
         return list(await asyncio.gather(*jobs))
 
 

@@ -543,6 +543,36 @@ async def test_sync_calls_in_one_turn_run_concurrently() -> None:
     assert time.perf_counter() - start < 0.35
 
 
+async def test_sequential_calls_run_in_call_order_and_see_each_others_state() -> None:
+    """Tools sharing state (search's shown chunks, a workspace): each call sees what the calls before it left,
+    however long each takes, so a turn's observations depend only on its calls."""
+    shown: list[int] = []
+
+    def claim(x: int, delay: float = 0.0) -> str:
+        """Append x after a nap and return everything so far."""
+        time.sleep(delay)
+        shown.append(x)
+        return ",".join(map(str, shown))
+
+    tools = ToolSet([tool(claim)], sequential=True)
+    calls = [call("claim", {"x": 1, "delay": 0.1}), call("claim", {"x": "bad"}), call("claim", {"x": 2})]
+    results = await tools.execute(calls)
+    assert [r.content for r in results[::2]] == ["1", "1,2"]
+    assert results[1].is_error and "must be integer" in results[1].content
+
+
+def test_tool_envs_that_share_state_run_their_calls_in_order() -> None:
+    from taskrl.env import ToolEnv
+    from taskrl.envs.search.env import SearchEnv
+
+    assert SearchEnv.sequential_tools and not ToolEnv.sequential_tools
+
+    class Shared(ToolEnv):
+        sequential_tools = True
+
+    assert Shared().tools.sequential and not ToolEnv().tools.sequential
+
+
 async def test_one_failing_call_does_not_affect_the_others() -> None:
     @tool
     def broken() -> str:

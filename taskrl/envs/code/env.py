@@ -105,6 +105,7 @@ class CodeEnv(CodeTools, ToolEnv):
 
     name = "code"
     system_prompt = SYSTEM_PROMPT
+    sequential_tools = True  # edits and commands share one workspace: a turn's calls apply in the order written
 
     def __init__(
         self,
@@ -119,7 +120,7 @@ class CodeEnv(CodeTools, ToolEnv):
         self.edit_tool = edit_tool
         self.line_numbers = edit_tool == "replace_lines"
         self.tools = ToolSet([t for t in self.tools if t.name == edit_tool or t.name not in EDIT_TOOLS],
-                             max_parallel=self.max_parallel)  # fmt: skip
+                             max_parallel=self.max_parallel, sequential=self.sequential_tools)  # fmt: skip
         config = CodeEnvConfig.from_dict(config) if isinstance(config, dict) else config or CodeEnvConfig()
         if unsafe_no_sandbox:  # a copy: never change a config the caller may share
             config = replace(config, sandbox=replace(config.sandbox, unsafe_no_sandbox=True))

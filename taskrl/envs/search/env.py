@@ -259,6 +259,7 @@ class SearchEnv(ToolEnv):
     name = "search"
     system_prompt = system_prompt(RewardConfig())
     failure_reward = 0.0
+    sequential_tools = True  # calls share the chunks shown and the token budget: in call order, not thread order
 
     def __init__(self, config: SearchEnvConfig | None = None, **overrides: Any) -> None:
         super().__init__()
