@@ -175,6 +175,7 @@ def grpo_once(
     trajs = asyncio.run(run_episodes(lambda: make("shop"), timed, run_tasks, config))
     wall = time.perf_counter() - start
     after = policy.engine_stats()
+    budget = policy._engine.draft_budget() if engine.startswith("continuous") else 0
     release_engine_memory(policy)
     counters = ("prefill_tokens", "draft_tokens", "accepted_draft_tokens", "decode_forwards")
     counted = {k: after.get(k, 0) - before.get(k, 0) for k in counters}
@@ -194,6 +195,7 @@ def grpo_once(
         "turn_p50_s": percentile(timed.turn_s, 0.5),
         "turn_p95_s": percentile(timed.turn_s, 0.95),
         "mean_reward": statistics.fmean(t.reward for t in trajs),
+        "decode_token_budget": budget,
     }
     return row, [[tok for s in t.segments for tok in s.token_ids] for t in trajs]
 
@@ -246,7 +248,8 @@ def grpo_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
         if r.get("draft_tokens"):
             print(
                 f"{engine}: {r['accepted_draft_tokens']:.0f} of {r['draft_tokens']:.0f} drafts kept, "
-                f"{r['decode_forwards']:.0f} decode forwards; wall s per round {r['round_wall_s']}"
+                f"{r['decode_forwards']:.0f} decode forwards (decode budget {r['decode_token_budget']:.0f} positions); "
+                f"wall s per round {r['round_wall_s']}"
             )
     if "continuous" in rows and "static" in rows:
         ratio = rows["continuous"]["episodes_per_s"] / rows["static"]["episodes_per_s"]
@@ -466,8 +469,8 @@ def main() -> None:
         if args.draft_tokens is not None:
             policy.draft_tokens = args.draft_tokens  # use_engine hands it to the engine
         print(
-            f"device {policy.device}, weights {args.dtype}, decode budget {policy._engine.decode_token_budget}, "
-            f"drafts {policy.draft_tokens}",
+            f"device {policy.device}, weights {args.dtype}, decode budget "
+            f"{args.decode_token_budget or 'default (engine.DECODE_TOKEN_BUDGETS)'}, drafts {policy.draft_tokens}",
             flush=True,
         )
         try:

@@ -38,6 +38,12 @@ _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this 
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
 _PRIORITY_STREAK = 2  # the priority lane runs at most this many times priority_tokens steps in a row
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
+DECODE_TOKEN_BUDGETS = {("cpu", "latency"): 16, ("cpu", "throughput"): 32, ("accelerator", "latency"): 256,
+                        ("accelerator", "throughput"): 256}  # fmt: skip
+"""Default ``decode_token_budget`` by device and schedule. On CPU a 16-row decode forward's cost is mostly fixed
+(every weight read once): in rollouts (``throughput``) one draft per row on a full batch paid for itself
+(benchmarks/RESULTS.md, "Issue 13, sixth pass"); serving (``latency``) keeps forwards short, so a request that
+arrives waits for less."""
 
 
 def _ema(previous: float | None, value: float, weight: float = 0.2) -> float:
@@ -75,14 +81,15 @@ class ContinuousEngine:
         share_min_tokens: int = 32,
         idle_release_s: float = 30.0,
         draft_tokens: int = 0,
-        decode_token_budget: int = 16,
+        decode_token_budget: int | None = None,
         schedule: str = "latency",
         priority_tokens: int = 0,
         fast_forward: bool = False,
     ) -> None:
         """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
         ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
-        the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row)).
+        the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row)); None:
+        ``DECODE_TOKEN_BUDGETS`` for the device and the schedule in force.
         ``schedule``: "latency" or "throughput" (see ``_prefill_budget`` and ``step``); ``priority_tokens``: in the
         "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none).
         ``fast_forward``: run forwards through a ``FastDecoder`` of the current weights (rebuilt after every weight
@@ -410,9 +417,16 @@ class ContinuousEngine:
                 leaving.add(i)
         kv.remove_rows(leaving, scrub)
 
+    def draft_budget(self) -> int:
+        """The most padded positions a decode forward may hold with drafts (``decode_token_budget``)."""
+        if self.decode_token_budget is not None:
+            return self.decode_token_budget
+        device = "cpu" if self.policy.device.type == "cpu" else "accelerator"
+        return DECODE_TOKEN_BUDGETS[device, self.schedule]
+
     def _drafts(self, rows: list[_Row]) -> list[list[int]]:
         """Each row's prompt-lookup drafts for this step, as many per row as the decode budget allows."""
-        per_row = min(self.draft_tokens, self.decode_token_budget // len(rows) - 1)
+        per_row = min(self.draft_tokens, self.draft_budget() // len(rows) - 1)
         if per_row < 1:
             return [[] for _ in rows]
         out = []

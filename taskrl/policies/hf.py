@@ -91,8 +91,8 @@ class HFPolicy(PolicyBase):
         ``prefix_cache_bytes`` bounds its KV cache (0 disables reuse).
         ``draft_tokens``: prompt-lookup drafts a decoding row may verify per step (0 disables speculative decoding;
         samples are the same either way); ``decode_token_budget``: the most padded positions of a decode forward
-        that drafts may fill, so drafts ride only in forwards that cost about what a plain one does (None: 16 on
-        CPU, where a forward is compute-bound past ~16 positions, 256 on an accelerator). ``schedule``:
+        that drafts may fill, so drafts ride only in forwards where they pay for themselves (None:
+        ``engine.DECODE_TOKEN_BUDGETS``: on CPU 16 when serving, 32 in rollouts; 256 on an accelerator). ``schedule``:
         "latency" (serving: while rows decode, a prefill chunk costs about one decode forward, so running rows
         keep their pace, and requests for at most ``priority_tokens`` tokens decode in a lane of their own, so a
         short request under load pays for a one-row forward instead of the whole batch's) or "throughput"
@@ -158,7 +158,7 @@ class HFPolicy(PolicyBase):
             prefill_chunk_tokens=prefill_chunk_tokens,
             prefix_cache_bytes=prefix_cache_bytes,
             draft_tokens=draft_tokens,
-            decode_token_budget=decode_token_budget or (16 if self.device.type == "cpu" else 256),
+            decode_token_budget=decode_token_budget,
             schedule=schedule,
             priority_tokens=priority_tokens,
             fast_forward=self.device.type == "cpu" if fast_forward == "auto" else bool(fast_forward),

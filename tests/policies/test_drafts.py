@@ -103,6 +103,24 @@ async def test_prompt_lookup_on_a_repetitive_turn(tiny: tuple[Any, Any]) -> None
     assert stats["accepted_draft_tokens"] > 0
 
 
+def test_default_decode_budget_follows_device_and_schedule(tiny: tuple[Any, Any]) -> None:
+    """Unset, the budget is the device's and the schedule's in force (rollouts draft on a full CPU batch, serving
+    keeps forwards short); a set budget is kept whatever the schedule."""
+    policy = make_policy(tiny, draft_tokens=4)
+    try:
+        engine = policy._engine
+        assert engine.draft_budget() == engine_module.DECODE_TOKEN_BUDGETS["cpu", "latency"] == 16
+        engine.schedule = "throughput"
+        assert engine.draft_budget() == engine_module.DECODE_TOKEN_BUDGETS["cpu", "throughput"] > 16
+    finally:
+        policy.close()
+    policy = make_policy(tiny, draft_tokens=4, decode_token_budget=9, schedule="throughput")
+    try:
+        assert policy._engine.draft_budget() == 9
+    finally:
+        policy.close()
+
+
 async def test_drafts_stay_within_the_decode_budget(tiny: tuple[Any, Any], monkeypatch) -> None:
     """A decode forward holds at most ``decode_token_budget`` padded positions, whatever the drafter offers:
     rows x (1 + drafts per row) <= budget, and a full batch of 16 rows under a budget of 16 drafts nothing."""
