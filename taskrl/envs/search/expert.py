@@ -67,15 +67,16 @@ def resolve_chain(patterns: list[re.Pattern[str]], blocks: list[tuple[str, str]]
 
 
 def expert_rule(messages: list[Message], tools: list[dict[str, Any]] | None, *, grep: bool = True) -> str:
-    """Turn 1: search (and, with ``grep``, grep) every quoted clue. Then read bridged documents not yet seen
-    (once). Then answer."""
+    """Turn 1: (with ``grep``, grep every quoted clue's exact passage, then) search every clue. Then read bridged
+    documents not yet seen (once). Then answer. The greps come first: a turn's calls run in the order written and
+    share the token room, so the exact passages claim it before broader searches fill what is left."""
     question = next(m.content for m in messages if m.role == "user")
     clues = CLUE_RE.findall(question)
     patterns = [clue_pattern(c) for c in clues]
     turns = sum(m.role == "assistant" for m in messages)
     if turns == 0:
-        calls = [format_tool_call("search_corpus", {"query": c}) for c in clues]
-        calls += [format_tool_call("grep_corpus", {"pattern": p.pattern}) for p in patterns] if grep else []
+        calls = [format_tool_call("grep_corpus", {"pattern": p.pattern}) for p in patterns] if grep else []
+        calls += [format_tool_call("search_corpus", {"query": c}) for c in clues]
         return "\n".join(calls)
     shown = "\n".join(m.content for m in messages if m.role == "tool")
     blocks = chunk_blocks(shown)
