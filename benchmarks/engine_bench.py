@@ -470,7 +470,7 @@ def main() -> None:
             policy.draft_tokens = args.draft_tokens  # use_engine hands it to the engine
         print(
             f"device {policy.device}, weights {args.dtype}, decode budget "
-            f"{args.decode_token_budget or 'default (engine.DECODE_TOKEN_BUDGETS)'}, drafts {policy.draft_tokens}",
+            f"{args.decode_token_budget or 'default (drafts.DECODE_TOKEN_BUDGETS)'}, drafts {policy.draft_tokens}",
             flush=True,
         )
         try:

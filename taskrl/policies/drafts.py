@@ -10,6 +10,9 @@ never the sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
 
@@ -31,3 +34,31 @@ def lookup_draft(tokens: torch.Tensor, max_tokens: int, *, max_ngram: int = 3, m
             start = int(hits[-1]) + n
             return tokens[start : start + max_tokens].tolist()
     return []
+
+
+DECODE_TOKEN_BUDGETS = {("cpu", "latency"): 16, ("cpu", "throughput"): 32, ("accelerator", "latency"): 256,
+                        ("accelerator", "throughput"): 256}  # fmt: skip
+"""Default ``decode_token_budget`` (the most padded positions of a decode forward that drafts may fill) by device
+and schedule: on CPU rollouts (``throughput``) verify one draft per row on a full 16-row batch, serving
+(``latency``) keeps forwards short (docs/DECISIONS.md, "the decode budget depends on the schedule")."""
+
+
+def default_decode_budget(device_type: str, schedule: str) -> int:
+    """``DECODE_TOKEN_BUDGETS`` for a torch device type ("cpu", "cuda", ...) and an engine schedule."""
+    return DECODE_TOKEN_BUDGETS["cpu" if device_type == "cpu" else "accelerator", schedule]
+
+
+def plan_drafts(rows: Sequence[Any], draft_tokens: int, budget: int) -> list[list[int]]:
+    """Each decoding row's drafts for one step, as many per row as ``budget`` padded positions allow (rows x (1 +
+    drafts per row) <= budget; at most ``draft_tokens``, never past the request's ``max_new_tokens``). A row has
+    ``prompt`` (a 1-D long tensor) and ``request`` (its ``token_ids`` sampled so far, ``max_new_tokens``)."""
+    per_row = min(draft_tokens, budget // len(rows) - 1)
+    if per_row < 1:
+        return [[] for _ in rows]
+    out = []
+    for row in rows:
+        request = row.request
+        room = min(per_row, request.max_new_tokens - len(request.token_ids) - 1)
+        context = torch.cat([row.prompt, torch.tensor(request.token_ids, dtype=torch.long)])
+        out.append(lookup_draft(context, room))
+    return out

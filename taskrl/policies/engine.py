@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from taskrl.policies.base import Completion, PolicyError
-from taskrl.policies.drafts import lookup_draft
+from taskrl.policies.drafts import default_decode_budget, plan_drafts
 from taskrl.policies.fastpath import FastForward
 from taskrl.policies.kvcache import PrefixCache, RowKV
 from taskrl.policies.sampling import Request, sample
@@ -38,12 +38,6 @@ _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this 
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
 _PRIORITY_STREAK = 2  # the priority lane runs at most this many times priority_tokens steps in a row
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
-DECODE_TOKEN_BUDGETS = {("cpu", "latency"): 16, ("cpu", "throughput"): 32, ("accelerator", "latency"): 256,
-                        ("accelerator", "throughput"): 256}  # fmt: skip
-"""Default ``decode_token_budget`` by device and schedule. On CPU a 16-row decode forward's cost is mostly fixed
-(every weight read once): in rollouts (``throughput``) one draft per row on a full batch paid for itself
-(benchmarks/RESULTS.md, "Issue 13, sixth pass"); serving (``latency``) keeps forwards short, so a request that
-arrives waits for less."""
 
 
 def _ema(previous: float | None, value: float, weight: float = 0.2) -> float:
@@ -88,8 +82,7 @@ class ContinuousEngine:
     ) -> None:
         """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
         ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
-        the most (padded) positions of a decode forward that drafts may fill (rows x (1 + drafts per row)); None:
-        ``DECODE_TOKEN_BUDGETS`` for the device and the schedule in force.
+        the most (padded) positions of a decode forward that drafts may fill (None: ``drafts.DECODE_TOKEN_BUDGETS``).
         ``schedule``: "latency" or "throughput" (see ``_prefill_budget`` and ``step``); ``priority_tokens``: in the
         "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none).
         ``fast_forward``: run forwards through a ``FastDecoder`` of the current weights (rebuilt after every weight
@@ -378,7 +371,7 @@ class ContinuousEngine:
 
     def _decode_step(self, kv: RowKV) -> None:
         rows: list[_Row] = list(kv.owners)
-        drafts = self._drafts(rows)
+        drafts = plan_drafts(rows, self.draft_tokens, self.draft_budget())
         queries = [1 + len(d) for d in drafts]
         window = max(queries)
         ids = torch.full((len(rows), window), self.policy._pad_id, dtype=torch.long)
@@ -419,23 +412,8 @@ class ContinuousEngine:
 
     def draft_budget(self) -> int:
         """The most padded positions a decode forward may hold with drafts (``decode_token_budget``)."""
-        if self.decode_token_budget is not None:
-            return self.decode_token_budget
-        device = "cpu" if self.policy.device.type == "cpu" else "accelerator"
-        return DECODE_TOKEN_BUDGETS[device, self.schedule]
-
-    def _drafts(self, rows: list[_Row]) -> list[list[int]]:
-        """Each row's prompt-lookup drafts for this step, as many per row as the decode budget allows."""
-        per_row = min(self.draft_tokens, self.draft_budget() // len(rows) - 1)
-        if per_row < 1:
-            return [[] for _ in rows]
-        out = []
-        for row in rows:
-            request = row.request
-            room = min(per_row, request.max_new_tokens - len(request.token_ids) - 1)
-            context = torch.cat([row.prompt, torch.tensor(request.token_ids, dtype=torch.long)])
-            out.append(lookup_draft(context, room))
-        return out
+        explicit = self.decode_token_budget
+        return explicit if explicit is not None else default_decode_budget(self.policy.device.type, self.schedule)
 
     def _verify(self, kv: RowKV, i: int, row: _Row, token: int, draft: list[int], logits: torch.Tensor) -> bool:
         """Walk row ``i``'s drafts after its first sampled ``token``: each draft equal to the token sampled before

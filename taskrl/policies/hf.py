@@ -92,7 +92,7 @@ class HFPolicy(PolicyBase):
         ``draft_tokens``: prompt-lookup drafts a decoding row may verify per step (0 disables speculative decoding;
         samples are the same either way); ``decode_token_budget``: the most padded positions of a decode forward
         that drafts may fill, so drafts ride only in forwards where they pay for themselves (None:
-        ``engine.DECODE_TOKEN_BUDGETS``: on CPU 16 when serving, 32 in rollouts; 256 on an accelerator). ``schedule``:
+        ``drafts.DECODE_TOKEN_BUDGETS``: on CPU 16 when serving, 32 in rollouts; 256 on an accelerator). ``schedule``:
         "latency" (serving: while rows decode, a prefill chunk costs about one decode forward, so running rows
         keep their pace, and requests for at most ``priority_tokens`` tokens decode in a lane of their own, so a
         short request under load pays for a one-row forward instead of the whole batch's) or "throughput"

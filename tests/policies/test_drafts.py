@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskrl.policies import engine as engine_module
+from taskrl.policies import drafts as drafts_module
 from taskrl.policies.drafts import lookup_draft
 from taskrl.policies.hf import HFPolicy
 from tests.policies.test_engine import assert_exact, ids, make_policy, sampling
@@ -70,7 +70,7 @@ async def test_any_drafts_change_forwards_not_samples(tiny: tuple[Any, Any], mon
                 upcoming[-1] = (upcoming[-1] + 1) % plain.vocab_size
             return upcoming
 
-        monkeypatch.setattr(engine_module, "lookup_draft", oracle)
+        monkeypatch.setattr(drafts_module, "lookup_draft", oracle)
         fast = make_policy(tiny, draft_tokens=4)
         try:
             got = await _generate(fast, prompts, 24, temperature)
@@ -109,9 +109,9 @@ def test_default_decode_budget_follows_device_and_schedule(tiny: tuple[Any, Any]
     policy = make_policy(tiny, draft_tokens=4)
     try:
         engine = policy._engine
-        assert engine.draft_budget() == engine_module.DECODE_TOKEN_BUDGETS["cpu", "latency"] == 16
+        assert engine.draft_budget() == drafts_module.DECODE_TOKEN_BUDGETS["cpu", "latency"] == 16
         engine.schedule = "throughput"
-        assert engine.draft_budget() == engine_module.DECODE_TOKEN_BUDGETS["cpu", "throughput"] > 16
+        assert engine.draft_budget() == drafts_module.DECODE_TOKEN_BUDGETS["cpu", "throughput"] > 16
     finally:
         policy.close()
     policy = make_policy(tiny, draft_tokens=4, decode_token_budget=9, schedule="throughput")
@@ -132,7 +132,7 @@ async def test_drafts_stay_within_the_decode_budget(tiny: tuple[Any, Any], monke
         widths.append((policy._engine.decoding.rows, max_tokens))
         return [0] * max_tokens
 
-    monkeypatch.setattr(engine_module, "lookup_draft", always)
+    monkeypatch.setattr(drafts_module, "lookup_draft", always)
     try:
         for rows in (8, 16):
             await _generate(policy, [ids(tokenizer, f"row {i} of {rows}") for i in range(rows)], 6, 1.0)
