@@ -130,7 +130,8 @@ def paired_delta(a: Sequence[float], b: Sequence[float], seed: int = 0) -> dict[
     """Mean of b - a over the same tasks, with a percentile-bootstrap 95% CI (tasks resampled together)."""
     diffs = [y - x for x, y in zip(a, b, strict=True)]
     ci = bootstrap_ci(diffs, seed=seed)
-    return {"value": sum(diffs) / len(diffs), "low": ci[0] if ci else None, "high": ci[1] if ci else None}
+    value = sum(diffs) / len(diffs) if diffs else None  # no tasks: nothing to estimate
+    return {"value": value, "low": ci[0] if ci else None, "high": ci[1] if ci else None}
 
 
 def _estimate(values: Sequence[float], config: EvalConfig, salt: str) -> dict[str, float | None]:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taskrl.env import make
-from taskrl.eval import EvalConfig, EvalError, bootstrap_ci, evaluate, pass_at_k
+from taskrl.eval import EvalConfig, EvalError, bootstrap_ci, evaluate, paired_delta, pass_at_k
 from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.runlog import RunLog, read_trajectories
@@ -37,6 +37,14 @@ def test_pass_at_k_matches_the_combinatorial_definition(nck: tuple[int, int, int
     assert value == pytest.approx(exact, abs=1e-9) and 0.0 <= value <= 1.0
     if k < n:
         assert pass_at_k(n, c, k + 1) >= value - 1e-12, "more tries never lower pass@k"
+
+
+def test_paired_delta_is_the_mean_per_task_difference_and_empty_has_none() -> None:
+    delta = paired_delta([0, 0, 1, 1], [1, 1, 1, 0], seed=0)
+    assert delta["value"] == 0.25 and delta["low"] <= 0.25 <= delta["high"]
+    assert paired_delta([], []) == {"value": None, "low": None, "high": None}
+    with pytest.raises(ValueError):
+        paired_delta([1.0], [1.0, 0.0])  # not the same tasks
 
 
 def test_bootstrap_ci_brackets_the_mean_and_narrows_with_more_tasks() -> None:

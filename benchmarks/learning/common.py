@@ -74,15 +74,6 @@ def lost_steps(arm_dir: Path, steps: list[dict[str, Any]], completed: int, keys:
     return rows
 
 
-def sft_only_seed(seed: int) -> int:
-    """The SFT-only arm's seed. Its demonstrations come from the warm start's task file in a seeded order, so with
-    the warm start's own seed its first steps replayed exactly the warm start's batches (the swarm's seed-0 run:
-    10 of its 15 steps), an overfitting control instead of more SFT."""
-    from taskrl.seeding import derive_seed
-
-    return derive_seed(seed, "sft_only")
-
-
 def last_step_s(steps: Sequence[dict[str, Any]]) -> float:
     """Seconds the arm's latest step took: the forecast of its next one."""
     return steps[-1]["train_s"] - (steps[-2]["train_s"] if len(steps) > 1 else 0.0)
@@ -107,6 +98,8 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: C
         return  # finished: a --resume only rebuilds the results
     stage = stage_config(arm, seed_dir / arm, start, args)
     if arm == "sft_only":  # a data stream of its own: from the warm start's seed it would replay its batches first
+        from taskrl.seeding import sft_only_seed
+
         stage["seed"] = sft_only_seed(stage.get("seed", 0))
     config = config_from_dict(stage)
     trainer = Trainer(config)

@@ -98,7 +98,7 @@ def run_demo(
     """
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
-    from taskrl.seeding import derive_seed
+    from taskrl.seeding import sft_only_seed
     from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
 
@@ -152,9 +152,8 @@ def run_demo(
     finally:
         trainer.close()
     console.print(f"3/4 SFT-only: more SFT on the same demonstrations for the same {budget:.0f}s of training")
-    # Its own task order: with the warm start's seed the sampler would replay the warm start's batches first.
     sft_only_recipe = {**sft_recipe, "model": str(start_dir), "run_dir": str(out_dir / "sft_only"), "steps": 10_000,
-                       "seed": derive_seed(sft_config.seed, "sft_only")}  # fmt: skip
+                       "seed": sft_only_seed(sft_config.seed)}  # fmt: skip
     trainer = Trainer(config_from_dict(sft_only_recipe), console=console)
     try:
         sft_began, sft_steps = time.perf_counter(), 0

@@ -68,7 +68,7 @@ def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_pa
 
 def test_the_sft_only_arm_draws_its_own_task_order(tmp_path: Path) -> None:
     """From the warm start's seed the arm's sampler would replay the warm start's batches first."""
-    from benchmarks.learning.common import sft_only_seed
+    from taskrl.seeding import sft_only_seed
 
     start = _start(tmp_path)
     recipe = _recipe()
