@@ -25,7 +25,9 @@ normal ``Trainer`` run on the ``code-bugs`` env (bubblewrap sandbox, copy-on-wri
 
 ``--design`` (code_tasks.DESIGNS): ``edit_file`` (the default, the first two runs: edit by exact text) or
 ``lines`` (edit by line number with ``replace_lines``; GRPO's reward adds 0.1 x the share of valid tool calls,
-tamper-gated and logged apart; success and the evaluation reward stay "every hidden test passes").
+tamper-gated and logged apart; success and the evaluation reward stay "every hidden test passes") or
+``pinpoint`` (``lines``, but the prompt names the lines to replace, 2 turns, and GRPO trains on every bug kind
+of the training packages, demonstrated or not; the held-out packages and success are unchanged).
 
 Writes docs/learning_code.{json,png} (``lines``: docs/learning_code_lines.*). ``--resume`` continues an
 interrupted seed from its checkpoints. ``--pilot`` runs every stage at toy size into runs/learning_code_pilot
@@ -181,7 +183,7 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
             "design": DESIGNS[args.design]["plot"], "code_design": args.design,
             "grpo_group_variance": group_variance(train_rows), "cpu": cpu_model(),
             "load_average_at_end": os.getloadavg(),
-            "data": split_report(args.hint_lines), "start": start, "arms": arms, "grpo_minus_sft_only": deltas,
+            "data": split_report(args.hint_lines, args.design), "start": start, "arms": arms, "grpo_minus_sft_only": deltas,
             "grpo_hack_flags": hacks}  # fmt: skip
 
 
@@ -217,8 +219,11 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=2, help="GRPO tasks per step")
     ap.add_argument("--group-size", type=int, default=4, help="GRPO samples per task")
     ap.add_argument("--entropy-coef", type=float, default=0.0)
-    ap.add_argument("--hint-lines", type=int, default=6, help="lines either side of the bug the prompt names")
-    ap.add_argument("--max-turns", type=int, default=3, help="read, edit, run the tests (the reward needs no report)")
+    ap.add_argument("--hint-lines", type=int, default=None,
+                    help="lines either side of the bug the prompt names (default: the design's, 6 before pinpoint)")
+    ap.add_argument("--max-turns", type=int, default=None,
+                    help="turns per episode (default: the design's; 3 = read, edit, run the tests: the reward needs "
+                         "no report)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--context", type=int, default=2048, help="context tokens per episode")
     ap.add_argument("--concurrency", type=int, default=8, help="episodes played at once (each runs pytest)")
@@ -241,6 +246,9 @@ def main() -> None:
     ap.add_argument("--sft-threads", type=int, default=0, help="torch threads of the warm start (0: --threads)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for key, default in (("hint_lines", 6), ("max_turns", 3)):
+        if getattr(args, key) is None:
+            setattr(args, key, DESIGNS[args.design].get(key, default))
     if args.pilot:
         for key, value in PILOT.items():
             setattr(args, key, value)
@@ -254,7 +262,7 @@ def main() -> None:
 
     if args.plot_only:
         return plot_tool_use(json.loads(data_path.read_text()), out)
-    split = split_report(args.hint_lines)  # refuses a split that shares a package, an sdist or a task
+    split = split_report(args.hint_lines, args.design)  # refuses a split that shares a package, an sdist or a task
     args.eval_tasks = args.eval_tasks or split["tasks"]["eval"]
     seed_dir, sft_dir = run_dir / f"seed_{args.seed}", run_dir / f"sft_seed_{args.sft_seed}"
     if args.child == "sft":

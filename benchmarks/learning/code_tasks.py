@@ -26,12 +26,21 @@ DESIGNS: dict[str, dict[str, Any]] = {
     "lines": {"edit_tool": "replace_lines", "rl_reward": {"valid_tool_use_weight": 0.1}, "plot": "code_lines",
               "about": "edit by line number (replace_lines, read_file numbers lines); GRPO reward: hidden tests + "
                        "0.1 x share of valid tool calls (Composer's term, tamper-gated); evaluation: hidden tests"},
+    "pinpoint": {"edit_tool": "replace_lines", "rl_reward": {"valid_tool_use_weight": 0.1}, "plot": "code_pinpoint",
+                 "hint_exact": True, "rl_kinds": "all", "hint_lines": 3, "max_turns": 2,
+                 "about": "lines, but every prompt names the lines to replace (3 lines of context, 2 turns: read, "
+                          "replace); GRPO trains on every kind of the training packages (demonstrated or not)"},
 }  # fmt: skip
 """The recipe's designs. ``edit_file`` is the first two runs' (the default, so their commands mean what they
 said); ``lines`` is the third: SmolLM2 cannot copy edit_file's exact text at T=1, and every GRPO group scored 0.
 Its training reward adds Composer's valid-tool-use credit, which varies within a group even when no sample
 fixes the bug (61% of T=1 calls were invalid); a tampering episode still scores 0 (the tamper gate), success
-is still "every hidden test passes", and the credit is logged apart (``rewards/valid_tool_use``)."""
+is still "every hidden test passes", and the credit is logged apart (``rewards/valid_tool_use``).
+``pinpoint`` is the fourth: in ``lines`` no group's hidden tests ever varied (the 135M model did not find the
+buggy line among 13), so every prompt names the line(s) the fix replaces and the episode is read -> replace (the
+hidden tests score it; no run_tests turn). GRPO samples every bug kind of the training packages: the
+demonstrated ones give it groups with a fix to reinforce, the others are what no demonstration shows.
+``hint_lines``/``max_turns`` are a design's defaults (the earlier designs': 6 and 3)."""
 FLAGS = ("tampering", "no_edit", "clarifying_question", "tests_failed_to_run")
 """Per-episode flags of the code env's reward (tampering scores 0; the others are reported)."""
 
@@ -49,11 +58,14 @@ def env_kwargs(stage: str, hint_lines: int, design: str = "edit_file") -> dict[s
     """``code-bugs`` env kwargs of a stage: ``sft`` (demonstration kinds of the training packages), ``rl`` (the
     other kinds of the training packages) or ``eval`` (every kind of the held-out packages), in ``design``
     (``DESIGNS``; the default design adds nothing, so its configs are the earlier runs')."""
-    sets, kinds = {"sft": (TRAIN_SETS, DEMO_KINDS), "rl": (TRAIN_SETS, RL_KINDS), "eval": (HELDOUT_SETS, None)}[stage]
+    settings = DESIGNS[design]
+    rl_kinds = None if settings.get("rl_kinds") == "all" else RL_KINDS
+    sets, kinds = {"sft": (TRAIN_SETS, DEMO_KINDS), "rl": (TRAIN_SETS, rl_kinds), "eval": (HELDOUT_SETS, None)}[stage]
     kwargs: dict[str, Any] = {"tasks_path": [task_set_path(name) for name in sets], "hint_lines": hint_lines}
     if kinds is not None:
         kwargs["kinds"] = list(kinds)
-    settings = DESIGNS[design]
+    if settings.get("hint_exact"):
+        kwargs["hint_exact"] = True
     if settings["edit_tool"] != "edit_file":
         kwargs["edit_tool"] = settings["edit_tool"]
     if stage == "rl" and settings["rl_reward"]:
@@ -65,33 +77,38 @@ def kind_group(kind: str) -> str:
     return "demo_kinds" if kind in DEMO_KINDS else "rl_kinds"
 
 
-def disjointness(stages: dict[str, list[Any]], metas: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
-    """What the training stages (sft, rl) share with the evaluation, and sft with rl: all must be 0."""
+def disjointness(
+    stages: dict[str, list[Any]], metas: dict[str, list[dict[str, Any]]], *, rl_has_sft_kinds: bool = False
+) -> dict[str, int]:
+    """What the training stages (sft, rl) share with the evaluation, and sft with rl: all must be 0, except the
+    sft/rl overlap where GRPO trains on every kind (``rl_has_sft_kinds``: not reported)."""
     train = stages["sft"] + stages["rl"]
 
     def shared(key: Any, a: list[Any], b: list[Any]) -> int:
         return len({key(x) for x in a} & {key(x) for x in b})
 
     train_meta, eval_meta = metas["train"], metas["eval"]
-    return {
+    against_eval = {
         "shared_packages": shared(lambda m: m["project"].rsplit("-", 1)[0].lower(), train_meta, eval_meta),
         "shared_sdists": shared(lambda m: m["sdist"]["sha256"], train_meta, eval_meta),
         "shared_repos": shared(lambda t: t.info["base"], train, stages["eval"]),
         "shared_task_ids": shared(lambda t: t.id, train, stages["eval"]),
         "shared_prompts": shared(lambda t: t.prompt, train, stages["eval"]),
-        "sft_rl_shared_tasks": shared(lambda t: t.id, stages["sft"], stages["rl"]),
-        "sft_rl_shared_kinds": shared(lambda t: t.info["mutation"], stages["sft"], stages["rl"]),
     }
+    if rl_has_sft_kinds:
+        return against_eval
+    return {**against_eval, "sft_rl_shared_tasks": shared(lambda t: t.id, stages["sft"], stages["rl"]),
+            "sft_rl_shared_kinds": shared(lambda t: t.info["mutation"], stages["sft"], stages["rl"])}  # fmt: skip
 
 
-def split_report(hint_lines: int) -> dict[str, Any]:
+def split_report(hint_lines: int, design: str = "edit_file") -> dict[str, Any]:
     """Tasks per stage and kind, the packages, and their disjointness; raises if anything is shared."""
     from taskrl.env import make
 
-    envs = {stage: make("code-bugs", **env_kwargs(stage, hint_lines)) for stage in ("sft", "rl", "eval")}
+    envs = {stage: make("code-bugs", **env_kwargs(stage, hint_lines, design)) for stage in ("sft", "rl", "eval")}
     stages = {stage: list(env.tasks("all")) for stage, env in envs.items()}
     metas = {"train": [s.meta for s in envs["sft"].task_sets], "eval": [s.meta for s in envs["eval"].task_sets]}
-    overlaps = disjointness(stages, metas)
+    overlaps = disjointness(stages, metas, rl_has_sft_kinds=DESIGNS[design].get("rl_kinds") == "all")
     if any(overlaps.values()):
         raise ValueError(f"the code recipe's training and held-out tasks overlap: {overlaps}")
     kinds = {stage: {} for stage in stages}
@@ -100,7 +117,7 @@ def split_report(hint_lines: int) -> dict[str, Any]:
             kinds[stage][task.info["mutation"]] = kinds[stage].get(task.info["mutation"], 0) + 1
     return {"tasks": {stage: len(tasks) for stage, tasks in stages.items()}, "kinds": kinds,
             "packages": {"train": list(TRAIN_SETS), "eval": list(HELDOUT_SETS)}, "overlaps": overlaps,
-            "hint_lines": hint_lines}  # fmt: skip
+            "hint_lines": hint_lines, "design": design}  # fmt: skip
 
 
 def episode_row(traj: Any) -> dict[str, Any]:

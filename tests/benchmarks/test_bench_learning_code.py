@@ -120,6 +120,34 @@ def test_the_lines_design_edits_by_number_everywhere_and_shapes_only_the_grpo_re
         assert envs[stage].rubric.weights(Clock()) == {"tests": 1.0}, stage
 
 
+def test_the_pinpoint_design_names_the_fix_lines_and_grpo_samples_every_training_kind(tmp_path: Path) -> None:
+    """pinpoint: every stage's prompt names the lines to replace inside its read window; GRPO trains on every
+    kind of the training packages (the demonstrated ones too), and the held-out packages stay unseen."""
+    report = split_report(hint_lines=3, design="pinpoint")
+    assert set(report["overlaps"]) == {"shared_packages", "shared_sdists", "shared_repos", "shared_task_ids",
+                                       "shared_prompts"} and set(report["overlaps"].values()) == {0}  # fmt: skip
+    assert set(report["kinds"]["rl"]) == set(DEMO_KINDS) | set(RL_KINDS) and set(report["kinds"]["sft"]) <= set(DEMO_KINDS)
+    args = stage_args("pinpoint")
+    args.hint_lines = 3
+    configs = {s: bench.stage_config(s, tmp_path / s, tmp_path / "start", args) for s in ("sft", "sft_only", "grpo")}
+    assert "kinds" not in configs["grpo"]["env_kwargs"] and configs["sft"]["env_kwargs"]["kinds"] == list(DEMO_KINDS)
+    envs = {stage: make("code-bugs", **configs[stage]["env_kwargs"]) for stage in configs}
+    envs["eval"] = make("code-bugs", **env_kwargs("eval", 3, "pinpoint"))
+    for stage, env in envs.items():
+        config_from_dict(dict(configs.get(stage, configs["sft"])))
+        assert "replace_lines" in env.tools.names and "edit_file" not in env.tools.names, stage
+        for task in env.tasks("all"):
+            first, last = task.info["fix_lines"]
+            start, end = task.info["read_window"]
+            assert start <= first <= last <= end, (stage, task.id)
+            named = f"line {first}" if first == last else f"lines {first}-{last}"
+            assert task.prompt.endswith(f"{named} (read lines {start}-{end} around it)."), task.prompt
+    assert envs["grpo"].rubric.weights(Clock()) == {"tests": 1.0, "valid_tool_use": 0.1}
+    assert envs["eval"].rubric.weights(Clock()) == {"tests": 1.0}
+    with pytest.raises(ValueError, match="needs hint_lines > 0"):
+        CodeBugsEnv(str(BUILTIN_BUGS), hint_exact=True)
+
+
 async def test_tampering_earns_no_valid_tool_use_credit(tmp_path: Path) -> None:
     """A GRPO-stage episode of the lines design that edits a test with valid calls scores 0 in total, though its
     valid-tool-use term is 1: the tamper gate holds the shaping too."""

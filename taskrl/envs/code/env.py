@@ -265,12 +265,20 @@ class CodeEnv(CodeTools, ToolEnv):
         return cached
 
 
-def _localised(task: Task, radius: int) -> Task:
-    """``task`` with the file and lines to look at appended to its prompt (``info["read_window"]``)."""
+def _localised(task: Task, radius: int, *, exact: bool = False) -> Task:
+    """``task`` with the file and lines to look at appended to its prompt (``info["read_window"]``); ``exact``
+    also names the lines the fix replaces (``info["fix_lines"]``)."""
     start, end = bug_window(task.info, radius)
-    path = task.info["gold"]["edit"]["path"]
-    hint = f"\nThe bug is in `{path}`, lines {start}-{end}."
-    return replace(task, prompt=task.prompt + hint, info={**task.info, "read_window": [start, end]})
+    edit = task.info["gold"]["edit"]
+    hint = f"\nThe bug is in `{edit['path']}`, lines {start}-{end}."
+    info = {**task.info, "read_window": [start, end]}
+    if exact:
+        first, last, _ = line_edit(task.info["files"][edit["path"]], edit["old"], edit["new"])
+        start, end = min(start, first), max(end, last)  # the named lines always lie in the read window
+        named = f"line {first}" if first == last else f"lines {first}-{last}"
+        hint = f"\nThe bug is in `{edit['path']}`, {named} (read lines {start}-{end} around it)."
+        info.update(read_window=[start, end], fix_lines=[first, last])
+    return replace(task, prompt=task.prompt + hint, info=info)
 
 
 def _shown(task: Task, path: str, line_numbers: bool) -> str:
@@ -301,6 +309,8 @@ class CodeBugsEnv(CodeEnv):
     every task: its prompt also names the file and the lines within ``hint_lines`` of the bug (inside the
     mutated function), and the expert reads just those lines (short contexts for small models). With
     ``edit_tool="replace_lines"`` the expert fixes the bug by line number (``tasks.line_edit``).
+    ``hint_exact`` (with ``hint_lines``) also names the lines the fix replaces (the expert's ``line_edit``
+    range): the agent still has to read them and write the fix, but no longer has to find the buggy line.
     """
 
     name = "code-bugs"
@@ -312,12 +322,15 @@ class CodeBugsEnv(CodeEnv):
         *,
         kinds: Sequence[str] | None = None,
         hint_lines: int = 0,
+        hint_exact: bool = False,
         edit_tool: Literal["edit_file", "replace_lines"] = "edit_file",
         unsafe_no_sandbox: bool = False,
     ) -> None:
         super().__init__(config, edit_tool=edit_tool, unsafe_no_sandbox=unsafe_no_sandbox)
         if hint_lines < 0:
             raise ValueError(f"CodeBugsEnv hint_lines must be >= 0, got {hint_lines}")
+        if hint_exact and not hint_lines:
+            raise ValueError("CodeBugsEnv hint_exact names lines inside the read window: it needs hint_lines > 0")
         paths = [tasks_path] if isinstance(tasks_path, str | os.PathLike) else list(tasks_path)
         if not paths:
             raise ValueError("CodeBugsEnv needs at least one task set in tasks_path")
@@ -328,7 +341,7 @@ class CodeBugsEnv(CodeEnv):
             found = sorted({t.info["mutation"] for t in tasks})
             raise ValueError(f"CodeBugsEnv: no task of kinds {list(kinds or [])} (the task sets have {found})")
         if hint_lines:
-            kept = [_localised(t, hint_lines) for t in kept]
+            kept = [_localised(t, hint_lines, exact=hint_exact) for t in kept]
         self.bug_tasks = kept
 
     def tasks(self, split: str = "train") -> Sequence[Task]:

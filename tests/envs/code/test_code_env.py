@@ -275,6 +275,19 @@ async def test_the_line_expert_fixes_every_bundled_task_when_played(config: Code
         assert traj.metrics["edits"] == 1
 
 
+async def test_the_pinpointed_expert_replaces_the_named_lines_in_two_turns(config: CodeEnvConfig) -> None:
+    """hint_exact: the prompt names the lines the fix replaces; read -> replace_lines of exactly those lines fixes
+    every bundled task with the episode cut at two turns (the hidden tests score it, no run_tests turn)."""
+    kwargs = {"config": config, "hint_lines": 3, "hint_exact": True, "edit_tool": "replace_lines"}
+    env = CodeBugsEnv([str(BUILTIN_BUGS)], **kwargs)
+    for task in env.tasks("all"):
+        traj = await play(CodeBugsEnv([str(BUILTIN_BUGS)], **kwargs), task, env.scripted_rule, max_turns=2)
+        assert traj.rewards == {"tests": 1.0}, (task.id, traj.info)
+        calls = [c for m in traj.messages for c in m.tool_calls]
+        assert [c.name for c in calls] == ["read_file", "replace_lines"], task.id
+        assert [calls[1].arguments["start_line"], calls[1].arguments["end_line"]] == task.info["fix_lines"]
+
+
 MINED = sorted((Path(__file__).parents[3] / "benchmarks/learning/data/code").glob("*.json"))
 
 
