@@ -8,6 +8,7 @@ the bug kinds of the demonstrations (SFT) and of GRPO: ``split_report`` checks b
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ DESIGNS: dict[str, dict[str, Any]] = {
                  "hint_exact": True, "rl_kinds": "all", "hint_lines": 3, "max_turns": 2,
                  "about": "lines, but every prompt names the lines to replace (3 lines of context, 2 turns: read, "
                           "replace); GRPO trains on every kind of the training packages (demonstrated or not)"},
+    "pinpoint_strict": {"edit_tool": "replace_lines", "plot": "code_pinpoint_strict", "hint_exact": True,
+                        "rl_reward": {"valid_tool_use_weight": 0.1, "valid_tool_use_counts_errors": True},
+                        "rl_kinds": "all", "hint_lines": 3, "max_turns": 2,
+                        "about": "pinpoint, but the valid-call credit counts only calls that ran without an error "
+                                 "(pinpoint's GRPO farmed it with read_file(path='path'))"},
 }  # fmt: skip
 """The recipe's designs. ``edit_file`` is the first two runs' (the default, so their commands mean what they
 said); ``lines`` is the third: SmolLM2 cannot copy edit_file's exact text at T=1, and every GRPO group scored 0.
@@ -40,7 +46,10 @@ is still "every hidden test passes", and the credit is logged apart (``rewards/v
 buggy line among 13), so every prompt names the line(s) the fix replaces and the episode is read -> replace (the
 hidden tests score it; no run_tests turn). GRPO samples every bug kind of the training packages: the
 demonstrated ones give it groups with a fix to reinforce, the others are what no demonstration shows.
-``hint_lines``/``max_turns`` are a design's defaults (the earlier designs': 6 and 3)."""
+``hint_lines``/``max_turns`` are a design's defaults (the earlier designs': 6 and 3). ``pinpoint_strict`` is
+``pinpoint`` with a credit that well-formed calls which fail earn nothing of: on pinpoint's seed 1 GRPO learned
+to read and replace a file named "path" (both calls fail, both counted as valid), the warm start's SFT stage
+is the same, so the two designs share it."""
 FLAGS = ("tampering", "no_edit", "clarifying_question", "tests_failed_to_run")
 """Per-episode flags of the code env's reward (tampering scores 0; the others are reported)."""
 
@@ -135,6 +144,8 @@ def episode_row(traj: Any) -> dict[str, Any]:
         **{flag: m.get(flag, 0.0) for flag in FLAGS},
         "tampering_detail": traj.info.get("tampering"), "test_failure": (traj.info.get("test_failure") or "")[:200],
         "tools": [c.name for m in traj.messages if m.role == "assistant" for c in m.tool_calls],
+        "calls": [f"{c.name} {json.dumps(c.arguments)[:240]}" for m in traj.messages if m.role == "assistant"
+                  for c in m.tool_calls][:4],  # fmt: skip
         "final_answer": (traj.final_answer or "")[:300],
     }  # fmt: skip
     row["flagged"] = bool(row["tampering"])

@@ -352,6 +352,7 @@ def composer(
     tests: Term | None = None,
     *,
     valid_tool_use_weight: float = 0.1,
+    valid_tool_use_counts_errors: bool = False,
     effort: EffortPenalty | None = None,
     effort_weight: float = 0.1,
     trivial_tests_weight: float = 0.5,
@@ -368,7 +369,8 @@ def composer(
     by how little they cover (``TrivialTests``, reading ``trajectory.info["test_coverage"]``). ``tests``
     defaults to ``RecordedTests()``: the code env's verified ``metrics["tests_passed"]``, else pass/total counts.
 
-    A term at weight 0 is off (not a term at all). ``tamper_gate=False`` leaves the gate out, for an env whose
+    ``valid_tool_use_counts_errors`` pays the valid-tool-use credit only for calls that also ran without an
+    error result (``ValidToolUse.count_errors``). A term at weight 0 is off (not a term at all). ``tamper_gate=False`` leaves the gate out, for an env whose
     tests term is already 0 on tampering and that pays nothing else (the code env without valid-tool-use
     credit); ``floor_at_failure`` floors the total at 0 (Context-1's clamp with ε = 0): the penalties never take
     an episode below a failure, the code env's reading of its effort penalty. This is the code env's reward:
@@ -380,7 +382,7 @@ def composer(
             raise ValueError(f"composer: {name} must be >= 0, got {value}")
     terms = [
         WeightedTerm("tests", tests or RecordedTests(), 1.0),
-        WeightedTerm("valid_tool_use", ValidToolUse(), valid_tool_use_weight),
+        WeightedTerm("valid_tool_use", ValidToolUse(count_errors=valid_tool_use_counts_errors), valid_tool_use_weight),
         WeightedTerm("effort", effort or EffortPenalty(), effort_weight),
         WeightedTerm("trivial_tests", TrivialTests(), trivial_tests_weight),
     ]

@@ -134,15 +134,21 @@ class Untampered:
 @dataclass(frozen=True)
 class ValidToolUse:
     """Cursor's valid-tool-use reward: the share of tool calls that were valid (parsed, known tool, arguments
-    that validate). None for an episode without tool calls. Tool failures at run time are not invalid calls."""
+    that validate). None for an episode without tool calls. Tool failures at run time are not invalid calls,
+    unless ``count_errors``: then only calls that also ran without an error result count (a call on a file
+    that does not exist, or a line range outside it, earns nothing). Without it the credit can be farmed with
+    well-formed calls that do nothing: GRPO on the code recipe learned ``read_file(path="path")`` from it."""
 
+    count_errors: bool = False
+    """Count a call whose result is an error (the tool failed at run time) as not valid."""
     value_range: ClassVar[tuple[float, float]] = UNIT
 
     def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
         exchanges = tool_exchanges(trajectory)
         if not exchanges:
             return None
-        return 1.0 - sum(e.is_invalid for e in exchanges) / len(exchanges)
+        failed = sum(e.is_error if self.count_errors else e.is_invalid for e in exchanges)
+        return 1.0 - failed / len(exchanges)
 
 
 def tool_combination(trajectory: Trajectory, kind: Literal["set", "sequence"] = "set") -> tuple[str, ...]:

@@ -49,6 +49,8 @@ def test_valid_tool_use(build) -> None:
     traj = build().turn(("a", {}, "ok"), ("nope", {}, BAD)).turn(("b", {}, "Tool 'b' failed: KeyError")).answer("x")
     assert math.isclose(ValidToolUse()(traj, None), 2 / 3)  # a tool failing at run time is still a valid call
     assert ValidToolUse()(build().answer("x"), None) is None
+    assert math.isclose(ValidToolUse(count_errors=True)(traj, None), 1 / 3)  # ...unless run-time errors count
+    assert ValidToolUse(count_errors=True)(build().answer("x"), None) is None
 
 
 def test_exploration_bonus_golden(build) -> None:

@@ -92,6 +92,7 @@ def composer_reward(config: CodeRewardConfig) -> ComposedReward:
     (the tests term alone is already 0 on tampering)."""
     return composer(
         valid_tool_use_weight=config.valid_tool_use_weight,
+        valid_tool_use_counts_errors=config.valid_tool_use_counts_errors,
         effort=EffortPenalty(config.effort_k, config.effort_q, config.effort_measure),
         effort_weight=config.effort_weight,
         trivial_tests_weight=config.trivial_tests_weight,

@@ -57,6 +57,9 @@ class CodeRewardConfig:
     valid_tool_use_weight: float = 0.0
     """Weight of Composer's valid-tool-use credit (share of calls that were valid); 0 turns it off. When on, the
     tamper gate is on too: a tampering episode earns no credit."""
+    valid_tool_use_counts_errors: bool = False
+    """The credit counts only calls that also ran without an error (a read of a file that does not exist
+    earns nothing): well-formed calls that do nothing cannot farm it."""
     trivial_tests_weight: float = 0.0
     """Weight of Composer's trivial-test penalty on tests the agent wrote (needs ``measure_coverage``); 0: off."""
 

@@ -273,6 +273,18 @@ def test_effort_term_golden() -> None:
     assert by_turns.reward == pytest.approx(1.0 - 0.5 * math.log(3))
 
 
+def test_valid_tool_use_credit_can_refuse_calls_that_failed() -> None:
+    """``valid_tool_use_counts_errors``: a well-formed call whose tool failed (a file that does not exist) earns
+    no credit; by default it does (Cursor's definition: the call was valid)."""
+    traj = trajectory(2)
+    traj.messages.insert(2, Message("tool", "'path' does not exist", tool_call_id="c0", is_error=True))
+    traj.messages.insert(3, Message("tool", "tests: 3 passed", tool_call_id="c1"))
+    lenient = rubric_scored(0.0, traj, CodeRewardConfig(valid_tool_use_weight=0.1))
+    assert lenient.rewards["valid_tool_use"] == pytest.approx(0.1)
+    strict = rubric_scored(0.0, traj, CodeRewardConfig(valid_tool_use_weight=0.1, valid_tool_use_counts_errors=True))
+    assert strict.rewards["valid_tool_use"] == pytest.approx(0.05) and strict.reward == pytest.approx(0.05)
+
+
 def test_valid_tool_use_credit_brings_the_tamper_gate() -> None:
     config = CodeRewardConfig(valid_tool_use_weight=0.1)
     honest = rubric_scored(1.0, trajectory(3), config)
