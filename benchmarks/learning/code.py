@@ -27,13 +27,14 @@ normal ``Trainer`` run on the ``code-bugs`` env (bubblewrap sandbox, copy-on-wri
 ``lines`` (edit by line number with ``replace_lines``; GRPO's reward adds 0.1 x the share of valid tool calls,
 tamper-gated and logged apart; success and the evaluation reward stay "every hidden test passes") or
 ``pinpoint`` (``lines``, but the prompt names the lines to replace, 2 turns, and GRPO trains on every bug kind
-of the training packages, demonstrated or not; the held-out packages and success are unchanged).
+of the training packages, demonstrated or not; the held-out packages and success are unchanged) or
+``pinpoint_strict`` (``pinpoint`` with a valid-call credit that calls which fail at run time do not earn).
 
-Writes docs/learning_code.{json,png} (``lines``: docs/learning_code_lines.*). ``--resume`` continues an
+Writes docs/learning_code.{json,png} (another design: docs/learning_code_<design>.*). ``--resume`` continues an
 interrupted seed from its checkpoints. ``--pilot`` runs every stage at toy size into runs/learning_code_pilot
-(``lines``: runs/learning_code_lines_pilot), a smoke test of the whole pipeline.
+(another design: runs/learning_code_<design>_pilot), a smoke test of the whole pipeline.
 
-    python benchmarks/learning/code.py --seed 0 --minutes 10 [--design lines] [--resume] [--pilot]
+    python benchmarks/learning/code.py --seed 0 --minutes 10 [--design pinpoint_strict] [--resume] [--pilot]
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
             "design": DESIGNS[args.design]["plot"], "code_design": args.design,
             "grpo_group_variance": group_variance(train_rows), "cpu": cpu_model(),
             "load_average_at_end": os.getloadavg(),
-            "data": split_report(args.hint_lines, args.design), "start": start, "arms": arms, "grpo_minus_sft_only": deltas,
+            "data": split_report(args.hint_lines, args.design), "start": start, "arms": arms,
+            "grpo_minus_sft_only": deltas,
             "grpo_hack_flags": hacks}  # fmt: skip
 
 

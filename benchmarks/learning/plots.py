@@ -22,8 +22,9 @@ DESIGN_TITLES = {
                    "of more SFT vs GRPO on 4 other kinds (code-bugs env, edits by line number)"),
     "code_pinpoint": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min per "
                       "arm of more SFT vs GRPO on all 8 kinds (code-bugs env, the lines to fix named)"),
-    "code_pinpoint_strict": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min "
-                             "per arm of more SFT vs GRPO on all 8 kinds (lines to fix named; credit for calls that ran)"),
+    "code_pinpoint_strict": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} "
+                             "min per arm of more SFT vs GRPO on all 8 kinds (lines to fix named; credit for calls "
+                             "that ran)"),
     "shop": ("held-out multi-item orders", "SFT on single-item orders, then {m:g} min per arm of more SFT vs GRPO on "
              "multi-item orders (shop env)"),
 }  # fmt: skip

@@ -370,11 +370,12 @@ def composer(
     defaults to ``RecordedTests()``: the code env's verified ``metrics["tests_passed"]``, else pass/total counts.
 
     ``valid_tool_use_counts_errors`` pays the valid-tool-use credit only for calls that also ran without an
-    error result (``ValidToolUse.count_errors``). A term at weight 0 is off (not a term at all). ``tamper_gate=False`` leaves the gate out, for an env whose
-    tests term is already 0 on tampering and that pays nothing else (the code env without valid-tool-use
-    credit); ``floor_at_failure`` floors the total at 0 (Context-1's clamp with ε = 0): the penalties never take
-    an episode below a failure, the code env's reading of its effort penalty. This is the code env's reward:
-    ``CodeEnv`` builds it from its ``CodeRewardConfig`` and declares its rubric.
+    error result (``ValidToolUse.count_errors``). A term at weight 0 is off (not a term at all).
+    ``tamper_gate=False`` leaves the gate out, for an env whose tests term is already 0 on tampering and that
+    pays nothing else (the code env without valid-tool-use credit); ``floor_at_failure`` floors the total at 0
+    (Context-1's clamp with ε = 0): the penalties never take an episode below a failure, the code env's reading
+    of its effort penalty. This is the code env's reward: ``CodeEnv`` builds it from its ``CodeRewardConfig``
+    and declares its rubric.
     """
     for name, value in (("valid_tool_use_weight", valid_tool_use_weight), ("effort_weight", effort_weight),
                         ("trivial_tests_weight", trivial_tests_weight)):  # fmt: skip

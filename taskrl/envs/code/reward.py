@@ -69,6 +69,9 @@ class CodeRewardConfig:
         for name, value in weights.items():
             if not value >= 0:
                 raise ValueError(f"CodeRewardConfig.{name} must be >= 0, got {value}")
+        if not isinstance(self.valid_tool_use_counts_errors, bool):
+            raise ValueError(f"CodeRewardConfig.valid_tool_use_counts_errors must be true or false, got "
+                             f"{self.valid_tool_use_counts_errors!r}")  # fmt: skip
         if self.effort_measure not in ("tool_calls", "turns"):
             raise ValueError(
                 f"CodeRewardConfig.effort_measure must be tool_calls or turns, got {self.effort_measure!r}"

@@ -319,7 +319,7 @@ def test_clarifying_questions() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("effort_weight", -1), ("effort_measure", "tokens"), ("effort_k", 0), ("test_timeout_s", 0),
-     ("valid_tool_use_weight", -0.1), ("trivial_tests_weight", -1)],
+     ("valid_tool_use_weight", -0.1), ("trivial_tests_weight", -1), ("valid_tool_use_counts_errors", "yes")],
 )
 def test_config_errors_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"CodeRewardConfig.{field}"):
