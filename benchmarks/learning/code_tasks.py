@@ -31,11 +31,12 @@ DESIGNS: dict[str, dict[str, Any]] = {
                  "hint_exact": True, "rl_kinds": "all", "hint_lines": 3, "max_turns": 2,
                  "about": "lines, but every prompt names the lines to replace (3 lines of context, 2 turns: read, "
                           "replace); GRPO trains on every kind of the training packages (demonstrated or not)"},
-    "pinpoint_strict": {"edit_tool": "replace_lines", "plot": "code_pinpoint_strict", "hint_exact": True,
-                        "rl_reward": {"valid_tool_use_weight": 0.1, "valid_tool_use_counts_errors": True},
-                        "rl_kinds": "all", "hint_lines": 3, "max_turns": 2,
-                        "about": "pinpoint, but the valid-call credit counts only calls that ran without an error "
-                                 "(pinpoint's GRPO farmed it with read_file(path='path'))"},
+}  # fmt: skip
+DESIGNS["pinpoint_strict"] = {
+    **DESIGNS["pinpoint"], "plot": "code_pinpoint_strict",
+    "rl_reward": {"valid_tool_use_weight": 0.1, "valid_tool_use_counts_errors": True},
+    "about": "pinpoint, but the valid-call credit counts only calls that ran without an error (pinpoint's GRPO "
+             "farmed it with read_file(path='path'))",
 }  # fmt: skip
 """The recipe's designs. ``edit_file`` is the first two runs' (the default, so their commands mean what they
 said); ``lines`` is the third: SmolLM2 cannot copy edit_file's exact text at T=1, and every GRPO group scored 0.
@@ -65,7 +66,7 @@ def task_set_path(name: str) -> str:
 
 def env_kwargs(stage: str, hint_lines: int, design: str = "edit_file") -> dict[str, Any]:
     """``code-bugs`` env kwargs of a stage: ``sft`` (demonstration kinds of the training packages), ``rl`` (the
-    other kinds of the training packages) or ``eval`` (every kind of the held-out packages), in ``design``
+    other kinds of the training packages; every kind where the design's ``rl_kinds`` is "all") or ``eval`` (every kind of the held-out packages), in ``design``
     (``DESIGNS``; the default design adds nothing, so its configs are the earlier runs')."""
     settings = DESIGNS[design]
     rl_kinds = None if settings.get("rl_kinds") == "all" else RL_KINDS
