@@ -66,7 +66,8 @@ def task_set_path(name: str) -> str:
 
 def env_kwargs(stage: str, hint_lines: int, design: str = "edit_file") -> dict[str, Any]:
     """``code-bugs`` env kwargs of a stage: ``sft`` (demonstration kinds of the training packages), ``rl`` (the
-    other kinds of the training packages; every kind where the design's ``rl_kinds`` is "all") or ``eval`` (every kind of the held-out packages), in ``design``
+    other kinds of the training packages; every kind where the design's ``rl_kinds`` is "all") or ``eval``
+    (every kind of the held-out packages), in ``design``
     (``DESIGNS``; the default design adds nothing, so its configs are the earlier runs')."""
     settings = DESIGNS[design]
     rl_kinds = None if settings.get("rl_kinds") == "all" else RL_KINDS
