@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -54,7 +53,7 @@ async def run_function_check(
     writer.start()
     verdict_reading = asyncio.ensure_future(read_pipe(verdict_r, 1 << 20))
     checker = sandbox.run(
-        [sys.executable, "-I", "-B", f"{script}/checker.py", str(program_r), str(verdict_w)],
+        [sandbox.python, "-I", "-B", f"{script}/checker.py", str(program_r), str(verdict_w)],
         _empty_dir(),
         binds=[bind],
         timeout_s=timeout_s,
@@ -63,7 +62,7 @@ async def run_function_check(
         pass_fds=(program_r, verdict_w),
     )
     candidate = sandbox.run(
-        [sys.executable, "-I", "-B", f"{script}/candidate.py", check["entry_point"]],
+        [sandbox.python, "-I", "-B", f"{script}/candidate.py", check["entry_point"]],
         workspace,
         binds=[bind],
         timeout_s=timeout_s,

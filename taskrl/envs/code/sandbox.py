@@ -33,6 +33,10 @@ from taskrl.envs.code.limits import Cgroups, TreeWatchdog
 from taskrl.validate import above, require
 
 SANDBOX_WORKDIR = "/workspace"
+SANDBOX_VENV = "/opt/taskrl-venv"
+"""Where the host's virtualenv (``sys.prefix`` when it is a venv) appears inside the sandbox: a fixed path, so what
+a command sees (and how long walking ``/tmp`` takes) does not depend on where the checkout lives, and the host's
+layout is not shown to the agent."""
 SANDBOX_UID = 1000
 """The uid (and gid) commands see inside the sandbox."""
 SANDBOX_HOST_UID = 64_000
@@ -254,16 +258,33 @@ def _empty_dir() -> Path:
 _EMPTY: list[Path] = []
 
 
-def _python_prefixes() -> list[str]:
-    """Where this interpreter and its packages live, so the sandbox can run the same python and pytest."""
+def _python_binds() -> list[tuple[str, str]]:
+    """(host path, sandbox path) of where this interpreter and its packages live, so the sandbox runs the same
+    python and pytest. A virtualenv is bound at the fixed ``SANDBOX_VENV`` (its ``pyvenv.cfg`` points at the base
+    interpreter, which stays at its own path); base installs outside the system directories keep their paths."""
+    venv = sys.prefix if sys.prefix != sys.base_prefix else None
     paths = {
-        sys.prefix,
         sys.base_prefix,
-        sys.exec_prefix,
+        sys.exec_prefix if sys.exec_prefix != venv else sys.base_exec_prefix,
         os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
     }
     covered = [p for p in _SYSTEM_DIRS if os.path.isdir(p) and not os.path.islink(p)]
-    return sorted(p for p in paths if not any(p == c or p.startswith(c + "/") for c in covered))
+    binds = [(p, p) for p in sorted(paths) if not any(p == c or p.startswith(c + "/") for c in covered)]
+    return [(venv, SANDBOX_VENV), *binds] if venv else binds
+
+
+def sandbox_path(host_path: str) -> str:
+    """Where a host path under the bound virtualenv appears inside the sandbox (other paths are unchanged)."""
+    venv = sys.prefix if sys.prefix != sys.base_prefix else None
+    for root in {venv, os.path.realpath(venv)} if venv else ():
+        if host_path == root or host_path.startswith(root.rstrip("/") + "/"):
+            return SANDBOX_VENV + host_path[len(root.rstrip("/")) :]
+    return host_path
+
+
+def sandbox_python() -> str:
+    """The interpreter a sandboxed command runs: this one, at its path inside the sandbox."""
+    return sandbox_path(sys.executable)
 
 
 _IDENTITY: list[Path] = []
@@ -339,7 +360,7 @@ class Sandbox:
         self.process_limit = "pids cgroup" if "pids" in self._cgroups.controllers else "RLIMIT_NPROC"
         log.info("sandbox limits: %s; commands run as host uid %d", self.limits, host_uid())
         self._static_args = self._build_static_args() if self.bwrap else []
-        venv_bin = os.path.dirname(sys.executable)
+        venv_bin = os.path.dirname(self.python)
         self._env = {
             "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
@@ -355,6 +376,11 @@ class Sandbox:
     @property
     def isolated(self) -> bool:
         return self.bwrap is not None
+
+    @property
+    def python(self) -> str:
+        """The path of this Python interpreter as sandboxed commands see it."""
+        return sandbox_python() if self.isolated else sys.executable
 
     def visible_path(self, bind: Bind) -> str:
         """Where a bound host path appears to the command."""
@@ -395,12 +421,13 @@ class Sandbox:
             str(identity / "group"),
             "/etc/group",
         ]
-        prefixes = [*_python_prefixes(), *cfg.ro_binds]
-        for path in prefixes:
-            args += ["--ro-bind", reachable_path(path), path]
+        binds = [*_python_binds(), *((path, path) for path in cfg.ro_binds)]
+        for host, target in binds:
+            args += ["--ro-bind", reachable_path(host), target]
         for path in _answer_packages():  # reference solutions: never importable or readable in the sandbox
-            if any(path.startswith(p.rstrip("/") + "/") for p in [*prefixes, *_SYSTEM_DIRS]):
-                args += ["--ro-bind", str(_empty_dir()), path]
+            target = sandbox_path(path)
+            if any(target.startswith(t.rstrip("/") + "/") for t in [*(t for _, t in binds), *_SYSTEM_DIRS]):
+                args += ["--ro-bind", str(_empty_dir()), target]
         return args
 
     def _argv(self, command: Sequence[str], workspace: str, binds: Sequence[Bind]) -> list[str]:

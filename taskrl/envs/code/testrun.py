@@ -152,9 +152,11 @@ def pytest_argv(
     conftest: bool = False,
     coverage: bool = False,
     workdir: str = SANDBOX_WORKDIR,
+    python: str | None = None,
 ) -> list[str]:
-    """The isolated pytest command line (through the trusted runner) used everywhere in the code env."""
-    argv = [sys.executable, "-I", "-B", f"{HARNESS_TARGET}/pytest_runner.py", str(report_fd), str(key_fd)]
+    """The isolated pytest command line (through the trusted runner) used everywhere in the code env; ``python``
+    is the interpreter's path where the command runs (``Sandbox.python``; this one's by default)."""
+    argv = [python or sys.executable, "-I", "-B", f"{HARNESS_TARGET}/pytest_runner.py", str(report_fd), str(key_fd)]
     argv += ["/tmp/taskrl-coverage.json" if coverage else "-", "--"]
     argv += ["-c", f"{HARNESS_TARGET}/pytest.ini", f"--rootdir={workdir}", f"--confcutdir={workdir}"]
     argv += ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "console_output_style=classic"]
@@ -225,6 +227,7 @@ async def run_pytest(
         conftest=conftest,
         coverage=bool(coverage_of),
         workdir=workdir,
+        python=sandbox.python,
     )
     if not sandbox.isolated:
         argv = [a.replace(HARNESS_TARGET, bind.host) for a in argv]

@@ -226,3 +226,33 @@ def unprivileged_results() -> dict[str, Any]:
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_attack_as_an_unprivileged_user(name: str, unprivileged_results: dict[str, Any]) -> None:
     CHECKS[name](unprivileged_results[name])
+
+
+def test_a_checkout_under_tmp_shows_the_agent_nothing_of_it() -> None:
+    """The venv of a checkout under /tmp (a fresh clone's ``make test``) is bound at a fixed path in the sandbox,
+    not at its host path inside the sandbox's private /tmp, where a solution walking /tmp read it until its time
+    limit and the hidden-test search never finished (issue 37)."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not running from a virtualenv: no checkout-local interpreter to move")
+    checkout = Path(tempfile.mkdtemp(prefix="taskrl-clone-", dir="/tmp"))
+    os.chmod(checkout, 0o755)
+    root = Path(tempfile.mkdtemp(prefix="taskrl-attacks-"))
+    os.chmod(root, 0o755)
+    try:
+        (checkout / ".venv").symlink_to(sys.prefix)  # the same interpreter, reached through the clone's path
+        python = checkout / ".venv" / "bin" / os.path.basename(sys.executable)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
+                                check=True, env=env).stdout.strip()  # fmt: skip
+        assert prefix == str(checkout / ".venv")  # the run really lives under /tmp
+        done = subprocess.run(
+            [python, "code_attack_scenarios.py", str(root), "auto", "read_hidden_test"],
+            capture_output=True, text=True, check=False, timeout=600, cwd=HERE, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-5000:]
+        line = next(line for line in done.stdout.splitlines() if line.startswith("RESULTS "))
+        check_read_hidden_test(json.loads(line.removeprefix("RESULTS "))["read_hidden_test"])
+    finally:
+        remove_tree(root)
+        (checkout / ".venv").unlink(missing_ok=True)
+        checkout.rmdir()
