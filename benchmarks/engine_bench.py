@@ -5,8 +5,10 @@ Engines: ``continuous`` (the default engine: prompt-lookup drafts, the fast forw
 priority lane for short requests), ``continuous_hf`` (the same engine on transformers' forward),
 ``continuous_plain`` (transformers' forward, ``draft_tokens=0`` and ``priority_tokens=0``), ``static``,
 ``static_before`` (in (c): the static engine and the learner as they were before issue 13, without the step's
-shared-prompt pass; elsewhere the same as ``static``) and ``generate``. ``--rounds N`` plays (a) N times, the
-engine order reversed every other round, so machine load drifting during the run falls on every engine alike.
+shared-prompt pass; elsewhere the same as ``static``), ``generate``, and ``vllm`` (issue 36: a local vLLM CPU
+server on the same weights, sampled token-in/token-out through ``VLLMPolicy``; ``benchmarks/engine_vllm.py``).
+``--rounds N`` plays (a) N times, the engine order reversed every other round, so machine load drifting during the
+run falls on every engine alike.
 (a) and (c) use the trainer's "throughput" schedule, (b) the "latency" schedule of ``taskrl serve``.
 
 (a) ``grpo``: a GRPO step's rollouts on the ``shop`` env: 4 tasks x 4 samples = 16 episodes of up to 5 turns,
@@ -19,12 +21,17 @@ engine order reversed every other round, so machine load drifting during the run
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part grpo trace [--device auto]
     PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part demo --demo-grpo-steps 2
+    PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_bench.py --part grpo trace search demo \
+        --engines continuous vllm --dtype bfloat16 --warm-start-cache runs/bench_warm --rounds 3
+
+(d) ``search``: long prompts over many turns (``engine_vllm.search_part``), where prefix caching matters.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
@@ -33,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import engine_vllm
 import torch
 
 from taskrl.env import make
@@ -54,7 +62,7 @@ def cpu_model() -> str:
     return f"{name}, {amx}, torch threads {torch.get_num_threads()}, load average {load}"
 
 
-ENGINES = ("continuous", "continuous_hf", "continuous_plain", "static", "static_before", "generate")
+ENGINES = ("continuous", "continuous_hf", "continuous_plain", "static", "static_before", "generate", "vllm")
 
 
 def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None:
@@ -163,8 +171,10 @@ def grpo_once(
 ) -> tuple[dict[str, Any], list[list[int]]]:
     """One engine plays the GRPO step's episodes once: its row of table (a) and every episode's sampled tokens."""
     run_tasks = tasks
-    if engine == "generate":
-        target: Any = GeneratePolicy(policy)
+    if engine == "vllm":
+        target: Any = args.vllm_policy
+    elif engine == "generate":
+        target = GeneratePolicy(policy)
         run_tasks = tasks[: max(1, args.generate_episodes // args.group_size)]  # it is slow: fewer episodes
     else:
         use_engine(policy, engine, "throughput")  # as the trainer's rollouts
@@ -177,6 +187,8 @@ def grpo_once(
     after = policy.engine_stats()
     budget = policy._engine.draft_budget() if engine.startswith("continuous") else 0
     release_engine_memory(policy)
+    if engine == "vllm":  # the in-process engine's counters did not move; vLLM's own are not read here
+        after = before
     counters = ("prefill_tokens", "draft_tokens", "accepted_draft_tokens", "decode_forwards")
     counted = {k: after.get(k, 0) - before.get(k, 0) for k in counters}
     if engine == "generate":
@@ -280,11 +292,15 @@ def trace_part(policy: HFPolicy, args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         for engine in [e for e in args.engines if e != "generate"]:
-            use_engine(policy, engine)
+            if engine != "vllm":
+                use_engine(policy, engine)
 
-            async def one(prompt: list[int], n: int, seed: int) -> float:
+            async def one(prompt: list[int], n: int, seed: int, engine: str = engine) -> float:
                 start = time.perf_counter()
-                await policy.generate(token_ids=prompt, sampling=SamplingParams(max_new_tokens=n, seed=seed))
+                if engine == "vllm":  # exactly n tokens too: vLLM would stop at the model's eos by itself
+                    await engine_vllm.fixed_length(args.vllm_policy, prompt, n, seed)
+                else:
+                    await policy.generate(token_ids=prompt, sampling=SamplingParams(max_new_tokens=n, seed=seed))
                 return time.perf_counter() - start
 
             async def trace() -> list[float]:
@@ -426,7 +442,7 @@ def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", nargs="+", default=["grpo", "trace"], choices=["grpo", "trace", "demo"])
+    ap.add_argument("--part", nargs="+", default=["grpo", "trace"], choices=["grpo", "trace", "demo", "search"])
     ap.add_argument("--engines", nargs="+", default=["continuous", "static", "generate"], choices=ENGINES)
     ap.add_argument("--rounds", type=int, default=1, help="plays of (a), the engine order reversed every other one")
     ap.add_argument("--device", default="auto")
@@ -449,12 +465,16 @@ def main() -> None:
     )
     ap.add_argument("--decode-token-budget", type=int, help="the continuous engine's (default: HFPolicy's)")
     ap.add_argument("--draft-tokens", type=int, help="the continuous engine's drafts per row (default: HFPolicy's)")
+    ap.add_argument("--vllm-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="the vLLM server's")
+    ap.add_argument("--vllm-threads", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND of the vLLM server")
+    ap.add_argument("--search-episodes", type=int, default=8, help="(d): expert episodes whose turns are sampled")
+    ap.add_argument("--search-new-tokens", type=int, default=32, help="(d): tokens per sampled turn")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"SmolLM2-135M-Instruct; {cpu_model()}", flush=True)
     results: dict[str, Any] = {"machine": cpu_model()}
-    if "grpo" in args.part or "trace" in args.part:
+    if {"grpo", "trace", "search"} & set(args.part):
         cached = args.warm_start_cache is not None and (args.warm_start_cache / "config.json").is_file()
         if args.dtype != "float32" and not cached and args.warm_start_steps:
             ap.error(
@@ -484,10 +504,25 @@ def main() -> None:
                     policy.model.save_pretrained(args.warm_start_cache)
                     policy.tokenizer.save_pretrained(args.warm_start_cache)
                 release_freed()  # the SFT step's activations: the machine is shared
-            if "grpo" in args.part:
-                results["grpo"] = grpo_part(policy, args)
-            if "trace" in args.part:
-                results["trace"] = trace_part(policy, args)
+            with contextlib.ExitStack() as stack:
+                if "vllm" in args.engines:
+                    model_dir = engine_vllm.save_for_vllm(policy, args.warm_start_cache)
+                    args.vllm_policy = stack.enter_context(engine_vllm.vllm_engine(
+                        model_dir, policy.chat_format, dtype=args.vllm_dtype, threads=args.vllm_threads))  # fmt: skip
+                if "grpo" in args.part:
+                    results["grpo"] = grpo_part(policy, args)
+                if "trace" in args.part:
+                    results["trace"] = trace_part(policy, args)
+                if "search" in args.part:
+                    contexts = engine_vllm.expert_contexts(args.search_episodes)
+                    engines: dict[str, Any] = {}
+                    for engine in [e for e in args.engines if e not in ("generate", "vllm")][:1]:
+                        use_engine(policy, engine, "throughput")
+                        engines[engine] = policy
+                    if "vllm" in args.engines:
+                        engines["vllm"] = args.vllm_policy
+                    tools = make("search").tools.schemas()
+                    results["search"] = engine_vllm.search_part(engines, tools, contexts, args)
         finally:
             policy.close()
     if "demo" in args.part:
