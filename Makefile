@@ -9,7 +9,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sysdeps demo test lint bench clean
+.PHONY: setup sysdeps demo test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,12 @@ test: setup
 lint: setup
 	$(BIN)/ruff check taskrl tests benchmarks
 
+# The documentation site, built offline into site/ (README as the home page, API pages from docstrings).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 bench: setup
 	$(BIN)/python benchmarks/rollout_overhead.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
