@@ -253,7 +253,7 @@ class Trainer:
         train_on, dynamic = trajectories, {}
         if cfg.dynamic_sampling and not sft_step:  # DAPO: refill the batch with groups that carry a signal
             filled = fill_batch(trajectories, lambda round_, n: self._play_more(step, clock, round_, n),
-                                groups_wanted=cfg.tasks_per_step, max_rounds=cfg.dynamic_sampling_max_rounds)  # fmt: skip
+                                groups_wanted=cfg.tasks_per_step, max_rounds=cfg.dynamic_sampling_max_rounds)
             trajectories, train_on, dynamic = filled.played, filled.train, filled.metrics
         collected = time.perf_counter()
         own, trajectories = train_on, self.group.gather(trajectories)  # all ranks: the whole batch, rank order

@@ -332,7 +332,8 @@ class TrainConfig:
         group_relative = [name for name, a in ALGORITHMS.items() if a.min_group_size >= 2]
         need(not self.dynamic_sampling or chosen.min_group_size >= 2,
              f"must be false for algo={self.algo!r}: it keeps groups whose rewards differ, which only the "
-             f"group-relative algorithms ({', '.join(group_relative)}) need", dynamic_sampling=self.dynamic_sampling)  # fmt: skip
+             f"group-relative algorithms ({', '.join(group_relative)}) need",
+             dynamic_sampling=self.dynamic_sampling)  # fmt: skip
         need(not self.dynamic_sampling or self.drop_zero_variance,
              "must be true with dynamic_sampling=true (dynamic sampling drops the zero-variance groups)",
              drop_zero_variance=self.drop_zero_variance)  # fmt: skip
