@@ -40,6 +40,19 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
 
 
+def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_path: Path) -> None:
+    from benchmarks.learning.arms import MATCHED_FIELDS
+
+    args, start = _args(design="prices3", rft_min_reward=1.0), tmp_path / "start"
+    arms = {arm: bench.stage_config(arm, tmp_path / arm, start, args) for arm in bench.LADDER}
+    configs = {arm: config_from_dict(dict(c)) for arm, c in arms.items()}
+    assert configs["sft3"].algo == "sft" and configs["sft3"].sft_data == "expert"
+    assert configs["sft3"].env_kwargs == bench.DESIGNS["prices3"]["rl"]  # 3-item demonstrations
+    assert (configs["rft"].algo, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
+    assert all(arms["rft"][f] == arms["grpo"][f] for f in MATCHED_FIELDS if f in arms["grpo"])
+    assert {c.model for c in configs.values()} == {str(start)}
+
+
 def test_held_out_orders_share_no_item_quantity_pair_with_any_training_task() -> None:
     shop, args = bench.DESIGNS["shop"], _args(design="shop")
     held_out = {pair for t in bench.eval_tasks(64, args) for pair in t.info["order"].items()}
