@@ -79,3 +79,18 @@ def test_model_dir_refuses_what_it_cannot_load(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(SystemExit, match="a .gguf file"):
         model_dir(tmp_path / "weights.bin", tmp_path)
+
+
+@pytest.mark.smollm
+def test_model_dir_dequantises_a_gguf_once_to_the_same_weights(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from taskrl.policies.models import smollm2_cache_path, smollm2_gguf_path
+
+    path = model_dir(smollm2_gguf_path(), tmp_path)
+    assert model_dir(smollm2_gguf_path(), tmp_path) == path  # converted once, then reused
+    ours = load_file(str(Path(path) / "model.safetensors"))
+    reference = load_file(str(smollm2_cache_path() / "model.safetensors"))
+    assert ours.keys() == reference.keys() and all(torch.equal(ours[k], reference[k]) for k in reference)
+    assert (Path(path) / "tokenizer.json").is_file()
