@@ -112,10 +112,15 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
 
 
 def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
+    """``n`` held-out tasks of the design's evaluation shape from ``args.split`` (test when unset), with distinct
+    prompts: the env draws with replacement, so duplicates are skipped (issue 40: 24 draws held 22 prompts)."""
     from taskrl.env import make
 
     design = DESIGNS[args.design]
-    return list(make(design["env"], num_tasks=n, **design["eval"]).tasks("test"))
+    drawn = make(design["env"], num_tasks=8 * n, **design["eval"]).tasks(getattr(args, "split", "test"))
+    seen: set[str] = set()
+    distinct = [t for t in drawn if not (t.prompt in seen or seen.add(t.prompt))]
+    return distinct[:n]
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -186,6 +191,47 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
             "grpo_minus_sft_only": deltas, **ladder}  # fmt: skip
 
 
+def _study(args: argparse.Namespace) -> Any:
+    """The recipe's ``Study`` (run records); with ``--split test`` every arm's test evaluation is claimed first
+    (a ``--resume`` of a claimed seed goes on), and fewer than 64 distinct held-out tasks are refused."""
+    from benchmarks.learning.study import RUNS_DIR, Study
+
+    study = Study("prices", args.runs_dir or RUNS_DIR)
+    Study.check_held_out(eval_tasks(args.eval_tasks, args))
+    if args.split == "test":
+        for arm in ("start", *args.arms):
+            if not (args.resume and study._claimed(args.design, arm, args.seed)):
+                study.claim_test(args.design, arm, args.seed)
+    return study
+
+
+def record_runs(study: Any, result: dict[str, Any], args: argparse.Namespace) -> list[Path]:
+    """One new run record per arm (and the start): greedy held-out success over tasks, with its budget."""
+    def outcome(final: dict[str, Any]) -> dict[str, Any]:
+        estimate = lambda e: {"value": e["value"], "ci": [e["low"], e["high"]] if e.get("low") is not None  # noqa: E731
+                              else None} if e else None  # fmt: skip
+        return {"greedy_success": estimate(final["greedy"]["success"]),
+                "sampled_pass@1": estimate(final["sampled"]["pass@1"]),
+                "tasks": final["greedy"]["tasks"], "per_task": final["greedy"]["per_task"]}  # fmt: skip
+
+    baseline = "rft" if "rft" in result["arms"] else "sft_only"
+    extra = {"baseline_arm": baseline, "cpu_model": result["cpu"], "command": result["command"]}
+    start = result["start"]
+    paths = [study.record(design=args.design, arm="start", seed=args.seed, split=args.split,
+                          outcome=outcome(start), primary="greedy_success", config=start["config"],
+                          budget={"train_s": start["sft_s"], "steps": start["sft_steps"]}, engine="hf-inprocess",
+                          extra=extra)]  # fmt: skip
+    for arm, record in result["arms"].items():
+        steps = record["steps"]
+        budget = {"steps": len(steps), "train_s": record.get("train_s"),
+                  **{key: sum(s.get(f"charts/{key}") or 0.0 for s in steps)
+                     for key in ("episodes", "sampled_tokens", "trained_trajectories")}}  # fmt: skip
+        paths.append(study.record(design=args.design, arm=arm, seed=args.seed, split=args.split,
+                                  outcome=outcome(record["final"]), primary="greedy_success",
+                                  config=record["config"], budget=budget, engine="hf-inprocess", extra=extra))
+    return paths
+
+
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -241,6 +287,9 @@ def main() -> None:
     )
     ap.add_argument("--arms", nargs="+", choices=LADDER, default=list(ARMS),
                     help="arms from the warm start (issue 40's ladder: sft_only sft3 rft grpo)")
+    ap.add_argument("--split", choices=("val", "test"), default="val",
+                    help="held-out split: designs are chosen on val; test needs the design frozen (study.py freeze)")
+    ap.add_argument("--runs-dir", default=None, help="run records (default benchmarks/learning/runs)")
     ap.add_argument("--rft-min-reward", type=float, default=1.0, help="rft keeps its samples with reward >= this")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -263,6 +312,7 @@ def main() -> None:
         from benchmarks.learning.plots import plot_tool_use
 
         return plot_tool_use(json.loads(data_path.read_text()), out)
+    study = _study(args)
     fresh_dirs(seed_dir, sft_dir, args)
     command = " ".join(["python", "benchmarks/learning/tool_use.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
@@ -278,6 +328,8 @@ def main() -> None:
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = save_seed(data_path, args.seed, result)
+    for path in record_runs(study, result, args):
+        print(f"record: {path}")
     from benchmarks.learning.plots import plot_tool_use
 
     plot_tool_use(data, out)

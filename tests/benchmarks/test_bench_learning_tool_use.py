@@ -113,3 +113,34 @@ def test_resume_recovers_steps_the_record_missed(tmp_path: Path) -> None:
     assert [(r["step"], r["train_s"], r["rewards/total"], r["recovered"]) for r in rows] == [(2, 422.0, 0.75, True)]
     assert lost_steps(tmp_path, recorded + rows, completed=2, keys=bench.STEP_KEYS) == []
     assert lost_steps(tmp_path / "absent", recorded, completed=2, keys=bench.STEP_KEYS) == []
+
+
+def test_held_out_prompts_are_distinct_and_enough_for_the_standard() -> None:
+    from benchmarks.learning.study import Study
+
+    for split in ("val", "test"):
+        tasks = bench.eval_tasks(64, _args(design="prices3", split=split))
+        assert len({t.prompt for t in tasks}) == 64 and Study.check_held_out(tasks) == 64
+
+
+def test_every_arm_and_the_start_become_new_run_records(tmp_path: Path) -> None:
+    from benchmarks.learning.study import Study, index_markdown
+
+    args = _args(design="prices3", split="val", arms=list(bench.LADDER), runs_dir=str(tmp_path), eval_tasks=64,
+                 resume=False)  # fmt: skip
+    study = bench._study(args)
+    steps = [{"step": 1, "charts/episodes": 12.0, "charts/sampled_tokens": 900.0, "charts/trained_trajectories": 3.0}]
+    arms = {arm: {"config": {"algo": arm}, "steps": steps, "train_s": 60.0,
+                  "final": {**_evals(0.5), "greedy": {**_evals(0.5)["greedy"], "tasks": 64}}}
+            for arm in bench.LADDER}  # fmt: skip
+    start = {**_evals(0.2), "greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0,
+             "sft_steps": 4}  # fmt: skip
+    result = {"cpu": "cpu", "command": "python ...", "start": start, "arms": arms}
+    paths = bench.record_runs(study, result, args)
+    records = Study("prices", tmp_path).runs()
+    assert len(paths) == 5 and [r["arm"] for r in records].count("rft") == 1
+    rft = next(r for r in records if r["arm"] == "rft")
+    assert rft["budget"]["episodes"] == 12.0 and rft["outcome"]["greedy_success"]["value"] == 0.5
+    assert rft["baseline_arm"] == "rft" and "| grpo | 1 | 0.500 |" in index_markdown(tmp_path)
+    with pytest.raises(Exception, match="not frozen"):
+        bench._study(argparse.Namespace(**{**vars(args), "split": "test"}))
