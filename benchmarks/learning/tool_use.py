@@ -274,7 +274,7 @@ def main() -> None:
     ap.add_argument("--lookup-credit", type=float, default=0.3, help="partial credit weight of a wrong answer")
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--eval-tasks", type=int, default=24, help="held-out tasks of the final evaluations")
+    ap.add_argument("--eval-tasks", type=int, default=64, help="distinct held-out tasks of the final evals (>= 64)")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
