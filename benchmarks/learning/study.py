@@ -172,6 +172,10 @@ def _value(outcome: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _number(value: Any, digits: int) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
 def _cell(outcome: Any) -> str:
     value = _value(outcome)
     if value is None:
@@ -194,11 +198,14 @@ def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
         lines += ["| design | frozen on val | reason |", "|---|---|---|"]
         lines += [f"| {d} | {'yes' if d in frozen else 'no'} | {frozen.get(d, {}).get('reason', '')} |"
                   for d in designs]  # fmt: skip
-        lines += ["", "| file | design | arm | seed | split | primary | outcome |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| file | design | arm | seed | split | primary | outcome | steps | episodes | train s | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in runs:
-            outcome = r["outcome"].get(r["primary"])
+            outcome, budget = r["outcome"].get(r["primary"]), r.get("budget") or {}
+            spent = " | ".join(_number(budget.get(key), 0) for key in ("steps", "episodes", "train_s"))
+            load = ((r.get("machine") or {}).get("loadavg") or [None])[0]
             lines.append(f"| {r['file']} | {r['design']} | {r['arm']} | {r['seed']} | {r['split']} | {r['primary']} "
-                         f"| {_cell(outcome)} |")  # fmt: skip
+                         f"| {_cell(outcome)} | {spent} | {_number(load, 1)} |")  # fmt: skip
         by_design: dict[tuple[str, str], dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
         baselines: dict[tuple[str, str], str] = {}
         for r in runs:
