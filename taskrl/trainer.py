@@ -47,6 +47,7 @@ from taskrl.seeding import derive_seed
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TaskSampler, TrajectoryFile
+from taskrl.training.filters import fill_batch
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
@@ -187,17 +188,21 @@ class Trainer:
         indices = self.group.shard(range(len(tasks)))
         tasks = [tasks[i] for i in indices]
         expert = sft_step and self.expert is not None
-        rollout = RolloutConfig(
+        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step), clock, expert=expert)
+        return self._play(step, epoch, tasks, rollout, expert, indices)
+
+    def _rollout_config(self, seed: int, clock: Clock, *, expert: bool) -> RolloutConfig:
+        cfg = self.config
+        return RolloutConfig(
             max_turns=cfg.max_turns,
             max_context_tokens=cfg.max_context_tokens,
             sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             group_size=1 if expert else cfg.group_size,  # a deterministic expert's K samples would be identical
             concurrency=cfg.concurrency,
-            seed=derive_seed(cfg.seed, "rollout", step),
+            seed=seed,
             clock=clock,
             summary=context.from_value(cfg.summary, "TrainConfig.summary"),
         )
-        return self._play(step, epoch, tasks, rollout, expert, indices)
 
     async def _play(
         self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
@@ -210,17 +215,28 @@ class Trainer:
             policy = self.expert if expert else self.policy
             factory = self.env_factory_at(step, epoch)
             trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
-        self._rollout_times[step] = (started, time.monotonic())
+        first_started = self._rollout_times.get(step, (started, 0.0))[0]  # dynamic sampling's rounds add up
+        self._rollout_times[step] = (first_started, time.monotonic())
         return trajectories
 
-    def score(self, step: int, trajectories: list[Trajectory]) -> None:
+    def score(self, step: int, trajectories: list[Trajectory], *, clock: Clock | None = None) -> None:
         """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): the env's
         group measurements, extra measurements (``score_fn``), then term weights (the rubric's times
         ``reward_weights``), group terms, clamp, gates, invalid-call cap, once and in order."""
         score_collected(
-            trajectories, self.probe, self.clock_of(step), rubric=self.rubric, reward_weights=self.reward_weights,
-            task_of=self.tasks_by_id.get, measure=self.score_fn,
+            trajectories, self.probe, clock or self.clock_of(step), rubric=self.rubric,
+            reward_weights=self.reward_weights, task_of=self.tasks_by_id.get, measure=self.score_fn,
         )  # fmt: skip
+
+    def _play_more(self, step: int, clock: Clock, round_: int, n: int) -> list[Trajectory]:
+        """Dynamic sampling's extra round ``round_`` of ``step``: ``n`` more tasks from the sampler, played with
+        seeds of their own and scored at the step's clock."""
+        cfg = self.config
+        tasks = self.sampler.sample(step, n, random.Random(derive_seed(cfg.seed, "tasks", step, "more", round_)))
+        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step, "more", round_), clock, expert=False)
+        trajectories = self.rollouts.run(self._play(step, clock.epoch, tasks, rollout, False, list(range(n))))
+        self.score(step, trajectories, clock=clock)
+        return trajectories
 
     def clock_of(self, step: int) -> Clock:
         """The training position of ``step``: fixed when its tasks were drawn (a batch played ahead keeps its own)."""
@@ -232,9 +248,15 @@ class Trainer:
         sft_step = self.is_sft_step(step)
         start = time.perf_counter()
         trajectories, sync_metrics = self._take_batch(step)
+        clock = self.clock_of(step)
+        self.score(step, trajectories, clock=clock)
+        train_on, dynamic = trajectories, {}
+        if cfg.dynamic_sampling and not sft_step:  # DAPO: refill the batch with groups that carry a signal
+            filled = fill_batch(trajectories, lambda round_, n: self._play_more(step, clock, round_, n),
+                                groups_wanted=cfg.tasks_per_step, max_rounds=cfg.dynamic_sampling_max_rounds)
+            trajectories, train_on, dynamic = filled.played, filled.train, filled.metrics
         collected = time.perf_counter()
-        self.score(step, trajectories)
-        own, trajectories = trajectories, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
+        own, trajectories = train_on, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
         for task_id, group in _by_task(trajectories).items():
             if task_id in self.tasks_by_id:
                 self.sampler.update(task_id, [t.reward for t in group])
@@ -243,6 +265,7 @@ class Trainer:
         metrics = self._on_model_thread(lambda: self.learner.update(own, step=step, sft_mode=sft_step))
         updated = time.perf_counter()
         metrics.update(sync_metrics)
+        metrics.update(dynamic)
         metrics.update(self._sync_after_update(step + 1))
         metrics.update(_staleness_metrics(own, version))
         metrics.update(self._timeline(step, update_started, updated))

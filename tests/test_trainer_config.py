@@ -39,6 +39,12 @@ def test_every_field_has_a_docstring() -> None:
         ({"reward_weights": {"format": {"kind": "linear"}}}, "TrainConfig.reward_weights.format: bad arguments"),
         ({"clip_eps_low": -0.1}, "TrainConfig.clip_eps_low must be >= 0"),
         ({"kimi_alpha": 1.0}, "TrainConfig.kimi_alpha must be below kimi_beta"),
+        ({"dynamic_sampling": True, "algo": "ppo"}, "TrainConfig.dynamic_sampling must be false for algo='ppo'"),
+        ({"dynamic_sampling": True, "drop_zero_variance": False},
+         "TrainConfig.drop_zero_variance must be true with dynamic_sampling=true"),
+        ({"dynamic_sampling": True, "nproc": 2}, "TrainConfig.nproc must be 1 with dynamic_sampling=true"),
+        ({"dynamic_sampling_max_rounds": -1}, "TrainConfig.dynamic_sampling_max_rounds must be an integer >= 0"),
+        ({"overlong_filter": "yes"}, "TrainConfig.overlong_filter must be a boolean"),
     ],
 )
 def test_bad_values_fail_naming_the_field(changes: dict, message: str) -> None:

@@ -58,7 +58,7 @@ def plot_tool_use(data: dict[str, Any], path: Path) -> None:
         for arm, record in result["arms"].items():
             color, label = COLORS.get(arm, "gray"), f"{arm} seed {seed}"
             minutes = [s["train_s"] / 60 for s in record["steps"]]
-            if arm != "sft_only":  # SFT steps play the expert: their reward is the expert's, not the policy's
+            if arm not in ("sft_only", "sft3"):  # expert SFT steps: their reward is the expert's, not the policy's
                 _curve(reward_ax, minutes, [s["rewards/total"] for s in record["steps"]], color=color, ls=line,
                        marker=".", label=label)  # fmt: skip
                 _curve(invalid_ax, minutes, [s["tools/invalid_tool_calls"] for s in record["steps"]], color=color,

@@ -12,6 +12,10 @@ Not run in CI. One seed's run, every stage a normal ``Trainer`` run in RUN_DIR/s
    shared with any training task): greedy success and sampled success (T=1, pass@1 over 4 samples) with
    percentile-bootstrap CIs over tasks, plus curve points (greedy, a task subset) during training.
 
+Issue 40's control ladder: ``--arms sft_only sft3 rft grpo`` adds ``sft3`` (SFT on expert demonstrations of the
+RL arm's task shape: the upper bound of imitation) and ``rft`` (SFT on the policy's own verified samples, with
+GRPO's prompts and sample budget), each from the same warm start and for the same ``--minutes``.
+
 Writes docs/learning_tool_use.json (every seed run so far) and docs/learning_tool_use.png. ``--resume``
 continues an interrupted seed from its checkpoints and records; without it the seed's run directory starts over.
 
@@ -35,6 +39,10 @@ from benchmarks.learning.common import child, fresh_dirs, run_arm, run_sft, save
 from taskrl.eval import paired_delta  # noqa: E402  (re-exported: the other recipes import it from here)
 
 ARMS = ("sft_only", "grpo")
+LADDER = ("sft_only", "sft3", "rft", "grpo")
+"""Issue 40's control ladder (``--arms``): ``sft3`` clones the expert on the RL arm's task shape (3-item listings
+in prices3: the upper bound of imitation), ``rft`` fine-tunes on the policy's own successes with GRPO's prompts
+and sample budget (``benchmarks.learning.arms.rft_config``)."""
 DESIGNS: dict[str, dict[str, Any]] = {
     # The default (issue 14, second design): copy-only listing of looked-up prices, per-item credit (dense).
     "prices": {"env": "prices", "sft": {"min_items": 1, "max_items": 1}, "eval": {"min_items": 2, "max_items": 3},
@@ -89,17 +97,30 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr,
                 "env_kwargs": DESIGNS[args.design]["sft"],
                 "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
-    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": rl_env(args), "tasks_per_step": args.tasks,
+    if stage == "sft3":  # the expert handles any length: imitation on the held-out task shape
+        return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": rl_env(args),
+                "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
+    grpo = {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": rl_env(args), "tasks_per_step": args.tasks,
             "group_size": args.group_size, "entropy_coef": args.entropy_coef,
             # std-normalised advantages: partial-credit rewards differ by ~0.1, and ~10 updates must count
             "normalize_std": True}  # fmt: skip
+    if stage == "rft":
+        from benchmarks.learning.arms import rft_config
+
+        return rft_config(grpo, min_reward=getattr(args, "rft_min_reward", 1.0), lr=args.sft_lr)
+    return grpo
 
 
 def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
+    """``n`` held-out tasks of the design's evaluation shape from ``args.split`` (test when unset), with distinct
+    prompts: the env draws with replacement, so duplicates are skipped (issue 40: 24 draws held 22 prompts)."""
     from taskrl.env import make
 
     design = DESIGNS[args.design]
-    return list(make(design["env"], num_tasks=n, **design["eval"]).tasks("test"))
+    drawn = make(design["env"], num_tasks=8 * n, **design["eval"]).tasks(getattr(args, "split", "test"))
+    seen: set[str] = set()
+    distinct = [t for t in drawn if not (t.prompt in seen or seen.add(t.prompt))]
+    return distinct[:n]
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -143,18 +164,23 @@ def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
 STEP_KEYS = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "rewards/items_right",
             "tools/tool_calls",
             "tools/invalid_tool_calls", "losses/entropy", "losses/sft_nll", "losses/policy_loss", "charts/groups",
-            "charts/dropped_groups", "charts/step_time_s")  # fmt: skip
+            "charts/dropped_groups", "charts/step_time_s", "charts/episodes", "charts/sampled_tokens",
+            "charts/trained_trajectories")  # fmt: skip
 
 
 def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command: str) -> dict[str, Any]:
     """One seed's results from its records: start, both arms, and grpo - sft_only paired over tasks."""
     start = json.loads((sft_dir / "start.json").read_text())
-    arms = {arm: json.loads((seed_dir / f"{arm}.json").read_text()) for arm in ARMS}
+    arms = {arm: json.loads((seed_dir / f"{arm}.json").read_text()) for arm in getattr(args, "arms", ARMS)}
     deltas = {
         kind: paired_delta(arms["sft_only"]["final"][kind]["per_task"], arms["grpo"]["final"][kind]["per_task"],
                            args.seed)
         for kind in ("greedy", "sampled")
-    }  # fmt: skip
+    } if {"sft_only", "grpo"} <= set(arms) else {}  # fmt: skip
+    ladder = {f"grpo_minus_{arm}": {kind: paired_delta(arms[arm]["final"][kind]["per_task"],
+                                                       arms["grpo"]["final"][kind]["per_task"], args.seed)
+                                    for kind in ("greedy", "sampled")}
+              for arm in ("sft3", "rft") if arm in arms and "grpo" in arms}  # fmt: skip
     for arm, record in arms.items():  # the monitors' alerts during training, counted per monitor
         alerts = seed_dir / arm / "alerts.jsonl"
         rows = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() else []
@@ -162,7 +188,48 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
     return {"design": args.design, "seed": args.seed, "sft_seed": args.sft_seed, "minutes": args.minutes,
             "command": command,
             "cpu": cpu_model(), "load_average_at_end": os.getloadavg(), "start": start, "arms": arms,
-            "grpo_minus_sft_only": deltas}  # fmt: skip
+            "grpo_minus_sft_only": deltas, **ladder}  # fmt: skip
+
+
+def _study(args: argparse.Namespace) -> Any:
+    """The recipe's ``Study`` (run records); with ``--split test`` every arm's test evaluation is claimed first
+    (a ``--resume`` of a claimed seed goes on), and fewer than 64 distinct held-out tasks are refused."""
+    from benchmarks.learning.study import RUNS_DIR, Study
+
+    study = Study("prices", args.runs_dir or RUNS_DIR)
+    Study.check_held_out(eval_tasks(args.eval_tasks, args))
+    if args.split == "test":
+        for arm in ("start", *args.arms):
+            if not (args.resume and study._claimed(args.design, arm, args.seed)):
+                study.claim_test(args.design, arm, args.seed)
+    return study
+
+
+def record_runs(study: Any, result: dict[str, Any], args: argparse.Namespace) -> list[Path]:
+    """One new run record per arm (and the start): greedy held-out success over tasks, with its budget."""
+    def outcome(final: dict[str, Any]) -> dict[str, Any]:
+        estimate = lambda e: {"value": e["value"], "ci": [e["low"], e["high"]] if e.get("low") is not None  # noqa: E731
+                              else None} if e else None  # fmt: skip
+        return {"greedy_success": estimate(final["greedy"]["success"]),
+                "sampled_pass@1": estimate(final["sampled"]["pass@1"]),
+                "tasks": final["greedy"]["tasks"], "per_task": final["greedy"]["per_task"]}  # fmt: skip
+
+    baseline = "rft" if "rft" in result["arms"] else "sft_only"
+    extra = {"baseline_arm": baseline, "cpu_model": result["cpu"], "command": result["command"]}
+    start = result["start"]
+    paths = [study.record(design=args.design, arm="start", seed=args.seed, split=args.split,
+                          outcome=outcome(start), primary="greedy_success", config=start["config"],
+                          budget={"train_s": start["sft_s"], "steps": start["sft_steps"]}, engine="hf-inprocess",
+                          extra=extra)]  # fmt: skip
+    for arm, record in result["arms"].items():
+        steps = record["steps"]
+        budget = {"steps": len(steps), "train_s": record.get("train_s"),
+                  **{key: sum(s.get(f"charts/{key}") or 0.0 for s in steps)
+                     for key in ("episodes", "sampled_tokens", "trained_trajectories")}}  # fmt: skip
+        paths.append(study.record(design=args.design, arm=arm, seed=args.seed, split=args.split,
+                                  outcome=outcome(record["final"]), primary="greedy_success",
+                                  config=record["config"], budget=budget, engine="hf-inprocess", extra=extra))
+    return paths
 
 
 def cpu_model() -> str:
@@ -207,7 +274,7 @@ def main() -> None:
     ap.add_argument("--lookup-credit", type=float, default=0.3, help="partial credit weight of a wrong answer")
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--eval-tasks", type=int, default=24, help="held-out tasks of the final evaluations")
+    ap.add_argument("--eval-tasks", type=int, default=64, help="distinct held-out tasks of the final evals (>= 64)")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
@@ -218,6 +285,12 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads per process (1: no OpenMP stalls on a shared machine)"
     )
+    ap.add_argument("--arms", nargs="+", choices=LADDER, default=list(ARMS),
+                    help="arms from the warm start (issue 40's ladder: sft_only sft3 rft grpo)")
+    ap.add_argument("--split", choices=("val", "test"), default="val",
+                    help="held-out split: designs are chosen on val; test needs the design frozen (study.py freeze)")
+    ap.add_argument("--runs-dir", default=None, help="run records (default benchmarks/learning/runs)")
+    ap.add_argument("--rft-min-reward", type=float, default=1.0, help="rft keeps its samples with reward >= this")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.minutes <= 0 or min(args.sft_steps, args.eval_tasks, args.curve_tasks, args.group_size) < 1:
@@ -230,7 +303,7 @@ def main() -> None:
     if args.child == "sft":
         return run_sft(sft_dir, args, stage_config=stage_config,
                        start_evals=lambda trainer: final_evals(trainer, args))  # fmt: skip
-    if args.child in ARMS:
+    if args.child in LADDER:
         return run_arm(args.child, seed_dir, sft_dir / "start", args, stage_config=stage_config, held_out=held_out,
                        final_evals=final_evals, step_keys=STEP_KEYS)  # fmt: skip
     out = Path(args.out)
@@ -239,6 +312,7 @@ def main() -> None:
         from benchmarks.learning.plots import plot_tool_use
 
         return plot_tool_use(json.loads(data_path.read_text()), out)
+    study = _study(args)
     fresh_dirs(seed_dir, sft_dir, args)
     command = " ".join(["python", "benchmarks/learning/tool_use.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
@@ -250,10 +324,12 @@ def main() -> None:
           f"{start['sampled']['invalid_tool_calls']:.2f}/episode")  # fmt: skip
     if args.pilot:
         return None
-    wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in args.arms}, seed_dir)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = save_seed(data_path, args.seed, result)
+    for path in record_runs(study, result, args):
+        print(f"record: {path}")
     from benchmarks.learning.plots import plot_tool_use
 
     plot_tool_use(data, out)
@@ -263,8 +339,10 @@ def main() -> None:
         final = record["final"]
         print(f"{arm:9} {len(record['steps']):5d}  {fmt(final['greedy']['success']):22} "
               f"{fmt(final['sampled']['pass@1'])}")  # fmt: skip
-    deltas = result["grpo_minus_sft_only"]
-    print(f"grpo - sft_only (paired over tasks): greedy {fmt(deltas['greedy'])}, sampled {fmt(deltas['sampled'])}")
+    for key in ("grpo_minus_sft_only", "grpo_minus_sft3", "grpo_minus_rft"):
+        if result.get(key):
+            deltas = result[key]
+            print(f"{key} (paired over tasks): greedy {fmt(deltas['greedy'])}, sampled {fmt(deltas['sampled'])}")
     print(f"plot: {out}; numbers: {data_path}")
     return None
 

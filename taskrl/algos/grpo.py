@@ -8,8 +8,14 @@ Where this departs from the paper (Shao et al. 2024, DeepSeekMath):
   near-failed groups); ``normalize_std=True`` restores it (sample std, as TRL computes it).
 - Loss normalisation is per token over the whole optimizer batch (DAPO), not per sequence then per group:
   long answers are not down-weighted, and micro-batching never changes the gradient.
-- Groups whose rewards are all equal carry no signal and are dropped before the update (Context-1, DAPO's
-  dynamic sampling without the resampling); the learner logs how many.
+- Groups whose rewards are all equal carry no signal and are dropped before the update (Context-1); the
+  learner logs how many (``charts/dropped_groups``).
+- Dynamic sampling (DAPO) is an option of the trainer, not of this file: ``dynamic_sampling=True`` plays more
+  tasks until ``tasks_per_step`` groups with signal are in hand, at most ``dynamic_sampling_max_rounds`` extra
+  rounds (DAPO samples until the batch is full, unbounded); surplus groups are trimmed (``charts/dynamic_*``).
+- Overlong filtering (DAPO) is an option of the learner: ``overlong_filter=True`` gives episodes cut off by the
+  token budget no loss, while their rewards still count in their group's mean (``charts/overlong_filtered``).
+  A turn limit or an env's own truncation is not overlong.
 - No KL term by default; k1-in-reward or k3-in-loss are options of the learner (``kl``), not of this file.
 - Upper and lower clip ranges are separate (DAPO's clip-higher); both default to 0.2.
 """

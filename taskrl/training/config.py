@@ -169,6 +169,15 @@ class TrainConfig:
     """Divide group-relative advantages by the group's std (original GRPO); off = Dr. GRPO."""
     drop_zero_variance: bool = True
     """Drop groups whose rewards are all equal (no signal) before the update."""
+    dynamic_sampling: bool = False
+    """Group-relative RL steps: drop groups whose rewards are all equal and play more tasks until tasks_per_step
+    groups with signal are in hand (DAPO's dynamic sampling; ``taskrl.training.filters``), logged as
+    charts/dynamic_* (rounds, groups drawn, dropped, trimmed)."""
+    dynamic_sampling_max_rounds: int = 3
+    """dynamic_sampling: extra collection rounds a step may play at most (0 = only drop the flat groups)."""
+    overlong_filter: bool = False
+    """RL steps: episodes cut off by the token budget (max_new_tokens or max_context_tokens) get no loss (DAPO's
+    overlong filtering); their rewards still count in their group's mean; counted in charts/overlong_filtered."""
     clip_eps_low: float = 0.2
     """PPO/GRPO ratio clip below 1."""
     clip_eps_high: float = 0.2
@@ -239,7 +248,8 @@ class TrainConfig:
                 nproc=self.nproc)  # fmt: skip
         require("TrainConfig", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
                 checkpoint_every=self.checkpoint_every, sft_warmup_steps=self.sft_warmup_steps,
-                eval_every=self.eval_every, max_staleness=self.max_staleness)  # fmt: skip
+                eval_every=self.eval_every, max_staleness=self.max_staleness,
+                dynamic_sampling_max_rounds=self.dynamic_sampling_max_rounds)  # fmt: skip
         require("TrainConfig", "must be >= 0", finite_at_least(0), error=ConfigError,
                 weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, clip_eps_low=self.clip_eps_low,
                 clip_eps_high=self.clip_eps_high, cispo_eps_low=self.cispo_eps_low,
@@ -319,6 +329,17 @@ class TrainConfig:
         rl = not chosen.imitation and self.sft_warmup_steps < self.steps
         need(not rl or self.group_size >= chosen.min_group_size,
              f"must be >= {chosen.min_group_size} for {self.algo}", group_size=self.group_size)  # fmt: skip
+        group_relative = [name for name, a in ALGORITHMS.items() if a.min_group_size >= 2]
+        need(not self.dynamic_sampling or chosen.min_group_size >= 2,
+             f"must be false for algo={self.algo!r}: it keeps groups whose rewards differ, which only the "
+             f"group-relative algorithms ({', '.join(group_relative)}) need",
+             dynamic_sampling=self.dynamic_sampling)  # fmt: skip
+        need(not self.dynamic_sampling or self.drop_zero_variance,
+             "must be true with dynamic_sampling=true (dynamic sampling drops the zero-variance groups)",
+             drop_zero_variance=self.drop_zero_variance)  # fmt: skip
+        need(not self.dynamic_sampling or self.nproc == 1,
+             "must be 1 with dynamic_sampling=true (the extra rounds are played by one process)",
+             nproc=self.nproc)  # fmt: skip
         try:
             for name, value in {"lr": self.lr, "sft_lr": self.sft_lr, "entropy_coef": self.entropy_coef}.items():
                 make_schedule(value, field=f"TrainConfig.{name}")

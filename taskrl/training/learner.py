@@ -35,13 +35,14 @@ from taskrl.distributed.ddp import DataParallel
 from taskrl.seeding import derive_seed
 from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, plan_step, sequences_from
 from taskrl.training.config import TrainConfig
+from taskrl.training.filters import overlong
 from taskrl.training.model import LearnerGraph, Reference, StepPrefix, decoder_layers, forward, make_value_head
 from taskrl.training.precision import learner_autocast
 from taskrl.types import Trajectory
 
 SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "charts/untrainable", "charts/groups",
                      "charts/dropped_groups", "charts/trained_trajectories", "charts/trained_tokens",
-                     "charts/forward_tokens")  # fmt: skip
+                     "charts/forward_tokens", "charts/overlong_filtered")  # fmt: skip
 """Count metrics of a data-parallel update: each rank counts its own share, the update reports the total."""
 NONFINITE_ALERT = "nonfinite_update"
 """Monitor name of the alert raised when an optimizer step is skipped for a non-finite loss or gradient."""
@@ -314,14 +315,20 @@ class Learner:
             ))  # fmt: skip
         result = advantage_fn(inputs, cfg)
         metrics.update(result.metrics)
+        filtered = 0
         for t_index, per_token in enumerate(result.per_token):
             if per_token is None:
+                continue
+            if cfg.overlong_filter and overlong(batch[t_index]):  # counted in its group's mean, trained on by none
+                filtered += 1
                 continue
             returns = result.returns[t_index] if result.returns is not None else None
             for j, i in enumerate(by_traj[t_index]):
                 scores.advantages[i] = per_token[j].to(self.device)
                 if returns is not None:
                     scores.returns[i] = returns[j].to(self.device)
+        if cfg.overlong_filter:
+            metrics["charts/overlong_filtered"] = float(filtered)
         return set(scores.advantages)
 
     def _optimize(

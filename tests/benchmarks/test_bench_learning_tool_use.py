@@ -40,6 +40,19 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
 
 
+def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_path: Path) -> None:
+    from benchmarks.learning.arms import MATCHED_FIELDS
+
+    args, start = _args(design="prices3", rft_min_reward=1.0), tmp_path / "start"
+    arms = {arm: bench.stage_config(arm, tmp_path / arm, start, args) for arm in bench.LADDER}
+    configs = {arm: config_from_dict(dict(c)) for arm, c in arms.items()}
+    assert configs["sft3"].algo == "sft" and configs["sft3"].sft_data == "expert"
+    assert configs["sft3"].env_kwargs == bench.DESIGNS["prices3"]["rl"]  # 3-item demonstrations
+    assert (configs["rft"].algo, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
+    assert all(arms["rft"][f] == arms["grpo"][f] for f in MATCHED_FIELDS if f in arms["grpo"])
+    assert {c.model for c in configs.values()} == {str(start)}
+
+
 def test_held_out_orders_share_no_item_quantity_pair_with_any_training_task() -> None:
     shop, args = bench.DESIGNS["shop"], _args(design="shop")
     held_out = {pair for t in bench.eval_tasks(64, args) for pair in t.info["order"].items()}
@@ -100,3 +113,34 @@ def test_resume_recovers_steps_the_record_missed(tmp_path: Path) -> None:
     assert [(r["step"], r["train_s"], r["rewards/total"], r["recovered"]) for r in rows] == [(2, 422.0, 0.75, True)]
     assert lost_steps(tmp_path, recorded + rows, completed=2, keys=bench.STEP_KEYS) == []
     assert lost_steps(tmp_path / "absent", recorded, completed=2, keys=bench.STEP_KEYS) == []
+
+
+def test_held_out_prompts_are_distinct_and_enough_for_the_standard() -> None:
+    from benchmarks.learning.study import Study
+
+    for split in ("val", "test"):
+        tasks = bench.eval_tasks(64, _args(design="prices3", split=split))
+        assert len({t.prompt for t in tasks}) == 64 and Study.check_held_out(tasks) == 64
+
+
+def test_every_arm_and_the_start_become_new_run_records(tmp_path: Path) -> None:
+    from benchmarks.learning.study import Study, index_markdown
+
+    args = _args(design="prices3", split="val", arms=list(bench.LADDER), runs_dir=str(tmp_path), eval_tasks=64,
+                 resume=False)  # fmt: skip
+    study = bench._study(args)
+    steps = [{"step": 1, "charts/episodes": 12.0, "charts/sampled_tokens": 900.0, "charts/trained_trajectories": 3.0}]
+    arms = {arm: {"config": {"algo": arm}, "steps": steps, "train_s": 60.0,
+                  "final": {**_evals(0.5), "greedy": {**_evals(0.5)["greedy"], "tasks": 64}}}
+            for arm in bench.LADDER}  # fmt: skip
+    start = {**_evals(0.2), "greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0,
+             "sft_steps": 4}  # fmt: skip
+    result = {"cpu": "cpu", "command": "python ...", "start": start, "arms": arms}
+    paths = bench.record_runs(study, result, args)
+    records = Study("prices", tmp_path).runs()
+    assert len(paths) == 5 and [r["arm"] for r in records].count("rft") == 1
+    rft = next(r for r in records if r["arm"] == "rft")
+    assert rft["budget"]["episodes"] == 12.0 and rft["outcome"]["greedy_success"]["value"] == 0.5
+    assert rft["baseline_arm"] == "rft" and "| grpo | 1 | 0.500 |" in index_markdown(tmp_path)
+    with pytest.raises(Exception, match="not frozen"):
+        bench._study(argparse.Namespace(**{**vars(args), "split": "test"}))
