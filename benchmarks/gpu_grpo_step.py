@@ -47,6 +47,7 @@ PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
     ("H100", 989.0),  # SXM (e.g. "NVIDIA H100 80GB HBM3")
+    ("H200 NVL", 835.0),
     ("H200", 989.0),
     ("A100", 312.0),
 )

@@ -54,7 +54,7 @@ def test_peak_table_and_mfu() -> None:
     assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert bench.peak_tflops("NVIDIA H200") == 989.0
     assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
-    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0 and bench.peak_tflops("NVIDIA H200 NVL") == 835.0
     assert bench.peak_tflops("NVIDIA GeForce RTX 4090") is None and bench.peak_tflops(None) is None
     # 6 x 0.5B params x 10k tokens/s = 3e13 FLOP/s of 989e12 -> 3.03%
     assert bench.mfu(500_000_000, 10_000.0, 1.0, 989.0) == pytest.approx(3e13 / 989e12)
@@ -68,3 +68,11 @@ def test_bad_flags_name_the_flag() -> None:
         bench.parse_args(["--model-size", "7b"])
     args = bench.parse_args(["--model-size", "tiny"])
     assert (args.prompts, args.samples, args.max_new_tokens) == (2, 2, 16)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_cuda_asked_for_without_cuda_is_a_clear_error() -> None:
+    from taskrl.policies.base import PolicyError
+
+    with pytest.raises(PolicyError, match="CUDA is not available; use 'auto' or 'cpu'"):
+        bench.run(bench.parse_args(["--device", "cuda", "--model-size", "tiny"]))
