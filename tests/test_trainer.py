@@ -161,6 +161,10 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     text = console.export_text()
     assert "SFT-only arm" in text and "SFT -> GRPO arm" in text and "+2 GRPO steps" in text
     assert "GRPO - SFT-only, paired over the 2 held-out tasks" in text and "verdict" in results["grpo_minus_sft_only"]
+    # the verdict's scope, with the shapes the recipes train on: SFT-only 1-2 items, GRPO 3 items
+    limits = results["grpo_minus_sft_only"]["limits"]
+    assert "What one run of the demo can say" in text and "seed 0" in text and "1-2 items" in text
+    assert any("SFT-only on 1-2 items, GRPO on 3 items" in limit for limit in limits)
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["sft_grpo.json", "sft_only.json", "start.json"]
     assert [r["step"] for r in read_metrics(out / "grpo")] == [1, 2] and (out / "start" / "config.json").exists()
     assert not (out / "config.json").exists()
@@ -176,10 +180,35 @@ def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:
         return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}
 
     sft_only = evaluation([0] * 12 + [1] * 4)
-    better = paired_difference(sft_only, evaluation([1] * 12 + [1] * 4), seed=0)
-    assert better["value"] == 0.75 and better["low"] > 0 and better["verdict"].startswith("GRPO beats")
-    worse = paired_difference(evaluation([1] * 16), evaluation([0] * 14 + [1] * 2), seed=0)
-    assert worse["high"] < 0 and worse["verdict"].startswith("SFT-only beats")
+    shapes = {"sft_shape": "1-2 items", "rl_shape": "3 items"}
+    better = paired_difference(sft_only, evaluation([1] * 12 + [1] * 4), seed=0, **shapes)
+    assert better["value"] == 0.75 and better["low"] > 0
+    assert better["verdict"].startswith("in this run the SFT -> GRPO arm solved more held-out tasks")
+    worse = paired_difference(evaluation([1] * 16), evaluation([0] * 14 + [1] * 2), seed=0, **shapes)
+    assert worse["high"] < 0 and worse["verdict"].startswith("in this run the SFT-only arm solved more")
     # one task better, one worse, the rest equal: no verdict either way
-    tie = paired_difference(evaluation([0, 1] + [1] * 14), evaluation([1, 0] + [1] * 14), seed=0)
+    tie = paired_difference(evaluation([0, 1] + [1] * 14), evaluation([1, 0] + [1] * 14), seed=0, **shapes)
     assert tie["value"] == 0 and tie["low"] < 0 < tie["high"] and tie["verdict"].startswith("no difference")
+
+
+def test_the_demo_verdict_states_what_one_run_cannot_say() -> None:
+    """Issue 40: a won run reads as "in this run", never as "RL beats SFT", and names its limits: one seed, a CI
+    over tasks not runs, arms trained on different shapes, no RFT control."""
+    from taskrl.training.demo import paired_difference
+
+    def evaluation(successes: list[int]) -> dict[str, Any]:
+        return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}
+
+    won = paired_difference(evaluation([0] * 16), evaluation([1] * 16), seed=7, sft_shape="1-2 items",
+                            rl_shape="3 items")  # fmt: skip
+    text = " ".join([won["verdict"], *won["limits"]])
+    assert "beats" not in text and "in this run" in won["verdict"]
+    one_run, shapes, rft = won["limits"]
+    assert "one run, seed 7" in one_run and "which 16 held-out tasks were drawn, not the variance between" in one_run
+    assert ">= 5 seeds" in one_run
+    assert "SFT-only on 1-2 items, GRPO on 3 items" in shapes and "not RL with SFT in general" in shapes
+    assert "rejection-sampling fine-tuning" in rft and "not measured by the demo" in rft
+    # arms trained on the same shape: no shape caveat, the other two remain
+    same = paired_difference(evaluation([0] * 16), evaluation([1] * 16), seed=7, sft_shape="3 items",
+                             rl_shape="3 items")  # fmt: skip
+    assert len(same["limits"]) == 2 and not any("different task shapes" in limit for limit in same["limits"])

@@ -9,6 +9,10 @@ Every setting comes from two recipes (one source; ``taskrl train`` runs each alo
 The start and both arms are played greedily on the same held-out tasks of the RL recipe's shape (no item
 combination shared with any training task); the table shows success with bootstrap CIs and each arm's paired
 difference from the start. Results go to ``RUN_DIR/eval/{start,sft_only,sft_grpo}.json``.
+
+The verdict says only what one run can: one seed, an interval over the held-out tasks (not over training runs),
+arms that train on different task shapes, and no rejection-sampling (RFT) control; the seed-level comparisons of
+GRPO, RFT and SFT are the studies in ``benchmarks/learning/``.
 """
 
 from __future__ import annotations
@@ -66,21 +70,37 @@ def _successes(result: dict[str, Any]) -> list[float]:
     return [float(row["policies"]["policy"]["successes"]) for row in result["per_task"]]
 
 
-def paired_difference(sft_only: dict[str, Any], grpo: dict[str, Any], seed: int) -> dict[str, Any]:
+def paired_difference(sft_only: dict[str, Any], grpo: dict[str, Any], seed: int, *, sft_shape: str = "",
+                      rl_shape: str = "") -> dict[str, Any]:  # fmt: skip
     """GRPO minus SFT-only over the same held-out tasks: the mean per-task difference with a percentile-bootstrap
-    95% CI (tasks resampled together), and the verdict it supports. RL's contribution is this difference, never
-    the GRPO arm against the warm start."""
+    95% CI (tasks resampled together), the verdict it supports about this run, and ``limits``: what one run of
+    the demo cannot say. ``sft_shape``/``rl_shape``: the task shape each arm trains on (e.g. "1-2 items"). RL's
+    contribution is this difference, never the GRPO arm against the warm start."""
     from taskrl.eval import paired_delta
 
     delta = paired_delta(_successes(sft_only), _successes(grpo), seed)
-    low, high = delta["low"], delta["high"]
+    low, high, tasks = delta["low"], delta["high"], len(sft_only["per_task"])
     if low is not None and low > 0:
-        verdict = "GRPO beats SFT-only: the paired CI is above 0"
+        verdict = "in this run the SFT -> GRPO arm solved more held-out tasks than the SFT-only arm (CI above 0)"
     elif high is not None and high < 0:
-        verdict = "SFT-only beats GRPO: the paired CI is below 0"
+        verdict = "in this run the SFT-only arm solved more held-out tasks than the SFT -> GRPO arm (CI below 0)"
     else:
         verdict = "no difference this run can resolve: the paired CI spans 0"
-    return {**delta, "tasks": len(sft_only["per_task"]), "verdict": verdict}
+    limits = [
+        f"one run, seed {seed}: the CI covers which {tasks} held-out tasks were drawn, not the variance between "
+        "training runs (unmeasured here); a claim about the methods needs >= 5 seeds with the seed as the unit",
+    ]
+    if sft_shape != rl_shape:
+        limits.append(
+            f"the arms train on different task shapes (SFT-only on {sft_shape or 'its own tasks'}, GRPO on "
+            f"{rl_shape or 'its own tasks'}, the held-out shape): this compares RL on the target shape with more "
+            "imitation of another shape, not RL with SFT in general"
+        )
+    limits.append(
+        "GRPO vs rejection-sampling fine-tuning (SFT on the policy's own verified samples, the same prompts and "
+        "sample budget: the control for an RL claim) is not measured by the demo; see benchmarks/learning/"
+    )
+    return {**delta, "tasks": tasks, "verdict": verdict, "limits": limits}
 
 
 def run_demo(
@@ -171,9 +191,13 @@ def run_demo(
     _row(table, "SFT-only arm", f"+{sft_steps} SFT steps", sft_only, start)
     _row(table, "SFT -> GRPO arm", f"+{rl_config.steps} GRPO steps", grpo, start)
     console.print(table)
-    paired = paired_difference(sft_only, grpo, rl_config.seed)
+    paired = paired_difference(sft_only, grpo, rl_config.seed, sft_shape=_shape(sft_config.env_kwargs).strip("()"),
+                               rl_shape=_shape(rl_config.env_kwargs).strip("()"))  # fmt: skip
     console.print(f"GRPO - SFT-only, paired over the {paired['tasks']} held-out tasks: {_estimate(paired, '+')} "
                   f"({paired['verdict']})")  # fmt: skip
+    console.print("What one run of the demo can say, and what it cannot:", highlight=False)
+    for limit in paired["limits"]:
+        console.print(f"- {limit}", highlight=False, markup=False)
     sampled = " -> ".join(f"{row['rewards/total']:.2f}" for row in rl_rows)
     console.print(f"GRPO training reward per step (temperature {rl_config.temperature}, partial credit included): "
                   f"{sampled}")  # fmt: skip
