@@ -30,6 +30,7 @@ from pathlib import Path
 
 from taskrl.envs.code import limits
 from taskrl.envs.code.limits import Cgroups, TreeWatchdog
+from taskrl.types import InfraError
 from taskrl.validate import above, require
 
 SANDBOX_WORKDIR = "/workspace"
@@ -52,7 +53,13 @@ _SIGNAL_REASONS = {
 }
 
 
-class SandboxUnavailableError(RuntimeError):
+class SandboxError(InfraError):
+    """The sandbox itself failed (not the command in it): an infrastructure failure, never the policy's."""
+
+    source = "sandbox"
+
+
+class SandboxUnavailableError(SandboxError):
     """bubblewrap is missing or cannot create namespaces on this machine."""
 
 
@@ -322,6 +329,14 @@ def _identity_dir() -> Path:
     return _IDENTITY[0]
 
 
+async def _spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
+    """Start the sandbox's launcher; a host that cannot start it (no memory, no pids, no fds) is a ``SandboxError``."""
+    try:
+        return await asyncio.create_subprocess_exec(*argv, **kwargs)  # type: ignore[arg-type]
+    except OSError as e:
+        raise SandboxError(f"could not start the sandbox ({argv[0]}): {e}") from e
+
+
 class Sandbox:
     """Runs commands in a workspace under the configured isolation. Safe to share between episodes."""
 
@@ -474,7 +489,7 @@ class Sandbox:
         handed = [fd for fd in (stdin_fd, stdout_fd, *pass_fds) if fd is not None]
         start = time.perf_counter()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            proc = await _spawn(
                 *self._launcher(cgroups, nproc),
                 *self._argv(argv, str(workspace), binds),
                 stdin=asyncio.subprocess.DEVNULL if stdin_fd is None else stdin_fd,
