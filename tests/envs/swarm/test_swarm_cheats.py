@@ -167,8 +167,11 @@ def trivial_tasks(messages: list[Message], tools: Any) -> str:
     return assign(f"t{turn - 1}", "go.") if turn <= 10 else table(messages)
 
 
-IDLE_CHEATS = {"created_never_assigned": created_never_assigned, "empty_tasks": empty_tasks,
-               "trivial_tasks": trivial_tasks}
+IDLE_CHEATS = {
+    "created_never_assigned": created_never_assigned,
+    "empty_tasks": empty_tasks,
+    "trivial_tasks": trivial_tasks,
+}
 CHEATS = {**IDLE_CHEATS, "serial_with_dummies": serial_with_dummies, "one_row_ten_times": one_row_ten_times,
           "padded_fanout": padded_fanout, "unknown_finishers": unknown_finishers, "fanout_twice": fanout_twice,
           "flood_one_id": flood_one_id}  # fmt: skip
