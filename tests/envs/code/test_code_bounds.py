@@ -96,3 +96,19 @@ async def test_repeated_writes_share_one_bound_per_episode(no_cgroup: Sandbox, b
     finally:
         ws.destroy()
         pool.close()
+
+
+@pytest.mark.parametrize("mode", ["copy", *(["overlay"] if ROOT else [])])
+async def test_the_episode_info_names_the_mechanism_of_each_limit(workspace_config: WorkspaceConfig, mode: str) -> None:
+    from taskrl.envs.code.env import CodeEnvConfig, HumanEvalEnv
+
+    workspace = WorkspaceConfig(root=workspace_config.root, mode=mode, pool_size=0, disk_quota_bytes=32 * MIB)
+    env = HumanEvalEnv(CodeEnvConfig(sandbox=SandboxConfig(cgroups=False), workspace=workspace))
+    try:
+        _, info = await env.reset(env.tasks("all")[0])
+    finally:
+        env.close()
+    held = info["limits"]
+    assert held["memory"] == limits.MEMORY_MECHANISM and held["processes"] == "RLIMIT_NPROC"
+    expected = "size-capped tmpfs" if info["workspace_mode"] == "overlay" else limits.DISK_MECHANISM
+    assert expected in held["disk"] and "32 MiB" in held["disk"], held
