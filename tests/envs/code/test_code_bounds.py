@@ -14,7 +14,7 @@ from taskrl.envs.code.workspace import BaseTree, WorkspaceConfig, WorkspacePool
 
 MIB = 1 << 20
 LIMIT = 384 * MIB
-HOG = "python -c \"import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); time.sleep(4)\""
+HOG = "python -c \"import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); time.sleep(8)\""
 ROOT = os.geteuid() == 0
 
 
@@ -44,8 +44,9 @@ async def test_three_processes_sharing_out_more_than_the_limit_are_killed(no_cgr
     result = await no_cgroup.run(" & ".join([HOG.format(n=share)] * 3) + " & wait", workspace)
     assert result.killed is not None and result.killed.startswith("memory limit"), result
     assert limits.MEMORY_MECHANISM in result.killed  # the mechanism that held it is named
-    assert result.peak_memory_bytes is not None and LIMIT < result.peak_memory_bytes < 1.2 * LIMIT, result
-    assert result.duration_s < 4, "killed at the limit, not at the end of the command"
+    # killed while they held it, well before all three had their share (1.35x): the sampling caught the crossing
+    assert result.peak_memory_bytes is not None and LIMIT < result.peak_memory_bytes < 1.3 * LIMIT, result
+    assert result.duration_s < 8, "killed at the limit, not at the end of the command"
 
 
 async def test_memory_held_in_the_sandboxs_tmpfs_counts(no_cgroup: Sandbox, workspace: Path) -> None:
