@@ -19,10 +19,10 @@ from taskrl import context as summaries
 from taskrl.context import SummaryConfig
 from taskrl.env import Env, call_hook, declared, maybe_await, step_output
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
-from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, InvalidRequestError, Policy, PolicyError, SamplingParams
 from taskrl.scoring import Clock, rubric_of, score
 from taskrl.seeding import derive_seed as derive_seed  # re-exported: taskrl.rollout.derive_seed
-from taskrl.types import Message, Segment, Task, ToolResult, Trajectory
+from taskrl.types import InfraError, Message, Segment, Task, ToolResult, Trajectory
 from taskrl.validate import at_least, require
 
 
@@ -39,6 +39,8 @@ class EpisodeInfo(TypedDict, total=False):
     """Why ``trainable`` is False although the episode ran (the backend gave no token ids)."""
     summaries: list[dict[str, Any]]
     """One ``taskrl.context.record`` per self-summary (``context.SUMMARIES_KEY``)."""
+    infra_failure: dict[str, str]
+    """``{"source", "detail"}`` when the env, its sandbox or the engine failed (``Trajectory.infra_failure``)."""
 
 
 @dataclass
@@ -64,11 +66,17 @@ class RolloutConfig:
     clock: Clock = field(default_factory=Clock)
     """The training position: told to each env (``set_step``) before reset, and the clock the episode's
     provisional score is computed at (the trainer re-scores the whole batch at the same clock)."""
+    engine_failures: Literal["raise", "drop"] = "raise"
+    """A ``PolicyError`` of the engine (server down, bad response; never an ``InvalidRequestError``, which is
+    the caller's bug): ``raise`` stops the run, ``drop`` ends only that episode as an infrastructure failure
+    (``Trajectory.infra_failure``, source ``engine``), left out of its group (the trainer drops)."""
 
     def __post_init__(self) -> None:
         require("RolloutConfig", "must be >= 1", at_least(1), max_turns=self.max_turns,
                 max_context_tokens=self.max_context_tokens, group_size=self.group_size,
                 concurrency=self.concurrency)  # fmt: skip
+        if self.engine_failures not in ("raise", "drop"):
+            raise ValueError(f"RolloutConfig.engine_failures must be 'raise' or 'drop', got {self.engine_failures!r}")
         if self.summary is not None and self.summary.trigger_tokens >= self.max_context_tokens:
             raise ValueError(
                 f"RolloutConfig.summary.trigger_tokens ({self.summary.trigger_tokens}) must be below "
@@ -168,7 +176,8 @@ async def run_episode(
     seed: int,
     group_id: str | None = None,
 ) -> Trajectory:
-    """Play one episode. Policy errors propagate (the run cannot continue); env errors end the episode."""
+    """Play one episode. An env error (a bug, a broken sandbox) ends the episode as an infrastructure failure;
+    so does an engine error with ``config.engine_failures="drop"``, otherwise policy errors propagate."""
     start = time.perf_counter()
     traj = Trajectory(task_id=task.id, env=env.name, group_id=group_id, seed=seed)
     metrics = dict.fromkeys(
@@ -248,11 +257,14 @@ async def run_episode(
         else:
             traj.truncated, traj.info["truncation"] = True, "max_turns"
         traj.terms = dict(await maybe_await(env.reward(traj)))  # the env measures; taskrl.scoring decides
-    except PolicyError:
+    except InvalidRequestError:
         raise
-    except Exception as e:  # an env or tool bug ends this episode, not the run
-        traj.error = f"{type(e).__name__}: {e}"
-        traj.trainable = False
+    except PolicyError as e:
+        if config.engine_failures == "raise":
+            raise
+        traj.mark_infra_failure("engine", f"{type(e).__name__}: {e}")
+    except Exception as e:  # an env, sandbox or tool failure ends this episode, not the run; not the policy's fault
+        traj.mark_infra_failure(e.source if isinstance(e, InfraError) else "env", f"{type(e).__name__}: {e}")
     traj.segments = segments.segments
     if segments.untokenised_turns:
         traj.trainable = False
@@ -405,6 +417,7 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "terminated": mean([float(t.terminated) for t in trajectories]),
         "truncated": mean([float(t.truncated) for t in trajectories]),
         "errors": float(sum(t.error is not None for t in trajectories)),
+        "infra_failures": float(sum(t.infra_failure is not None for t in trajectories)),
     }
     for term in sorted({k for t in trajectories for k in t.rewards}):
         values = [t.rewards[term] for t in trajectories if t.rewards.get(term) is not None]

@@ -211,10 +211,13 @@ def score(
                 continue
             weighted[name] = None if value is None else weights.get(name, rubric.default_weight) * value
         weighted_by_id[traj.id], legacy_failed[traj.id] = weighted, failed
-    if rubric.group_terms:  # 2. group terms, per group of samples of one task
+    if rubric.group_terms:  # 2. group terms, per group of samples of one task (infra failures are no samples)
         groups: dict[str, list[Trajectory]] = {}
         for traj in trajectories:
-            groups.setdefault(_group_key(traj), []).append(traj)
+            if traj.infra_failure is None:
+                groups.setdefault(_group_key(traj), []).append(traj)
+            else:
+                traj.terms.update(dict.fromkeys((term.name for term in rubric.group_terms), None))
         for group in groups.values():
             if len(group) < 2:
                 continue
@@ -294,8 +297,9 @@ def score_collected(
         measured_terms(traj)  # hand-built or schema-1 trajectories: their reward terms are the measurements
     finalize = declared(env, "finalize_group")
     groups: dict[str, list[Trajectory]] = {}
-    for traj in trajectories:
-        groups.setdefault(_group_key(traj), []).append(traj)
+    for traj in trajectories:  # an infrastructure failure says nothing of the policy: no member of its group
+        if traj.infra_failure is None:
+            groups.setdefault(_group_key(traj), []).append(traj)
     for group in groups.values():  # one order however the episodes finished: order-dependent hooks agree
         group.sort(key=lambda t: (t.seed if t.seed is not None else -1, t.id))
     if finalize is not None and any(len(g) > 1 for g in groups.values()):
@@ -328,8 +332,9 @@ def batch_metrics(
     """The one aggregator of a batch, in one namespace: ``rewards/total`` and ``rewards/std``, per term the
     weighted mean ``rewards/<term>``, its share ``rewards/applicable/<term>`` and the measured mean
     ``rewards_raw/<term>``, with a rubric and clock ``rewards/weight/<term>``; ``tools/*`` and ``charts/*``
-    per episode. A term never applicable in the batch is left out."""
-    rewards = [t.reward for t in trajectories]
+    per episode. A term never applicable in the batch is left out. ``rewards/total`` and ``rewards/std`` leave
+    out infrastructure failures (``Trajectory.infra_failure``), counted in ``charts/infra_failures``."""
+    rewards = [t.reward for t in trajectories if t.infra_failure is None]  # infra failures are no scores
     mean = _mean(rewards)
     out: dict[str, float] = {
         "rewards/total": mean,
@@ -339,6 +344,7 @@ def batch_metrics(
         "charts/terminated": _mean([float(t.terminated) for t in trajectories]),
         "charts/truncated": _mean([float(t.truncated) for t in trajectories]),
         "charts/errors": float(sum(t.error is not None for t in trajectories)),
+        "charts/infra_failures": float(sum(t.infra_failure is not None for t in trajectories)),
     }
     for name in sorted({k for t in trajectories for k in t.rewards}):
         values = [v for t in trajectories if (v := t.rewards.get(name)) is not None]

@@ -5,9 +5,10 @@ arguments are validated before the call, each call has a timeout, and output is 
 a visible marker (error messages too). A ``ToolSet`` groups tools, runs one turn's calls concurrently (or one at a
 time in call order, ``sequential``, for tools that share state), caps calls per turn (``max_parallel``) and adds
 up per-call cost. Every failure becomes an error ``ToolResult``, never an
-exception out of the agent loop. A timeout ends the work, not only the wait: each call runs with a ``CallBudget``
-(``call_budget()`` inside the tool) that long-running tools check between pieces of work; on timeout it is
-stopped and the call's thread (a daemon, so it can never keep the process alive) is given a moment to end.
+exception out of the agent loop, except an ``InfraError`` (the sandbox or a server failed, not the call): it
+ends the episode as an infrastructure failure. A timeout ends the work, not only the wait: each call runs with
+a ``CallBudget`` (``call_budget()`` inside the tool) that long-running tools check between pieces of work; on
+timeout it is stopped and the call's thread (a daemon, so it can never keep the process alive) is given a moment to end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args, get_origin
 
-from taskrl.types import ToolCall, ToolResult
+from taskrl.types import InfraError, ToolCall, ToolResult
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_OUTPUT_CHARS = 8000
@@ -271,6 +272,8 @@ class Tool:
             return self._error(call, f"Tool '{self.name}' timed out after {self.timeout_s:g}s{note}")
         except ToolStopped:
             return self._error(call, f"Tool '{self.name}' timed out after {self.timeout_s:g}s")
+        except InfraError:  # a broken sandbox or server is no observation: it ends the episode, unscored
+            raise
         except Exception as e:  # noqa: BLE001 - a tool's failure is an observation for the model
             return self._error(call, f"Tool '{self.name}' failed: {type(e).__name__}: {e}")
         finally:

@@ -202,6 +202,7 @@ class Trainer:
             seed=seed,
             clock=clock,
             summary=context.from_value(cfg.summary, "TrainConfig.summary"),
+            engine_failures="drop",  # one failed request is no sample of the policy; a dead engine fails the step
         )
 
     async def _play(
@@ -257,7 +258,8 @@ class Trainer:
             trajectories, train_on, dynamic = filled.played, filled.train, filled.metrics
         collected = time.perf_counter()
         own, trajectories = train_on, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
-        for task_id, group in _by_task(trajectories).items():
+        _check_infra_failures(step, trajectories)
+        for task_id, group in _by_task([t for t in trajectories if t.infra_failure is None]).items():
             if task_id in self.tasks_by_id:
                 self.sampler.update(task_id, [t.reward for t in group])
         self._prefetch(step + 1)  # async_rollout: the next step's episodes play while this update runs
@@ -507,6 +509,21 @@ def _by_task(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
     for t in trajectories:
         out[t.task_id].append(t)
     return out
+
+
+class InfraFailureError(RuntimeError):
+    """Every episode of a step failed for infrastructure reasons (sandbox, engine, server): nothing to learn."""
+
+
+def _check_infra_failures(step: int, trajectories: Sequence[Trajectory]) -> None:
+    """Raise when no episode of the step survived its infrastructure: training on nothing would hide the outage."""
+    failures = [f for t in trajectories if (f := t.infra_failure) is not None]
+    if trajectories and len(failures) == len(trajectories):
+        sources = sorted({f.get("source", "?") for f in failures})
+        raise InfraFailureError(
+            f"step {step}: all {len(trajectories)} episodes failed for infrastructure reasons ({', '.join(sources)}; "
+            f"first: {failures[0].get('detail', '?')}); fix the engine or sandbox named there, then resume the run"
+        )
 
 
 async def _ready(trajectories: list[Trajectory]) -> list[Trajectory]:

@@ -27,6 +27,16 @@ TRUNCATED_KEY = "__truncated__"
 """Key of the stand-in dict for a value that was too deep or too large: ``{TRUNCATED_KEY: "<first chars>"}``."""
 
 Role = Literal["system", "user", "assistant", "tool"]
+INFRA_FAILURE_KEY = "infra_failure"
+"""``Trajectory.info`` key of an infrastructure failure: ``{"source": ..., "detail": ...}`` (see ``InfraError``)."""
+
+
+class InfraError(RuntimeError):
+    """A failure of what runs the episode (its sandbox, engine or server), not of the policy. Such an episode
+    says nothing about the policy: it is recorded (``Trajectory.infra_failure``), counted and left out of its
+    group's statistics, never scored as a failure. Subclasses name their ``source``."""
+
+    source = "env"
 
 
 class SchemaVersionError(ValueError):
@@ -313,6 +323,19 @@ class Trajectory:
     @property
     def final_answer(self) -> str | None:
         return self.info.get("final_answer")
+
+    @property
+    def infra_failure(self) -> dict[str, str] | None:
+        """``{"source": "sandbox"|"engine"|"env"|..., "detail": ...}`` when the episode's infrastructure failed:
+        then it is out of its group's statistics and the advantages (``taskrl.scoring``, the learner)."""
+        value = self.info.get(INFRA_FAILURE_KEY)
+        return value if isinstance(value, dict) else None
+
+    def mark_infra_failure(self, source: str, detail: str) -> None:
+        """Record that the episode's ``source`` (sandbox, engine, env) failed: untrainable, and its ``error``."""
+        self.info[INFRA_FAILURE_KEY] = {"source": source, "detail": detail[:2000]}
+        self.error = self.error or detail
+        self.trainable = False
 
     @property
     def num_tokens(self) -> int:

@@ -14,6 +14,7 @@ Output: ``Task`` JSONL; ``info["facts"][i]["chunk_ids"]`` is the ground truth fo
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections import Counter
@@ -24,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from taskrl.datagen.bridges import ID_NORMALISATIONS, ID_TOKEN_RE, MASK, TOKEN_EDGE, BridgeIndex
+from taskrl.datagen.bridges import ID_NORMALISATIONS, ID_TOKEN_RE, MASK, TOKEN_EDGE, BridgeIndex, id_alias_rule
 from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.base import Policy, SamplingParams
@@ -83,8 +84,15 @@ class GenerationConfig:
     """Attempts per requested task before giving up (the report says how many were dropped and why)."""
     id_normalisation: str = "casefold"
     """How id tokens in text are matched to document ids: exact, casefold or separators (see ID_NORMALISATIONS)."""
+    id_alias: str = "prefix"
+    """How text names a namespaced id: ``prefix`` (``deb:libssl3`` also as bare ``libssl3``), ``none``, or a
+    regular expression with one group that fully matches an id, the group being its alias (``ID_ALIAS_RULES``)."""
 
     def __post_init__(self) -> None:
+        try:
+            id_alias_rule(self.id_alias)
+        except ValueError as e:
+            raise ValueError(f"GenerationConfig.id_alias: {e}") from None
         if self.id_normalisation not in ID_NORMALISATIONS:
             raise ValueError(
                 f"GenerationConfig.id_normalisation must be one of {', '.join(ID_NORMALISATIONS)}, "
@@ -128,13 +136,17 @@ class GenerationReport:
     bridge_sources: int = 0
     """(document, sentence) pairs that mention another document: the raw material of multi-hop chains."""
     ambiguous_ids: list[str] = field(default_factory=list)
-    """Normalised ids shared by several documents (they never bridge); a stricter normalisation keeps them."""
+    """Normalised ids (or aliases) shared by several documents (they never bridge); a stricter rule keeps them."""
+    id_alias: str = "none"
+    """How bare mentions were bridged to namespaced ids (GenerationConfig.id_alias)."""
+    aliased_ids: int = 0
+    """Documents that text may name by their alias (e.g. ``deb:libssl3`` as ``libssl3``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "requested": self.requested, "kept": self.kept, "dropped": dict(sorted(self.dropped.items())),
-            "id_normalisation": self.id_normalisation, "bridge_sources": self.bridge_sources,
-            "ambiguous_ids": self.ambiguous_ids[:20],
+            "id_normalisation": self.id_normalisation, "id_alias": self.id_alias, "aliased_ids": self.aliased_ids,
+            "bridge_sources": self.bridge_sources, "ambiguous_ids": self.ambiguous_ids[:20],
         }  # fmt: skip
 
 
@@ -167,14 +179,18 @@ def verify_fact(fact: Fact, store: CorpusStore, bridges: BridgeIndex | None = No
 def render_prompt(facts: Sequence[Fact], bridges: BridgeIndex | None = None) -> str:
     """The question the model sees: one clue per hop; each masked term names the next hop's document.
 
-    Bridge ids are masked as whole id tokens (``bridges``; casefold matching when None), answers as words.
+    Bridge ids (and their aliases) are masked as whole id tokens in every clue (``bridges``; casefold matching
+    when None), so a later clue that names its own document does not give the hop away; answers as words.
     """
     bridges = bridges or BridgeIndex([f.term for f in facts[:-1]])
     lines = ["Find the documents that answer this question, then answer it."]
     for i, fact in enumerate(facts, 1):
         where = f" (this passage is in the document whose id is {MASK.format(i - 1)})" if i > 1 else ""
-        quote = normalize(fact.quote)
-        masked = bridges.mask(quote, fact.term, i) if i < len(facts) else mask_term(quote, fact.term, i)
+        masked = normalize(fact.quote)
+        if i == len(facts):
+            masked = mask_term(masked, fact.term, i)
+        for j, bridge in enumerate(facts[:-1], 1):  # a document never names itself in its own clue: [Xj] stays hidden
+            masked = bridges.mask(masked, bridge.term, j)
         if fact.question is not None:
             lines.append(f"Clue {i}{where}: {fact.question}")
         else:
@@ -209,9 +225,10 @@ def verify_task(task: Task, store: CorpusStore) -> list[str]:
             problems.append(f"fact_{i}_quote_not_in_document")
         if i + 1 < len(facts) and (
             fact["term"] != facts[i + 1]["doc_id"]
-            or fact["term"] not in BridgeIndex([fact["term"]], info.get("id_normalisation", "casefold")).mentioned(
-                fact["quote"]
-            )
+            or fact["term"]
+            not in BridgeIndex(
+                [fact["term"]], info.get("id_normalisation", "casefold"), info.get("id_alias", "none")
+            ).mentioned(fact["quote"])
         ):
             problems.append(f"fact_{i}_bridge_mismatch")
     if not answer or contains_term(task.prompt, answer):
@@ -242,7 +259,7 @@ class _CorpusIndex:
 
     def __init__(self, store: CorpusStore, config: GenerationConfig) -> None:
         self.doc_ids = store.document_ids()
-        self.bridges = BridgeIndex(self.doc_ids, config.id_normalisation)
+        self.bridges = BridgeIndex(self.doc_ids, config.id_normalisation, config.id_alias)
         self.sentences: dict[str, list[str]] = {d: [] for d in self.doc_ids}
         doc_terms: dict[str, set[str]] = {d: set() for d in self.doc_ids}
         for chunk in store.iter_chunks():
@@ -333,6 +350,7 @@ class ExtractiveGenerator:
             "answer": answer,
             "difficulty": len(facts),
             "id_normalisation": self.config.id_normalisation,
+            "id_alias": self.config.id_alias,
             "facts": [asdict(f) for f in facts],
             "answer_chunk_ids": list(facts[-1].chunk_ids),
             "distractor_chunk_ids": self.distractors(facts, answer, report),
@@ -369,7 +387,8 @@ class ExtractiveGenerator:
         bridge_sources = sum(len(v) for v in self.index.mentions.values())
         return GenerationReport(
             self.config.n, id_normalisation=self.config.id_normalisation, bridge_sources=bridge_sources,
-            ambiguous_ids=self.index.bridges.ambiguous,
+            ambiguous_ids=self.index.bridges.ambiguous, id_alias=self.config.id_alias,
+            aliased_ids=self.index.bridges.aliases,
         )  # fmt: skip
 
     def generate(self) -> tuple[list[Task], GenerationReport]:
@@ -467,7 +486,22 @@ def read_tasks(path: str | Path) -> list[Task]:
 
 
 class TooFewTasksError(ValueError):
-    """Generation kept no task, or fewer than ``--strict`` demands (printed as one line, exit code 2)."""
+    """Generation kept fewer tasks than ``--min-yield`` (or ``--strict``) demands (printed as one line, exit 2)."""
+
+
+DEFAULT_MIN_YIELD = 0.5
+"""``taskrl datagen multihop`` fails (exit 2, nothing written) when it keeps fewer than this share of ``--n``."""
+
+
+def shortfall_hint(report: GenerationReport, hops: Sequence[int]) -> str:
+    """What to change when few tasks were kept, from what the report saw."""
+    if report.bridge_sources == 0 and any(h > 1 for h in hops):
+        return (
+            "no sentence names another document by its id, so no hop can chain: if the text names documents "
+            "differently from their ids (bare 'libssl3' for 'deb:libssl3'), set --id-alias to a regular expression "
+            "whose group is the bare name (e.g. '^deb:(.+)$'), or try --id-normalisation separators or --hops 1"
+        )
+    return "try other --hops, a larger corpus, --id-alias or --id-normalisation separators"
 
 
 def multihop_command(
@@ -479,6 +513,13 @@ def multihop_command(
     id_normalisation: Annotated[
         str, typer.Option(help="how id tokens in text match document ids: exact, casefold or separators (-_. alike)")
     ] = "casefold",
+    id_alias: Annotated[
+        str, typer.Option(help="how text names namespaced ids: prefix (deb:libssl3 as libssl3), none, or a regex "
+                               "with one group that fully matches an id, the group being its bare name")
+    ] = "prefix",
+    min_yield: Annotated[float, typer.Option(
+        help="fail (exit 2, nothing written) when fewer than this share of --n tasks are kept; 0: keep any")
+    ] = DEFAULT_MIN_YIELD,
     strict: Annotated[bool, typer.Option(help="fail (exit 2, nothing written) unless all --n tasks are kept")] = False,
     generator: Annotated[str, typer.Option(help="extractive (rules, CPU, no model) or llm (a policy)")] = "extractive",
     policy: Annotated[str, typer.Option(help="llm generator: hf or openai")] = "openai",
@@ -488,8 +529,8 @@ def multihop_command(
 ) -> None:
     """Generate verified multi-hop search tasks (JSONL) from a corpus; failed tasks are dropped and counted.
 
-    Keeping no task is an error (nothing is written); keeping fewer than --n prints a warning with the reasons
-    (an error with --strict).
+    Keeping no task, or fewer than --min-yield of --n (default half), is an error naming the reasons (nothing
+    is written); keeping fewer than --n but enough prints a warning (an error with --strict).
     """
     import asyncio
 
@@ -501,7 +542,9 @@ def multihop_command(
         hop_values = tuple(int(h) for h in hops.split(","))
     except ValueError:
         raise ValueError(f"--hops must be comma-separated integers such as 1,2,3, got {hops!r}") from None
-    config = GenerationConfig(n=n, seed=seed, hops=hop_values, id_normalisation=id_normalisation)
+    if not 0 <= min_yield <= 1:
+        raise ValueError(f"--min-yield must be a share of --n between 0 and 1, got {min_yield}")
+    config = GenerationConfig(n=n, seed=seed, hops=hop_values, id_normalisation=id_normalisation, id_alias=id_alias)
     store = CorpusStore(corpus)
     if generator == "extractive":
         tasks, report = ExtractiveGenerator(store, config).generate()
@@ -512,13 +555,16 @@ def multihop_command(
         raise ValueError(f"--generator must be 'extractive' or 'llm', got {generator!r}")
     reasons = ", ".join(f"{k}: {v}" for k, v in report.dropped.most_common(5)) or "none"
     bridges = (
-        f"id normalisation {report.id_normalisation}, {report.bridge_sources} bridge sentences"
+        f"id normalisation {report.id_normalisation}, id alias {report.id_alias} ({report.aliased_ids} aliased ids), "
+        f"{report.bridge_sources} bridge sentences"
         + (f", {len(report.ambiguous_ids)} ambiguous ids" if report.ambiguous_ids else "")
     )
-    if not tasks or (strict and len(tasks) < n):
+    needed = n if strict else max(1, math.ceil(min_yield * n))
+    if len(tasks) < needed:
+        why = "--strict" if strict else f"--min-yield {min_yield:g}"
         raise TooFewTasksError(
-            f"kept {report.kept} of {n} tasks, nothing written ({bridges}; dropped: {reasons}); try other --hops, "
-            "a larger corpus, or --id-normalisation separators if ids are written differently in the text"
+            f"kept {report.kept} of {n} tasks, nothing written: {why} asks for at least {needed} ({bridges}; "
+            f"dropped: {reasons}); {shortfall_hint(report, hop_values)}"
         )
     path = write_tasks(tasks, out or corpus / "tasks.jsonl")
     by_hops = ", ".join(f"{h} hops: {c}" for h, c in sorted(Counter(t.info["difficulty"] for t in tasks).items()))

@@ -2,7 +2,8 @@
 
 ``Monitors(MonitorConfig()).check(step, trajectories) -> (metrics, alerts)`` computes ``monitor/<name>`` values
 (reward hacking, exploration collapse, context pollution, tool over-use, tool-call loops, swarm serial collapse and
-spurious parallelism, invalid calls, early termination, clarifying questions, no-edit episodes) and raises an
+spurious parallelism, invalid calls, early termination, clarifying questions, no-edit episodes, tool-call collapse
+and unparsed tool calls) and raises an
 ``Alert`` (also a logged warning) when one crosses its threshold. ``shape_rewards`` adds the reward-shaping
 mitigations; the trajectory keys the monitors read are listed in docs/DECISIONS.md (issues 8 and 18).
 Modules: ``config`` (thresholds, Alert), ``episode`` (per-trajectory readings), ``checks`` and ``swarm`` (the
@@ -19,8 +20,10 @@ from taskrl.monitors.checks import (
     loop_rate,
     no_edit_rate,
     reward_hacking,
+    tool_calls_per_episode,
     tool_concentration,
     tool_ngram_entropy,
+    unparsed_tool_calls,
 )
 from taskrl.monitors.config import THRESHOLDS, Alert, MonitorConfig
 from taskrl.monitors.episode import (
@@ -50,5 +53,6 @@ __all__ = [
     "context_pollution", "duplicate_rate", "early_termination", "failed_checks", "invalid_call_rate", "is_question",
     "is_success", "least_used_first_tool", "loop_rate", "max_concurrency", "no_edit_rate", "not_applicable_reason",
     "reward_hacking", "sampling_temperature", "serial_collapse", "shape_rewards", "spurious_parallelism",
-    "tool_calls", "tool_concentration", "tool_ngram_entropy", "with_first_tool_hints",
+    "tool_calls", "tool_calls_per_episode", "tool_concentration", "tool_ngram_entropy", "unparsed_tool_calls",
+    "with_first_tool_hints",
 ]  # fmt: skip

@@ -3,6 +3,7 @@ does not apply to the batch. Swarm monitors are in ``taskrl.monitors.swarm``."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -129,3 +130,36 @@ def no_edit_rate(trajs: Sequence[Trajectory], cfg: MonitorConfig, tools: frozens
         bool(t.metrics["no_edit"]) if "no_edit" in t.metrics else not any(n in edit for n, _ in tool_calls(t))
         for t in trajs if t.error is None
     ])  # fmt: skip
+
+
+_CALL_TAGS = r"<tool_call>|</?function[=>\s]|\[TOOL_CALLS\]|<\|python_tag\|>|</?tool_use>|<\|tool_call"
+"""What tool-call formats look like (Hermes, Llama 3, Mistral, Claude-style, ...), whichever parser is in use."""
+
+
+def tool_calls_per_episode(
+    trajs: Sequence[Trajectory], cfg: MonitorConfig, tools: frozenset[str] | None
+) -> float | None:
+    """Well-formed tool calls the parser found per episode (infrastructure failures left out). Near 0 in an env
+    with tools is a silent collapse (a parser that no longer matches the model's format, a policy that stopped
+    using its tools) even while the reward looks fine; ``Monitors`` also alerts on a fall from its peak."""
+    episodes = [t for t in trajs if t.infra_failure is None]
+    if not episodes:
+        return None
+    calls = [t.metrics.get("tool_calls", float(len(tool_calls(t)))) - t.metrics.get("invalid_tool_calls", 0.0)
+             for t in episodes]  # fmt: skip
+    return max(0.0, sum(calls) / len(episodes))
+
+
+def unparsed_tool_calls(trajs: Sequence[Trajectory], cfg: MonitorConfig, tools: frozenset[str] | None) -> float | None:
+    """Share of assistant turns that parsed no tool call although their text looks like one (a ``<tool_call>``,
+    ``<function=...>``, ``[TOOL_CALLS]`` tag, or JSON naming one of the env's tools): parse failures that no
+    invalid-call count sees, because the turn was taken for a final answer."""
+    pattern = _CALL_TAGS
+    if tools:
+        names = "|".join(re.escape(name) for name in sorted(tools))
+        pattern += rf"|[\"']name[\"']\s*:\s*[\"']({names})[\"']"
+    looks_like_call = re.compile(pattern, re.I)
+    turns = [m for t in trajs if t.infra_failure is None for m in t.messages if m.role == "assistant"]
+    if not turns:
+        return None
+    return sum(not m.tool_calls and looks_like_call.search(m.content or "") is not None for m in turns) / len(turns)

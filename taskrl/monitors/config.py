@@ -21,6 +21,8 @@ THRESHOLDS: dict[str, str] = {
     "early_termination": "max_early_termination",
     "clarifying_rate": "max_clarifying_rate",
     "no_edit_rate": "max_no_edit_rate",
+    "tool_calls_per_episode": "min_tool_calls_per_episode",
+    "unparsed_tool_calls": "max_unparsed_tool_calls",
 }
 """Every monitor (``taskrl.monitors.MONITORS`` computes them) -> the ``MonitorConfig`` field of its threshold."""
 
@@ -63,6 +65,8 @@ class MonitorConfig:
     """Sub-tasks launched in one turn for that turn to count as parallel work ..."""
     spurious_max_wasted: float = 0.2
     """... of which a larger share than this wasted (decoys: dummies, padding, repeats) is spurious parallelism."""
+    spurious_min_task_words: int = 2
+    """An assignment whose task has fewer words (of three letters or more) than this is trivial: wasted."""
     max_spurious_parallelism: float = 0.3
     """Share of swarm episodes with spurious parallelism."""
     subagent_tools: tuple[str, ...] = ("create_subagent", "assign_task")
@@ -79,20 +83,33 @@ class MonitorConfig:
     """Tools that change a workspace; the no-edit monitor applies where one of them exists."""
     max_no_edit_rate: float = 0.3
     """Share of episodes (of envs with edit tools) that end without a single edit."""
+    min_tool_calls_per_episode: float = 0.1
+    """Well-formed tool calls per episode (envs with tools); fewer is a tool-call collapse, whatever the reward."""
+    tool_call_collapse_ratio: float = 0.2
+    """... and so is falling below this share of the highest calls-per-episode of an earlier batch of the run."""
+    max_unparsed_tool_calls: float = 0.05
+    """Share of assistant turns that look like a tool call but parsed as none (a parser/format mismatch)."""
     disabled: tuple[str, ...] = ()
     """Monitor names to skip, e.g. ("tool_concentration",) for an env built around one tool."""
 
     def __post_init__(self) -> None:
         require("MonitorConfig", "must be >= 1", at_least(1), min_episodes=self.min_episodes, ngram=self.ngram,
                 min_calls_for_concentration=self.min_calls_for_concentration, loop_repeats=self.loop_repeats,
-                spurious_min_subagents=self.spurious_min_subagents, early_turns=self.early_turns)  # fmt: skip
+                spurious_min_subagents=self.spurious_min_subagents, early_turns=self.early_turns,
+                spurious_min_task_words=self.spurious_min_task_words)  # fmt: skip
         require("MonitorConfig", "must be >= 0", at_least(0), max_reward_hacking=self.max_reward_hacking,
                 max_duplicate_rate=self.max_duplicate_rate, max_context_pollution=self.max_context_pollution,
                 max_tool_concentration=self.max_tool_concentration, max_calls_per_success=self.max_calls_per_success,
                 max_loop_rate=self.max_loop_rate, max_serial_collapse=self.max_serial_collapse,
                 max_spurious_parallelism=self.max_spurious_parallelism,
                 max_invalid_call_rate=self.max_invalid_call_rate, max_early_termination=self.max_early_termination,
-                max_clarifying_rate=self.max_clarifying_rate, max_no_edit_rate=self.max_no_edit_rate)  # fmt: skip
+                max_clarifying_rate=self.max_clarifying_rate, max_no_edit_rate=self.max_no_edit_rate,
+                min_tool_calls_per_episode=self.min_tool_calls_per_episode,
+                max_unparsed_tool_calls=self.max_unparsed_tool_calls)  # fmt: skip
+        if not 0 <= self.tool_call_collapse_ratio <= 1:
+            raise ValueError(
+                f"MonitorConfig.tool_call_collapse_ratio must be in [0, 1], got {self.tool_call_collapse_ratio}"
+            )
         if self.min_tool_ngram_entropy < 0:
             raise ValueError(f"MonitorConfig.min_tool_ngram_entropy must be >= 0, got {self.min_tool_ngram_entropy}")
         if not 0 <= self.spurious_max_wasted <= 1:

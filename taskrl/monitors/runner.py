@@ -29,6 +29,8 @@ class MonitorSpec:
     meaning: str
     needs: str = ""
     """What the env must have for the metric to mean anything: "tools" (at least one tool), or "" (any env)."""
+    peak_ratio: str = ""
+    """A ``MonitorConfig`` field: also bad below that share of the highest value of an earlier batch (a collapse)."""
 
 
 def not_applicable_reason(spec: MonitorSpec, tool_names: frozenset[str] | None) -> str | None:
@@ -58,6 +60,13 @@ MONITORS: dict[str, MonitorSpec] = {
     "early_termination": MonitorSpec(checks.early_termination, True, "episodes give up within the first turns"),
     "clarifying_rate": MonitorSpec(checks.clarifying_rate, True, "episodes ask the user a question instead of working"),
     "no_edit_rate": MonitorSpec(checks.no_edit_rate, True, "episodes end without editing anything"),
+    "tool_calls_per_episode": MonitorSpec(checks.tool_calls_per_episode, False,
+                                          "tool-call collapse: episodes stopped making tool calls (check the parser "
+                                          "matches the model's format)", needs="tools",
+                                          peak_ratio="tool_call_collapse_ratio"),
+    "unparsed_tool_calls": MonitorSpec(checks.unparsed_tool_calls, True,
+                                       "turns that look like tool calls parse as none (parser/format mismatch)",
+                                       needs="tools"),
 }  # fmt: skip
 
 
@@ -85,6 +94,8 @@ class Monitors:
             if reason is not None and name not in self.config.disabled:
                 self.not_applicable[name] = reason
         self._told = False
+        self.peaks: dict[str, float] = {}
+        """Highest value of each ``peak_ratio`` monitor over the batches checked so far."""
 
     def check(self, step: int, trajectories: Sequence[Trajectory]) -> tuple[dict[str, float], list[Alert]]:
         """``monitor/<name>`` values of this batch, and the alerts they raise (also logged as warnings)."""
@@ -108,6 +119,10 @@ class Monitors:
                 continue
             metrics[f"monitor/{name}"] = float(value)
             threshold = cfg.threshold(name)
+            if spec.peak_ratio:
+                peak = self.peaks.get(name)
+                threshold = max(threshold, float(getattr(cfg, spec.peak_ratio)) * peak if peak else 0.0)
+                self.peaks[name] = max(peak or 0.0, float(value))
             if (value > threshold + EPS) if spec.bad_when_above else (value < threshold - EPS):
                 side = ">" if spec.bad_when_above else "<"
                 message = f"{spec.meaning}: {name} = {value:.3g} {side} {threshold:g} ({THRESHOLDS[name]})"

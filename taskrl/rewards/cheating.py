@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from taskrl.rewards.formulas import r_finish, r_parallel
-from taskrl.rewards.views import evidence_text, extract_numbers, tool_exchanges
+from taskrl.rewards.views import evidence_text, extract_facts, states, tool_exchanges
 from taskrl.types import Task, Trajectory
 
 
@@ -21,19 +21,22 @@ from taskrl.types import Task, Trajectory
 class Grounding:
     """Share of the final answer's facts found in evidence the agent actually received in this episode.
 
-    Facts come from ``extractor`` (default: the numbers in the text). Evidence is every successful tool
-    result, plus the system/user messages when ``include_prompt``. A fabricated answer (facts no tool ever
-    returned) scores 0; use it as a ``Gate`` so such an episode scores as a failure. None when there is no
-    final answer or the answer states no extractable fact.
+    Facts come from ``extractor`` (default: the numbers in the text and the cells of a Markdown table). Evidence
+    is every successful tool result. With ``include_prompt``, facts the task itself states (its quantities, row
+    numbers, its own words) are given, not found: they are left out of the share, and an answer whose every
+    fact is given found nothing, so it scores 0 (a table of row numbers, or of phrases copied from the prompt,
+    is fabricated). A fabricated answer (facts no tool ever returned) scores 0; use it as a ``Gate`` so such
+    an episode scores as a failure. None when there is no final answer or it states no extractable fact.
     """
 
-    extractor: Callable[[str], set[str]] = extract_numbers
+    extractor: Callable[[str], set[str]] = extract_facts
     """Text -> the set of normalised facts it states."""
     include_prompt: bool = True
-    """Count facts the task itself gave (quantities in the question) as evidence."""
+    """Treat facts the task itself gave (system/user messages) as given: out of the share, never enough alone."""
     match: Literal["extracted", "substring"] = "extracted"
-    """``extracted``: a fact must be among the facts extracted from the evidence; ``substring``: it must appear
-    in the evidence text (case-insensitive), for extractors whose facts are phrases."""
+    """``extracted``: a fact must be among the facts extracted from the evidence (a phrase may also appear
+    there as whole words); ``substring``: it must appear in the evidence text (case-insensitive), for
+    extractors whose facts are phrases."""
     value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
@@ -45,13 +48,22 @@ class Grounding:
         facts = self.extractor(answer) if answer else set()
         if not facts:
             return None
-        evidence = evidence_text(trajectory, include_prompt=self.include_prompt)
+        if self.include_prompt:
+            prompt = "\n".join(m.content for m in trajectory.messages if m.role in ("system", "user"))
+            given = self._stated_by(prompt)
+            facts = {f for f in facts if not given(f)}
+            if not facts:  # every fact restates the task: nothing the agent found
+                return 0.0
+        found = self._stated_by(evidence_text(trajectory, include_prompt=False))
+        return sum(found(f) for f in facts) / len(facts)
+
+    def _stated_by(self, text: str) -> Callable[[str], bool]:
+        """Whether ``text`` states a fact (its facts extracted once)."""
         if self.match == "substring":
-            lowered = evidence.lower()
-            supported = sum(str(f).lower() in lowered for f in facts)
-        else:
-            supported = len(set(facts) & set(self.extractor(evidence)))
-        return supported / len(facts)
+            lowered = text.lower()
+            return lambda fact: str(fact).lower() in lowered
+        text_facts = set(self.extractor(text))
+        return lambda fact: states(text, fact, text_facts)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,37 @@ def evidence_text(trajectory: Trajectory, *, include_prompt: bool = True) -> str
 _NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
 
 
+_TABLE_LINE_RE = re.compile(r"^\s*\|(.*)\|\s*$", re.M)
+
+
+def normalise_phrase(text: str) -> str:
+    """Lower case, spaces collapsed, surrounding quotes and punctuation dropped: how phrase facts compare."""
+    return " ".join(text.strip().strip("`'\".,;:!*_").lower().split())
+
+
+def extract_facts(text: str) -> set[str]:
+    """The facts a text states: its numbers (``extract_numbers``) and, in a Markdown table (``| a | b |`` lines),
+    every cell that is not a number or a rule (normalised phrases). The default extractor of ``Grounding``: a
+    fabricated table of names states facts even when its only numbers are its row numbers."""
+    facts = set(extract_numbers(text))
+    for line in _TABLE_LINE_RE.findall(text or ""):
+        for cell in line.split("|"):
+            phrase = normalise_phrase(cell)
+            if phrase and set(phrase) - set("-: ") and not _NUMBER_RE.fullmatch(phrase.replace(" ", "")):
+                facts.add(phrase)
+    return facts
+
+
+def states(text: str, fact: str, text_facts: set[str]) -> bool:
+    """Whether ``text`` (whose extracted facts are ``text_facts``) states ``fact``: among its facts, or, for a
+    phrase (not a number), found in it as whole words once both are normalised."""
+    if fact in text_facts:
+        return True
+    if _NUMBER_RE.fullmatch(fact):
+        return False
+    return re.search(rf"(?<!\w){re.escape(fact)}(?!\w)", " ".join(text.lower().split())) is not None
+
+
 def extract_numbers(text: str, *, ordered: bool = False) -> Any:
     """Numbers in ``text``, normalised ("1,200.50" -> "1200.5", "18.0" -> "18"): a set, or a list in order.
 

@@ -40,7 +40,8 @@ from taskrl.training.model import LearnerGraph, Reference, StepPrefix, decoder_l
 from taskrl.training.precision import learner_autocast
 from taskrl.types import Trajectory
 
-SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "charts/untrainable", "charts/groups",
+SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "charts/untrainable",
+                     "charts/infra_failures", "charts/groups",
                      "charts/dropped_groups", "charts/trained_trajectories", "charts/trained_tokens",
                      "charts/forward_tokens", "charts/overlong_filtered")  # fmt: skip
 """Count metrics of a data-parallel update: each rank counts its own share, the update reports the total."""
@@ -88,6 +89,12 @@ class _Stats:
                 out.sums[name] += value
                 out.counts[name] += counts[name]
         return out
+
+
+def usable_trajectories(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """What an update may learn from: trainable, with sampled tokens, and no infrastructure failure (a broken
+    sandbox, engine or server is no sample of the policy: its group's advantages are those of the rest)."""
+    return [t for t in trajectories if t.trainable and t.num_sampled_tokens > 0 and t.infra_failure is None]
 
 
 class Learner:
@@ -140,7 +147,8 @@ class Learner:
         cfg = self.config
         sft_mode = sft_mode or self.algorithm.imitation
         metrics: dict[str, float] = {"charts/offered_trajectories": float(len(trajectories))}
-        usable = [t for t in trajectories if t.trainable and t.num_sampled_tokens > 0]
+        usable = usable_trajectories(trajectories)
+        metrics["charts/infra_failures"] = float(sum(t.infra_failure is not None for t in trajectories))
         if sft_mode:
             batch = sft.select(usable, min_reward=cfg.sft_min_reward)
         else:

@@ -230,6 +230,79 @@ def test_datagen_cli_fails_when_nothing_is_kept_and_warns_when_fewer(namespaced:
     args = ["datagen", "multihop", "--corpus", str(namespaced.path), "--out", str(out)]
     strict = CliRunner().invoke(app, [*args, "--n", "500", "--hops", "3", "--strict"])
     assert isinstance(strict.exception, TooFewTasksError) and not out.exists()
-    few = CliRunner().invoke(app, [*args, "--n", "500", "--hops", "1", "--id-normalisation", "exact"])
+    few = CliRunner().invoke(app, [*args, "--n", "500", "--hops", "1", "--id-normalisation", "exact",
+                                   "--min-yield", "0"])  # fmt: skip
     assert few.exit_code == 0 and "warning: only" in " ".join(few.output.split()), few.output
     assert 0 < len(read_tasks(out)) < 500
+
+
+# -- namespaced ids named by their bare names in the text (issue 37) -------------------------------------------
+DEB = {
+    "deb:libzorb3": "The libzorb3 library decodes quirnel streams for the desktop. It links against libplinth at "
+    "start. Its manual page is written by the vantrel team.",
+    "deb:libplinth": "The libplinth package ships the shared plinth runtime. Every release is built with "
+    "gravlock on the build farm. It was split from zorbtools years ago.",
+    "deb:zorbtools": "The zorbtools suite bundles command line helpers for libzorb3 users. Packagers sign it "
+    "with a mordane key each month. Old helpers moved into libplinth after the split.",
+    "deb:gravlock": "The gravlock compiler turns plinth sources into bytecode. It keeps a cache in a "
+    "fennel directory under the home folder. Maintainers of zorbtools rely on it daily.",
+}
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> CorpusStore:
+    store = CorpusStore(tmp_path_factory.mktemp("deb") / "corpus", create=True, embedder=HASHING, chunk_tokens=32)
+    store.ingest(Document(k, v, k) for k, v in DEB.items())
+    return store
+
+
+def test_namespaced_ids_bridge_to_their_bare_mentions_by_the_alias_rule(deb: CorpusStore) -> None:
+    index = BridgeIndex(deb.document_ids(), alias="prefix")
+    assert index.mentioned("It links against libplinth at start.") == {"deb:libplinth"}
+    assert index.mentioned("It links against deb:libplinth, not libplinthx.") == {"deb:libplinth"}
+    assert index.mask("links against libplinth at start", "deb:libplinth", 1) == "links against [X1] at start"
+    assert BridgeIndex(deb.document_ids()).mentioned("links against libplinth") == set()  # without a rule
+    custom = BridgeIndex(["pypi/requests", "deb:requests"], alias=r"pypi/(.+)")  # a user rule, one group
+    assert custom.mentioned("uses requests") == {"pypi/requests"}
+    clash = BridgeIndex(["deb:foo", "rpm:foo", "foo-bar", "pkg:foo-bar"], alias="prefix")
+    assert clash.mentioned("foo and foo-bar") == {"foo-bar"}  # foo is ambiguous; a real id beats an alias
+    assert clash.ambiguous == ["foo"]
+    with pytest.raises(ValueError, match="GenerationConfig.id_alias.*one group"):
+        GenerationConfig(id_alias=r"deb:.+")
+    with pytest.raises(ValueError, match="GenerationConfig.id_alias"):
+        GenerationConfig(id_alias="(")
+
+    none, report = ExtractiveGenerator(deb, GenerationConfig(n=6, hops=(2,), id_alias="none")).generate()
+    assert report.bridge_sources == 0 and none == []  # the issue's 0 bridge sentences
+    tasks, report = ExtractiveGenerator(deb, GenerationConfig(n=6, hops=(2,), max_answer_df=1)).generate()
+    assert report.id_alias == "prefix" and report.aliased_ids == 4 and report.bridge_sources > 0
+    assert len(tasks) == 6, report.to_dict()
+    for task in tasks:
+        assert verify_task(task, deb) == []
+        first, second = task.info["facts"]
+        assert first["term"] == second["doc_id"] and second["doc_id"].startswith("deb:")
+        bare = second["doc_id"].removeprefix("deb:")
+        assert bare in first["quote"] and not re.search(rf"(?<![\w:]){re.escape(bare)}(?![\w])", task.prompt)
+
+
+def test_datagen_cli_exits_non_zero_with_the_reason_when_the_yield_is_far_below_n(deb: CorpusStore,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    from taskrl.datagen.multihop import DEFAULT_MIN_YIELD, TooFewTasksError
+
+    out = tmp_path / "tasks.jsonl"
+    args = ["datagen", "multihop", "--corpus", str(deb.path), "--out", str(out), "--hops", "2"]
+    low = CliRunner().invoke(app, [*args, "--n", "32", "--id-alias", "none"])
+    assert isinstance(low.exception, TooFewTasksError) and not out.exists()
+    message = str(low.exception)
+    assert "kept 0 of 32 tasks, nothing written" in message and "no sentence names another document" in message
+    assert "--id-alias" in message
+    enough = CliRunner().invoke(app, [*args, "--n", "4"])  # the default alias rule bridges them
+    assert enough.exit_code == 0 and len(read_tasks(out)) == 4, enough.output
+    out.unlink()
+    far = CliRunner().invoke(app, [*args, "--n", "400"])  # a few dozen distinct tasks exist; 400 is far above
+    assert isinstance(far.exception, TooFewTasksError) and f"--min-yield {DEFAULT_MIN_YIELD:g}" in str(far.exception)
+    assert not out.exists()
+    lenient = CliRunner().invoke(app, [*args, "--n", "400", "--min-yield", "0"])
+    assert lenient.exit_code == 0 and "warning: only" in " ".join(lenient.output.split()), lenient.output
+    bad = CliRunner().invoke(app, [*args, "--min-yield", "2"])
+    assert "--min-yield" in str(bad.exception)

@@ -234,7 +234,7 @@ def test_config_validation_small_batches_disabled_and_log_warning(caplog: pytest
         _, alerts = Monitors().check(3, [traj([]), traj([])])
     assert alerts and "tool_ngram_entropy" in caplog.text and "step 3" in caplog.text
     assert set(alerts[0].to_dict()) == {"step", "monitor", "value", "threshold", "message"}
-    assert len(MONITORS) == 13
+    assert len(MONITORS) == 15
 
 
 def test_shape_rewards_penalties_are_capped_and_idempotent() -> None:
@@ -316,7 +316,7 @@ async def test_monitors_that_need_tools_say_so_once_on_an_env_without_tools(capl
     assert [t.reward for t in batch] == [1.0, 1.0, 1.0]
     monitors = Monitors(tool_names=env.tools.names)
     assert set(monitors.not_applicable) == {"tool_ngram_entropy", "tool_concentration", "calls_per_success",
-                                            "loop_rate"}  # fmt: skip
+                                            "loop_rate", "tool_calls_per_episode", "unparsed_tool_calls"}  # fmt: skip
     with caplog.at_level(logging.INFO, logger="taskrl.monitor"):
         for step in range(3):
             metrics, alerts = monitors.check(step, batch)
@@ -329,7 +329,7 @@ async def test_monitors_that_need_tools_say_so_once_on_an_env_without_tools(capl
     assert "tool_ngram_entropy" in {a.monitor for a in Monitors(log_alerts=False).check(0, batch)[1]}
 
 
-RATES = set(MONITORS) - {"tool_ngram_entropy", "calls_per_success"}
+RATES = set(MONITORS) - {"tool_ngram_entropy", "calls_per_success", "tool_calls_per_episode"}
 
 
 @settings(max_examples=60, deadline=None)
@@ -351,3 +351,49 @@ def test_every_monitor_stays_in_range_and_never_raises(episodes: list) -> None:
         if name.removeprefix("monitor/") in RATES:
             assert value <= 1, name
     assert {a.monitor for a in alerts} <= {k.removeprefix("monitor/") for k in metrics}
+
+
+SHOP_TOOLS = ["lookup_price", "calculator"]
+
+
+def test_silent_tool_call_collapse_alarms_while_the_reward_looks_fine() -> None:
+    monitors = Monitors(tool_names=SHOP_TOOLS, log_alerts=False)
+    healthy = [traj(["lookup_price", "lookup_price", "calculator"], reward=1.0, group="g") for _ in range(4)]
+    metrics, alerts = monitors.check(1, healthy)
+    assert metrics["monitor/tool_calls_per_episode"] == 3.0 and metrics["monitor/unparsed_tool_calls"] == 0.0
+    assert not {a.monitor for a in alerts} & {"tool_calls_per_episode", "unparsed_tool_calls"}
+    # a parser mismatch: the model writes Llama-style calls the Hermes parser does not see; each turn is taken for
+    # the final answer, and the (lenient, hackable) reward still says 1.0
+    mismatch = '<function=lookup_price>{"item": "apple"}</function> The total is 6.'
+    collapsed = [traj([], reward=1.0, answer=mismatch, group="g") for _ in range(4)]
+    metrics, alerts = monitors.check(2, collapsed)
+    fired = {a.monitor: a for a in alerts}
+    assert metrics["monitor/tool_calls_per_episode"] == 0.0 and "tool_calls_per_episode" in fired
+    assert metrics["monitor/unparsed_tool_calls"] == 1.0 and "unparsed_tool_calls" in fired
+    # falling to a fifth of the run's peak alerts too, though still above the absolute floor
+    metrics, alerts = monitors.check(3, [traj(["lookup_price"], reward=1.0)] + [traj([], reward=1.0)] * 4)
+    assert metrics["monitor/tool_calls_per_episode"] == pytest.approx(0.2)
+    assert "tool_calls_per_episode" in {a.monitor for a in alerts}
+    assert [a.threshold for a in alerts if a.monitor == "tool_calls_per_episode"] == [pytest.approx(0.6)]
+    # JSON naming one of the env's tools in a plain answer is a call-like turn; a JSON answer about a person is not
+    json_call = traj([], answer='{"name": "calculator", "arguments": {"expression": "2*3"}}')
+    person = traj([], answer='{"name": "Ada", "born": 1815}')
+    fresh = Monitors(tool_names=SHOP_TOOLS, log_alerts=False)
+    assert fresh.check(0, [json_call, person])[0]["monitor/unparsed_tool_calls"] == 0.5
+    # parse failures that were counted as invalid calls spike the invalid-call rate, also with no valid call left
+    broken = [traj(["lookup_price"], invalid=1, reward=1.0) for _ in range(3)]
+    _, alerts = Monitors(tool_names=SHOP_TOOLS, log_alerts=False).check(0, broken)
+    assert {"invalid_call_rate", "tool_calls_per_episode"} <= {a.monitor for a in alerts}
+
+
+async def test_a_real_rollout_with_a_mismatched_call_format_raises_the_collapse_alarms() -> None:
+    env = make("shop")
+    tasks = list(env.tasks())[:3]
+    llama_style = ScriptedPolicy.from_turns(['<function=lookup_price>{"item": "apple"}</function>'])
+    batch = await run_episodes(lambda: make("shop"), llama_style, tasks, RolloutConfig(group_size=2))
+    assert all(t.metrics["tool_calls"] == 0 and t.terminated for t in batch)  # parsed as final answers
+    metrics, alerts = Monitors(tool_names=env.tools.names, log_alerts=False).check(0, batch)
+    assert {"tool_calls_per_episode", "unparsed_tool_calls"} <= {a.monitor for a in alerts}
+    honest = await run_episodes(lambda: make("shop"), ScriptedPolicy(env.scripted_rule), tasks, RolloutConfig())
+    _, alerts = Monitors(tool_names=env.tools.names, log_alerts=False).check(0, honest)
+    assert not {a.monitor for a in alerts} & {"tool_calls_per_episode", "unparsed_tool_calls"}

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from taskrl.envs.swarm.tasks import WIDE, render_prompt
 from taskrl.rewards.cheating import (
     BusyWork,
     FinishCredit,
@@ -15,7 +16,7 @@ from taskrl.rewards.cheating import (
     max_concurrency,
     subagent_intervals,
 )
-from taskrl.rewards.views import extract_numbers
+from taskrl.rewards.views import extract_facts, extract_numbers
 from taskrl.types import Trajectory
 
 
@@ -91,3 +92,20 @@ def test_finish_credit_golden() -> None:
     spawned.info["subagents_created"] = 4  # three were created and never given a task
     assert FinishCredit()(spawned, None) == 0.25
     assert FinishCredit()(swarm([]), None) == 0.0
+
+
+def test_grounding_fails_a_table_that_only_restates_the_prompt(build) -> None:
+    prompt = render_prompt(WIDE, ["Which colour is the flag of the amber club?", "Who founded the birch club?"])
+    honest = (
+        build(prompt)
+        .turn(("assign_task", {"agent_id": "a", "task": "amber flag"}, "ANSWER: amber-blue"))
+        .turn(("assign_task", {"agent_id": "b", "task": "birch founder"}, "ANSWER: Ada Birch"))
+    )
+    assert Grounding()(honest.answer("| 1 | amber-blue |\n| 2 | Ada Birch |"), None) == 1.0
+    # issue 37: the only numbers of a fabricated table are its row numbers, which the prompt states
+    assert Grounding()(honest.answer("| 1 | scarlet |\n| 2 | John Smith |"), None) == 0.0
+    assert Grounding()(honest.answer("| 1 | |\n| 2 | |"), None) == 0.0  # rows only: nothing found
+    copied = honest.answer("| 1 | the flag of the amber club |\n| 2 | the birch club |")
+    assert Grounding()(copied, None) == 0.0  # the prompt's own words are given, not found
+    assert Grounding()(honest.answer("| 1 | amber-blue |\n| 2 | John Smith |"), None) == 0.5
+    assert extract_facts("| row | answer |\n|---|---|\n| 1 | Ada  Birch. |") == {"1", "row", "answer", "ada birch"}

@@ -152,7 +152,8 @@ class CodeEnv(CodeTools, ToolEnv):
         self._initial = tree_state(workspace.path)
         self.edits = self.commands = self.test_runs = self.steps = 0
         self.checkpoint_errors = []
-        info = {"workspace_mode": workspace.mode, "sandbox": "bubblewrap" if self.sandbox.isolated else "none"}
+        info = {"workspace_mode": workspace.mode, "sandbox": "bubblewrap" if self.sandbox.isolated else "none",
+                "limits": self.sandbox.mechanisms(workspace.disk_mechanism())}  # fmt: skip
         return [Message("system", self.system_prompt), Message("user", task.prompt)], info
 
     async def step(self, tool_calls: list[ToolCall]) -> StepOutput:

@@ -263,25 +263,74 @@ def _process_table() -> dict[int, tuple[int, int, float]]:
 def tree_usage(root_pid: int) -> tuple[int, float, int]:
     """(summed RSS bytes, summed CPU seconds, process count) of ``root_pid`` and all its descendants."""
     table = _process_table()
+    pids = _descendants(root_pid, table)
+    return sum(table[p][1] for p in pids), sum(table[p][2] for p in pids), len(pids)
+
+
+def _descendants(root_pid: int, table: dict[int, tuple[int, int, float]]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    rss, cpu, count, todo = 0, 0.0, 0, [root_pid]
+    out, todo = [], [root_pid]
     while todo:
         pid = todo.pop()
         if pid in table:
-            rss += table[pid][1]
-            cpu += table[pid][2]
-            count += 1
+            out.append(pid)
         todo += children.get(pid, [])
-    return rss, cpu, count
+    return out
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size of a process (shared pages divided among their users), or None if unreadable."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+        for line in f:
+            if line.startswith(b"Pss:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+_OWN_MOUNT_NS = os.stat("/proc/self/ns/mnt").st_ino
+
+
+def tmpfs_used(pids: list[int], mounts: tuple[str, ...], size: int) -> int | None:
+    """Bytes held in the sandbox's private tmpfs ``mounts`` of ``size`` bytes each (its /tmp and /dev/shm: memory
+    no process's RSS shows), seen through the first of ``pids`` whose view has them; None if none has."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}/ns/mnt").st_ino == _OWN_MOUNT_NS:
+                continue  # still in ours (the launcher, bubblewrap's monitor): its /tmp is the host's
+            used = 0
+            for mount in mounts:
+                st = os.statvfs(f"/proc/{pid}/root{mount}")
+                if abs(st.f_blocks * st.f_frsize - size) > _PAGE:  # not ours yet (bubblewrap still setting up)
+                    break
+                used += (st.f_blocks - st.f_bfree) * st.f_frsize
+            else:
+                return used
+    return None
+
+
+WATCHDOG_PERIOD_S = 0.1
+"""How often the watchdog samples a command far from its limits (commands shorter than this cost nothing)."""
+WATCHDOG_FAST_PERIOD_S = 0.01
+"""How often it samples once a command has used half of a limit: the overshoot is what it adds in one period."""
+FAST_START_SAMPLES = 10
+"""Samples taken at the fast period when a command starts (its first 0.1 s)."""
+DISK_RESERVE_BYTES = 256 << 20
+"""A command is stopped before it leaves the workspace's file system less free space than this, whatever its
+quota (a quota larger than the free space must not fill the host's disk)."""
+MEMORY_MECHANISM = "watchdog over the summed PSS of the sandbox's processes plus its /tmp and /dev/shm"
+DISK_MECHANISM = "watchdog over the free space the command consumed, plus RLIMIT_FSIZE at the remaining quota"
 
 
 class TreeWatchdog:
     """Polls a command's process tree and its workspace's file system; ``check()`` says which limit it broke.
 
-    Holds, where no cgroup does, the sandbox-wide memory (summed RSS) and CPU-seconds limits, and everywhere
-    the workspace's disk quota when it is not a size-limited mount (the free space the command consumed).
+    Holds, where no cgroup does, the sandbox-wide memory limit (the summed RSS of the tree, confirmed with the
+    summed PSS so shared pages count once, plus what its private tmpfs mounts hold) and CPU-seconds limit, and
+    everywhere the workspace's disk quota when it is not a size-limited mount (the free space the command
+    consumed, never below ``DISK_RESERVE_BYTES`` free). ``period()`` shortens once a limit is half used;
+    ``peak_memory``/``peak_disk`` are the highest readings (for the benchmark and the log).
     """
 
     def __init__(
@@ -292,32 +341,67 @@ class TreeWatchdog:
         cpu_seconds: float | None,
         disk_path: str | None,
         disk_bytes: int | None,
+        tmpfs_mounts: tuple[str, ...] = (),
+        tmpfs_bytes: int = 0,
     ) -> None:
         self.root_pid = root_pid
         self.memory_bytes, self.cpu_seconds = memory_bytes, cpu_seconds
         self.disk_path, self.disk_bytes = disk_path, disk_bytes
+        self.tmpfs_mounts, self.tmpfs_bytes = tmpfs_mounts, tmpfs_bytes
         self._free_at_start = _free_bytes(disk_path) if disk_path and disk_bytes is not None else None
+        self.peak_memory = 0
+        self.peak_disk = 0
+        self._load = 0.0
+        self._samples = 0
 
     @property
     def needed(self) -> bool:
         return self.memory_bytes is not None or self.cpu_seconds is not None or self._free_at_start is not None
 
+    def period(self) -> float:
+        """Seconds until the next sample: short for the first ``FAST_START_SAMPLES`` (a command that floods from
+        its first instant) and once a limit is half used."""
+        self._samples += 1
+        fast = self._load >= 0.5 or self._samples <= FAST_START_SAMPLES
+        return WATCHDOG_FAST_PERIOD_S if fast else WATCHDOG_PERIOD_S
+
     def check(self) -> str | None:
+        self._load = 0.0
         if self.memory_bytes is not None or self.cpu_seconds is not None:
-            rss, cpu, _ = tree_usage(self.root_pid)
-            if self.memory_bytes is not None and rss > self.memory_bytes:
-                return (
-                    f"memory limit: the sandbox's processes used {rss >> 20} MiB together "
-                    f"(limit {self.memory_bytes >> 20} MiB), killed"
-                )
+            table = _process_table()
+            pids = _descendants(self.root_pid, table)
+            cpu = sum(table[p][2] for p in pids)
+            if self.memory_bytes is not None:
+                memory = sum(table[p][1] for p in pids) + (tmpfs_used(pids, self.tmpfs_mounts, self.tmpfs_bytes) or 0)
+                if memory > self.memory_bytes:  # RSS counts shared pages in every process: confirm with PSS
+                    pss = [pss_bytes(p) for p in pids]
+                    memory = sum(table[p][1] if v is None else v for p, v in zip(pids, pss, strict=True))
+                    memory += tmpfs_used(pids, self.tmpfs_mounts, self.tmpfs_bytes) or 0
+                self.peak_memory = max(self.peak_memory, memory)
+                self._load = memory / self.memory_bytes
+                if memory > self.memory_bytes:
+                    return (
+                        f"memory limit: the sandbox's processes and its /tmp and /dev/shm held {memory >> 20} MiB "
+                        f"together (limit {self.memory_bytes >> 20} MiB; {MEMORY_MECHANISM}: no memory cgroup "
+                        "here), killed"
+                    )
             if self.cpu_seconds is not None and cpu > self.cpu_seconds:
                 return f"CPU time limit exceeded: the sandbox's processes used {cpu:.0f} CPU-seconds together"
         if self._free_at_start is not None:
-            used = self._free_at_start - _free_bytes(self.disk_path)  # type: ignore[arg-type]
+            free = _free_bytes(self.disk_path)  # type: ignore[arg-type]
+            used = self._free_at_start - free
+            self.peak_disk = max(self.peak_disk, used)
+            budget = max(1, self.disk_bytes)  # type: ignore[type-var]
+            self._load = max(self._load, used / budget, (DISK_RESERVE_BYTES * 2) / max(free, 1))
             if used > self.disk_bytes:  # type: ignore[operator]
                 return (
                     f"disk quota: the command wrote more than the workspace's remaining "
-                    f"{max(0, self.disk_bytes) >> 20} MiB, killed; delete files to make room"  # type: ignore[arg-type]
+                    f"{max(0, self.disk_bytes) >> 20} MiB ({DISK_MECHANISM}), killed; delete files to make room"  # type: ignore[arg-type]
+                )
+            if free < DISK_RESERVE_BYTES:
+                return (
+                    f"disk quota: the workspace's file system is almost full ({free >> 20} MiB left), killed; "
+                    "delete files to make room"
                 )
         return None
 
@@ -334,7 +418,7 @@ def describe_limits(cgroups: Cgroups | None) -> str:
     parts = []
     for h in cgroups.hierarchies:
         parts.append(f"{', '.join(sorted(h.controllers))}: cgroup v{h.version} under {h.parent}")
-    fallback = {"memory": "summed-RSS watchdog + RLIMIT_AS", "pids": "RLIMIT_NPROC", "cpu": "CPU-seconds watchdog"}
+    fallback = {"memory": MEMORY_MECHANISM + " + RLIMIT_AS", "pids": "RLIMIT_NPROC", "cpu": "CPU-seconds watchdog"}
     for c, why in sorted(cgroups.why_not.items()):
         parts.append(f"{c}: {fallback[c]} ({why})")
     return "; ".join(parts)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from taskrl.envs.code import limits
 from taskrl.envs.code.limits import Cgroups, TreeWatchdog
+from taskrl.types import InfraError
 from taskrl.validate import above, require
 
 SANDBOX_WORKDIR = "/workspace"
@@ -43,7 +44,6 @@ SANDBOX_HOST_UID = 64_000
 """The host uid (and gid) sandboxed commands really run as when taskrl runs as root: it owns nothing on the host,
 so a command can write no host kernel setting, no root-owned file, and no shared copy-on-write base file."""
 _PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/fs", "/proc/acpi", "/proc/scsi", "/proc/kcore")
-_WATCHDOG_PERIOD_S = 0.1
 _SH_IS_DASH = os.path.basename(os.path.realpath("/bin/sh")) == "dash"  # ulimit -f in 512-byte blocks, -p nproc
 log = logging.getLogger(__name__)
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf")
@@ -56,7 +56,13 @@ _SIGNAL_REASONS = {
 }
 
 
-class SandboxUnavailableError(RuntimeError):
+class SandboxError(InfraError):
+    """The sandbox itself failed (not the command in it): an infrastructure failure, never the policy's."""
+
+    source = "sandbox"
+
+
+class SandboxUnavailableError(SandboxError):
     """bubblewrap is missing or cannot create namespaces on this machine."""
 
 
@@ -69,7 +75,8 @@ class SandboxConfig:
     cpu_seconds: int = 60
     """RLIMIT_CPU of every process in the sandbox (SIGXCPU past it)."""
     memory_bytes: int = 4 << 30
-    """Memory of the whole sandbox (a memory cgroup, else a watchdog over the summed RSS of its processes); also
+    """Memory of the whole sandbox: a memory cgroup, else a watchdog over its processes' summed memory (PSS) plus
+    what its /tmp and /dev/shm hold, sampled every 10 ms once half is used (``limits.TreeWatchdog``); also
     RLIMIT_AS of every process."""
     cpus: float = 1.0
     """CPU cores the sandbox may use at once (a cgroup CPU quota where one can be made)."""
@@ -87,6 +94,9 @@ class SandboxConfig:
     """Run commands without bubblewrap (no namespaces; rlimits, timeout and output caps still apply)."""
     bwrap: str = "bwrap"
     """The bubblewrap executable (a name on PATH or a path)."""
+    cgroups: bool = True
+    """Use the cgroups this machine delegates; False holds every limit with the fallbacks (rlimits and the
+    watchdog), as on a machine that delegates none (tests and benchmarks of the fallback)."""
     ro_binds: tuple[str, ...] = ()
     """Extra host paths bound read-only at the same place (datasets, toolchains)."""
     env: dict[str, str] = field(default_factory=dict)
@@ -130,6 +140,10 @@ class CommandResult:
     killed: str | None = None
     truncated: bool = False
     note: str | None = None
+    peak_memory_bytes: int | None = None
+    """Highest memory the watchdog read for the sandbox (None where a cgroup held the limit)."""
+    peak_disk_bytes: int | None = None
+    """Most bytes of free space the command consumed, as the watchdog read it (None without a disk quota)."""
 
     @property
     def ok(self) -> bool:
@@ -343,6 +357,14 @@ def _identity_dir() -> Path:
     return _IDENTITY[0]
 
 
+async def _spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
+    """Start the sandbox's launcher; a host that cannot start it (no memory, no pids, no fds) is a ``SandboxError``."""
+    try:
+        return await asyncio.create_subprocess_exec(*argv, **kwargs)  # type: ignore[arg-type]
+    except OSError as e:
+        raise SandboxError(f"could not start the sandbox ({argv[0]}): {e}") from e
+
+
 class Sandbox:
     """Runs commands in a workspace under the configured isolation. Safe to share between episodes."""
 
@@ -354,7 +376,11 @@ class Sandbox:
             raise SandboxUnavailableError("prlimit (util-linux) is not installed; it applies the sandbox's rlimits")
         self.prlimit = prlimit
         self._setpriv = _drop_privileges() if self.bwrap else []
-        self._cgroups = Cgroups.find()
+        self._cgroups = (
+            Cgroups.find()
+            if self.config.cgroups
+            else Cgroups([], {c: "cgroups off (SandboxConfig.cgroups)" for c in limits.CONTROLLERS})
+        )
         self.limits = limits.describe_limits(self._cgroups)
         """Which mechanism holds each limit here (cgroup or fallback, and why)."""
         self.process_limit = "pids cgroup" if "pids" in self._cgroups.controllers else "RLIMIT_NPROC"
@@ -439,7 +465,19 @@ class Sandbox:
         # last: every mount point exists by now, and the sandbox's own root becomes read-only too
         return [*argv, "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR, "--", *command]
 
-    def _launcher(self, cgroups: list[Path], nproc: int | None) -> list[str]:
+    def mechanisms(self, disk_quota: str) -> dict[str, str]:
+        """Which mechanism holds each whole-sandbox limit here (``memory``, ``processes``, ``cpu``, ``disk``), for
+        an episode's info; ``disk_quota`` is the workspace's own (a size-capped mount, or the watchdog)."""
+        controllers = self._cgroups.controllers
+        version = {c: h.version for h in self._cgroups.hierarchies for c in h.controllers}
+        return {
+            "memory": f"cgroup v{version['memory']}" if "memory" in controllers else limits.MEMORY_MECHANISM,
+            "processes": self.process_limit,
+            "cpu": f"cgroup v{version['cpu']}" if "cpu" in controllers else "CPU-seconds watchdog + RLIMIT_CPU",
+            "disk": disk_quota,
+        }
+
+    def _launcher(self, cgroups: list[Path], nproc: int | None, file_bytes: int) -> list[str]:
         """Exec wrappers that apply the limits before anything else runs. Not a preexec_fn: without one Python
         spawns with vfork, which stays fast in a large process (fork() of a process holding a model is slow)."""
         cfg = self.config
@@ -447,7 +485,7 @@ class Sandbox:
             self.prlimit,
             f"--cpu={cfg.cpu_seconds}:{cfg.cpu_seconds + 1}",
             f"--as={cfg.memory_bytes}",
-            f"--fsize={cfg.max_file_bytes}",
+            f"--fsize={file_bytes}",
             "--core=0",
             *([f"--nproc={nproc}"] if nproc is not None else []),
             "--",
@@ -463,7 +501,7 @@ class Sandbox:
         # dash's ulimit sets the rlimits in the same shell: one exec less than sh + prlimit on every command
         ulimits = (
             f"ulimit -S -t {cfg.cpu_seconds} && ulimit -H -t {cfg.cpu_seconds + 1} && "
-            f"ulimit -v {cfg.memory_bytes // 1024} && ulimit -f {cfg.max_file_bytes // 512} && ulimit -c 0"
+            f"ulimit -v {cfg.memory_bytes // 1024} && ulimit -f {max(1, file_bytes // 512)} && ulimit -c 0"
             + (f" && ulimit -p {nproc}" if nproc is not None else "")
         )
         script = join + ulimits + ' || exit 125; exec "$@"'
@@ -498,11 +536,15 @@ class Sandbox:
         cgroups = self._cgroups.create(cfg.memory_bytes, cfg.max_processes, cfg.cpus)
         controllers = self._cgroups.controllers
         nproc = None if "pids" in controllers else cfg.max_processes + _user_processes(host_uid())
+        # no one file may outgrow what is left of the quota: a hard bound between two watchdog samples
+        file_bytes = (
+            cfg.max_file_bytes if disk_quota_bytes is None else max(4096, min(cfg.max_file_bytes, disk_quota_bytes))
+        )
         handed = [fd for fd in (stdin_fd, stdout_fd, *pass_fds) if fd is not None]
         start = time.perf_counter()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._launcher(cgroups, nproc),
+            proc = await _spawn(
+                *self._launcher(cgroups, nproc, file_bytes),
                 *self._argv(argv, str(workspace), binds),
                 stdin=asyncio.subprocess.DEVNULL if stdin_fd is None else stdin_fd,
                 stdout=asyncio.subprocess.PIPE if stdout_fd is None else stdout_fd,
@@ -521,6 +563,8 @@ class Sandbox:
                 cpu_seconds=None if "memory" in controllers else float(cfg.cpu_seconds),
                 disk_path=str(workspace),
                 disk_bytes=disk_quota_bytes,
+                tmpfs_mounts=("/tmp", "/dev/shm") if self.isolated else (),
+                tmpfs_bytes=cfg.tmp_bytes,
             )
             return await self._supervise(proc, cgroups, timeout, start, watchdog)
         finally:
@@ -557,7 +601,7 @@ class Sandbox:
 
         async def watch() -> None:
             while True:
-                await asyncio.sleep(_WATCHDOG_PERIOD_S)  # commands shorter than a period cost nothing
+                await asyncio.sleep(watchdog.period())  # commands shorter than a period cost nothing
                 broken = await asyncio.to_thread(watchdog.check)
                 if broken is not None:
                     kill(broken)
@@ -604,4 +648,6 @@ class Sandbox:
             killed=killed,
             truncated=out.total > out.kept or err.total > err.kept,
             note=note,
+            peak_memory_bytes=watchdog.peak_memory if watchdog.memory_bytes is not None else None,
+            peak_disk_bytes=watchdog.peak_disk if watchdog.disk_bytes is not None else None,
         )

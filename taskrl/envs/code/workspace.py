@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from taskrl.envs.code.limits import DISK_MECHANISM
 from taskrl.envs.code.mounts import _mount_overlay, _mount_tmpfs, _mounts_under, _unmount, overlay_available
 from taskrl.envs.code.trees import (
     _ROOT,
@@ -249,13 +250,25 @@ class Workspace:
         if self.mode == "overlay":
             st = os.statvfs(self._layers)
             return (st.f_blocks - st.f_bfree) * st.f_frsize
+        # Each inode once, and only the base's own inodes (hard-linked into every workspace) are free: a hard
+        # link the agent made to its own file is no way to hide the file from the quota.
+        shared = self.base.frozen(self.dir.parent)[3] if self.mode == "hardlink" else frozenset()
+        seen: set[tuple[int, int]] = set()
         total = 0
         with contextlib.suppress(OSError, WorkspaceError):
             for _, st in walk_tree(self.path):
-                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:  # shared hard links cost nothing
+                key = (st.st_dev, st.st_ino)
+                if stat.S_ISREG(st.st_mode) and key not in shared and key not in seen:
+                    seen.add(key)
                     total += st.st_blocks * 512
         self._usage = total
         return total
+
+    def disk_mechanism(self) -> str:
+        """What holds this workspace's disk quota for the whole episode (for the episode's info)."""
+        if self.mode == "overlay":
+            return f"size-capped tmpfs under the overlay's upper layer ({self.disk_quota_bytes >> 20} MiB)"
+        return f"{DISK_MECHANISM} ({self.disk_quota_bytes >> 20} MiB per episode, what the agent added counted)"
 
     def disk_budget(self) -> int | None:
         """What the next command may still write: None when a mount enforces the quota itself (overlay)."""

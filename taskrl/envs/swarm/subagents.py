@@ -16,12 +16,19 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from taskrl.env import Env, Wrapper, call_hook, declared, maybe_await
-from taskrl.policies.base import Policy
+from taskrl.policies.base import InvalidRequestError, Policy, PolicyError
 from taskrl.rollout import RolloutConfig, run_episode
-from taskrl.types import Message, Task, Trajectory
+from taskrl.types import InfraError, Message, Task, Trajectory
 
 if TYPE_CHECKING:
     from taskrl.chat import ChatFormat
+
+
+class SubagentEngineError(InfraError):
+    """A sub-agent's engine (a served model) failed: the orchestrator's episode ends as an infrastructure
+    failure, out of its GRPO group, instead of being scored on a helper that could not answer."""
+
+    source = "engine"
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,8 @@ class SubagentRuntime:
         ``task`` and, in ``record_episode``, ``critical``, ``step_start``/``step_end`` and the credit keys.
 
         A sub-agent that times out or whose env breaks still returns a trajectory (with ``error`` set), so the
-        orchestrator sees what happened and the episode goes on.
+        orchestrator sees what happened and the episode goes on. A sub-agent whose engine fails (a
+        ``PolicyError`` other than an invalid request) raises ``SubagentEngineError``: no fault of the policy.
         """
         config = replace(self.rollout, max_turns=max(1, min(max_steps, self.rollout.max_turns)), training=False)
         env = SubagentEnv(self.env_factory(), agent)
@@ -135,6 +143,10 @@ class SubagentRuntime:
         try:
             async with asyncio.timeout(self.timeout_s):
                 child = await run_episode(env, policy, Task(task_id, task_text), config, seed=seed)  # type: ignore[arg-type]
+        except InvalidRequestError:
+            raise
+        except PolicyError as e:
+            raise SubagentEngineError(f"sub-agent {agent.agent_id}'s engine failed: {e}") from e
         except TimeoutError:
             child = Trajectory(task_id=task_id, env=env.name, seed=seed, truncated=True)
             child.error = f"TimeoutError: sub-agent ran past {self.timeout_s:g}s"
@@ -142,6 +154,9 @@ class SubagentRuntime:
             child.metrics["turns"] = float(min(policy.turns, config.max_turns))  # the turn in flight counts
         finally:
             await maybe_await(call_hook(env, "close"))
+        failure = child.infra_failure
+        if failure is not None and failure.get("source") == "engine":  # a rollout config that drops engine failures
+            raise SubagentEngineError(f"sub-agent {agent.agent_id}'s engine failed: {failure.get('detail')}")
         child.trainable = False
         child.info.update(
             {"started_at": started, "ended_at": time.monotonic(), "name": agent.name, "agent_id": agent.agent_id,

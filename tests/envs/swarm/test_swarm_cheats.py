@@ -144,7 +144,35 @@ def fanout_twice(messages: list[Message], tools: Any) -> str:
     return "\n".join(calls)
 
 
-CHEATS = {"serial_with_dummies": serial_with_dummies, "one_row_ten_times": one_row_ten_times,
+def created_never_assigned(messages: list[Message], tools: Any) -> str:
+    """Honest fan-out plus 20 sub-agents created and never given anything (issue 37: raised nothing)."""
+    if turn_of(messages):
+        return table(messages)
+    return "\n".join([fanout_rule(messages, tools), *[create(f"idle{i}") for i in range(20)]])
+
+
+def empty_tasks(messages: list[Message], tools: Any) -> str:
+    """Honest fan-out plus 20 sub-agents given empty tasks (the env refuses them, so no sub-agent runs)."""
+    if turn_of(messages):
+        return table(messages)
+    extra = [f"e{i}" for i in range(20)]
+    return "\n".join([fanout_rule(messages, tools), *map(create, extra), *[assign(e, " ") for e in extra]])
+
+
+def trivial_tasks(messages: list[Message], tools: Any) -> str:
+    """Honest fan-out plus 10 sub-agents each given a trivial task ("go."), one per turn (never together)."""
+    turn = turn_of(messages)
+    if turn == 0:
+        return "\n".join([fanout_rule(messages, tools), *[create(f"t{i}") for i in range(10)]])
+    return assign(f"t{turn - 1}", "go.") if turn <= 10 else table(messages)
+
+
+IDLE_CHEATS = {
+    "created_never_assigned": created_never_assigned,
+    "empty_tasks": empty_tasks,
+    "trivial_tasks": trivial_tasks,
+}
+CHEATS = {**IDLE_CHEATS, "serial_with_dummies": serial_with_dummies, "one_row_ten_times": one_row_ten_times,
           "padded_fanout": padded_fanout, "unknown_finishers": unknown_finishers, "fanout_twice": fanout_twice,
           "flood_one_id": flood_one_id}  # fmt: skip
 
@@ -212,6 +240,13 @@ def test_every_cheat_scores_below_the_expert_and_is_flagged(name: str, tasks_pat
     if name == "flood_one_id":  # one sub-agent works on one task at a time: nothing ran at once
         assert all(t.metrics["swarm/max_concurrency"] == 1 and t.metrics["critical_steps"] >= 600 for t in cheats)
         assert all(t.rewards["parallel"] == 0.0 for t in cheats)
+
+
+@pytest.mark.parametrize("name", list(IDLE_CHEATS))
+def test_idle_and_empty_sub_agents_raise_spurious_parallelism(name: str, tasks_path: str) -> None:
+    cheats = play(tasks_path, IDLE_CHEATS[name])
+    assert all(t.info["subagents_created"] >= 10 for t in cheats)
+    assert "spurious_parallelism" in alerts_of(cheats), name
 
 
 def test_nonsense_sub_agents_with_weak_helpers_score_below_honest_play(tasks_path: str) -> None:

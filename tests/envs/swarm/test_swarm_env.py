@@ -14,6 +14,7 @@ from taskrl.envs.swarm.tasks import WIDE, render_prompt
 from taskrl.monitor import MonitorConfig, Monitors, spurious_parallelism
 from taskrl.monitor import serial_collapse as serial_collapse_rate
 from taskrl.parsing import parse_hermes
+from taskrl.policies.base import PolicyError
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.report.data import timeline
 from taskrl.rollout import RolloutConfig, run_episode, run_episodes
@@ -176,3 +177,21 @@ def test_config_errors_name_the_field() -> None:
         SwarmEnvConfig(subagent_policy="magic")
     assert SwarmEnvConfig.preset("wide").orchestrator_max_steps == 100
     assert SwarmEnvConfig.preset("deep").orchestrator_max_steps == 15
+
+
+class DeadEngine(ScriptedPolicy):
+    async def generate(self, **kwargs: Any) -> Any:
+        raise PolicyError("HTTP 502 from the sub-agents' server")
+
+
+def test_a_sub_agent_whose_engine_fails_ends_the_episode_as_an_infrastructure_failure(
+    wide_tasks_path: str, swarm_corpus: Any
+) -> None:
+    env = SwarmEnv(SwarmEnvConfig(tasks=wide_tasks_path, corpus=str(swarm_corpus.path)),
+                   subagent_policy=DeadEngine(lambda m, t: ""))  # fmt: skip
+    create = format_tool_call("create_subagent", {"name": "h", "system_prompt": "You are H."})
+    assign = format_tool_call("assign_task", {"agent_id": "h", "task": "What is six times seven?"})
+    traj = one_episode(env, [f"{create}\n{assign}", "| 1 | 42 |"])
+    # before: the helper's failure was an error observation and the orchestrator was scored on it
+    assert traj.infra_failure is not None and traj.infra_failure["source"] == "engine", traj.messages[-1]
+    assert "HTTP 502" in traj.infra_failure["detail"] and not traj.trainable

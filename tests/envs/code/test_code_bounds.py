@@ -1,0 +1,115 @@
+"""Whole-sandbox bounds where no cgroup holds them (issue 37): the memory of all a sandbox's processes and of its
+private tmpfs together, and the workspace's disk for the whole episode; each kill names the mechanism."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from taskrl.envs.code import limits
+from taskrl.envs.code.sandbox import Sandbox, SandboxConfig, host_uid
+from taskrl.envs.code.workspace import BaseTree, WorkspaceConfig, WorkspacePool
+
+MIB = 1 << 20
+LIMIT = 384 * MIB
+HOG = "python -c \"import time; b = bytearray({n}); b[::4096] = b'x' * len(b[::4096]); time.sleep(8)\""
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def no_cgroup() -> Sandbox:
+    """A real bubblewrap sandbox holding its limits as on a machine that delegates no cgroup."""
+    return Sandbox(SandboxConfig(cgroups=False, memory_bytes=LIMIT, tmp_bytes=160 * MIB, timeout_s=20,
+                                 max_file_bytes=256 * MIB))  # fmt: skip
+
+
+@pytest.fixture
+def workspace(agent_tmp: Path) -> Path:
+    ws = agent_tmp / "ws"
+    ws.mkdir()
+    os.chown(ws, host_uid(), host_uid())
+    return ws
+
+
+def test_the_fallback_names_its_mechanisms(no_cgroup: Sandbox) -> None:
+    held = no_cgroup.mechanisms("the disk's")
+    assert held["memory"] == limits.MEMORY_MECHANISM and held["processes"] == "RLIMIT_NPROC"
+    assert held["disk"] == "the disk's" and "cgroups off" in no_cgroup.limits
+
+
+async def test_three_processes_sharing_out_more_than_the_limit_are_killed(no_cgroup: Sandbox, workspace: Path) -> None:
+    share = int(0.45 * LIMIT)  # each one far under the limit (and its RLIMIT_AS); 1.35x the limit together
+    result = await no_cgroup.run(" & ".join([HOG.format(n=share)] * 3) + " & wait", workspace)
+    assert result.killed is not None and result.killed.startswith("memory limit"), result
+    assert limits.MEMORY_MECHANISM in result.killed  # the mechanism that held it is named
+    # killed while they held it, well before all three had their share (1.35x): the sampling caught the crossing
+    assert result.peak_memory_bytes is not None and LIMIT < result.peak_memory_bytes < 1.3 * LIMIT, result
+    assert result.duration_s < 8, "killed at the limit, not at the end of the command"
+
+
+async def test_memory_held_in_the_sandboxs_tmpfs_counts(no_cgroup: Sandbox, workspace: Path) -> None:
+    # 150 MB in /dev/shm and 150 MB in /tmp are in no process's RSS; with a 120 MB process: over 384 MiB
+    fill = "head -c 150000000 /dev/zero > /dev/shm/a && head -c 150000000 /dev/zero > /tmp/b && "
+    result = await no_cgroup.run(fill + HOG.format(n=120 * MIB), workspace)
+    assert result.killed is not None and result.killed.startswith("memory limit"), result
+    assert "/tmp and /dev/shm" in result.killed
+    calm = await no_cgroup.run(fill + "echo fits", workspace)  # the tmpfs alone stays under the limit
+    assert calm.ok and calm.stdout == "fits\n", calm
+
+
+async def test_one_command_writing_past_the_disk_bound_is_stopped(no_cgroup: Sandbox, workspace: Path) -> None:
+    quota = 48 * MIB
+    one = await no_cgroup.run("head -c 300000000 /dev/zero > big; echo after", workspace, disk_quota_bytes=quota)
+    # stopped at the quota: by RLIMIT_FSIZE at the remaining quota (head dies of SIGXFSZ, the shell goes on), or by
+    # the watchdog (the whole command killed), whichever comes first
+    by_rlimit = "File size limit exceeded" in one.stderr and one.stdout == "after\n"
+    assert by_rlimit or (one.killed is not None and "disk quota" in one.killed), one
+    assert (workspace / "big").stat().st_size <= quota
+    (workspace / "big").unlink()
+    writers = " & ".join(f"head -c 30000000 /dev/zero > w{i}" for i in range(8)) + " & wait"
+    many = await no_cgroup.run(writers, workspace, disk_quota_bytes=quota)
+    assert many.killed is not None and "disk quota" in many.killed and limits.DISK_MECHANISM in many.killed, many
+    written = sum(p.stat().st_size for p in workspace.glob("w*"))
+    assert written < 2 * quota, written >> 20
+
+
+@pytest.mark.parametrize("mode", ["copy", *(["hardlink"] if ROOT else [])])
+async def test_repeated_writes_share_one_bound_per_episode(no_cgroup: Sandbox, base_tree: Path, mode: str,
+                                                           workspace_config: WorkspaceConfig) -> None:  # fmt: skip
+    quota = 64 * MIB  # the watchdog reads the file system's free space: room for other writers on a shared disk
+    config = WorkspaceConfig(root=workspace_config.root, mode=mode, pool_size=0, disk_quota_bytes=quota)
+    pool = WorkspacePool(BaseTree(base_tree), config)
+    ws = pool.acquire()
+    try:
+        assert "per episode" in ws.disk_mechanism()
+        # a hard link to the agent's own file does not hide it from the quota (it did: nlink > 1 counted 0)
+        first = await no_cgroup.run("head -c 30000000 /dev/zero > a && ln a b", ws.path,
+                                    disk_quota_bytes=ws.disk_budget())  # fmt: skip
+        assert first.ok, first
+        assert ws.disk_usage() >= 28 * MIB and ws.disk_budget() <= 36 * MIB  # type: ignore[operator]
+        for _ in range(2):  # the next commands get only what is left, however often they try
+            again = await no_cgroup.run("head -c 60000000 /dev/zero > c$RANDOM", ws.path,
+                                        disk_quota_bytes=ws.disk_budget())  # fmt: skip
+            assert again.killed is not None or "File size limit exceeded" in again.stderr, again
+            assert ws.disk_usage() <= quota + 2 * MIB
+    finally:
+        ws.destroy()
+        pool.close()
+
+
+@pytest.mark.parametrize("mode", ["copy", *(["overlay"] if ROOT else [])])
+async def test_the_episode_info_names_the_mechanism_of_each_limit(workspace_config: WorkspaceConfig, mode: str) -> None:
+    from taskrl.envs.code.env import CodeEnvConfig, HumanEvalEnv
+
+    workspace = WorkspaceConfig(root=workspace_config.root, mode=mode, pool_size=0, disk_quota_bytes=32 * MIB)
+    env = HumanEvalEnv(CodeEnvConfig(sandbox=SandboxConfig(cgroups=False), workspace=workspace))
+    try:
+        _, info = await env.reset(env.tasks("all")[0])
+    finally:
+        env.close()
+    held = info["limits"]
+    assert held["memory"] == limits.MEMORY_MECHANISM and held["processes"] == "RLIMIT_NPROC"
+    expected = "size-capped tmpfs" if info["workspace_mode"] == "overlay" else limits.DISK_MECHANISM
+    assert expected in held["disk"] and "32 MiB" in held["disk"], held
