@@ -131,14 +131,14 @@ class OpenAIPolicy(PolicyBase):
 
         Later requests use ``model=name``, as vLLM selects adapters by model name. Returns the new version.
         """
-        await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path}, json_reply=False)
         self.model = name
         self.version += 1
         return self.version
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Ask the server to drop adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``); this policy is unchanged."""
-        await self._post("/unload_lora_adapter", {"lora_name": name})
+        await self._post("/unload_lora_adapter", {"lora_name": name}, json_reply=False)
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _url(self, path: str) -> str:
@@ -155,8 +155,9 @@ class OpenAIPolicy(PolicyBase):
             entry = self._clients[id(loop)] = (loop, httpx.AsyncClient(timeout=self.timeout_s, headers=headers))
         return entry[1]
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST with bounded retries on connection errors and 5xx; every failure is a PolicyError."""
+    async def _post(self, path: str, body: dict[str, Any], *, json_reply: bool = True) -> Any:
+        """POST with bounded retries on connection errors and 5xx; every failure is a PolicyError. The decoded JSON
+        reply, or with ``json_reply=False`` its text (vLLM answers adapter loads in plain text)."""
         url = self._url(path)
         for attempt in range(self.max_retries + 1):
             last_try = attempt == self.max_retries
@@ -177,6 +178,8 @@ class OpenAIPolicy(PolicyBase):
             except httpx.HTTPError as exc:
                 raise PolicyError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
             else:
+                if response.status_code < 400 and not json_reply:
+                    return response.text
                 if response.status_code < 400:
                     try:
                         return response.json()

@@ -236,7 +236,7 @@ class VLLMPolicy(OpenAIPolicy):
                 "since a reused name would keep serving the old adapter's cached prefixes"
             )
         try:
-            await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, json_reply=False)
         except PolicyError as exc:
             raise PolicyError(
                 f"LoRA version {version} ({name!r} from {str(path)!r}) failed to load: {exc}; still serving "
@@ -254,7 +254,7 @@ class VLLMPolicy(OpenAIPolicy):
     async def _unload_stale(self) -> None:
         for name in list(self.adapters)[: max(0, len(self.adapters) - (self.max_staleness + 1))]:
             try:
-                await self._post("/unload_lora_adapter", {"lora_name": name})
+                await self._post("/unload_lora_adapter", {"lora_name": name}, json_reply=False)
             except PolicyError as exc:
                 logger.warning("adapter %s stays loaded on the server (retried at the next load): %s", name, exc)
             else:

@@ -18,6 +18,7 @@ from taskrl.chat import ChatFormat
 from taskrl.env import ToolEnv
 from taskrl.envs.builtin import PriceLookup, lookup
 from taskrl.policies.base import Completion, InvalidRequestError, PolicyError, SamplingParams
+from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.vllm import VLLMPolicy
 from taskrl.rollout import RolloutConfig, run_episode
 from taskrl.types import Message, Task, ToolCall
@@ -88,14 +89,14 @@ async def test_sampled_ids_and_logprobs_match_the_learner(
 ) -> None:
     policy = make_policy(vllm_server, chat_format)
     prompts = [chat_format.prompt_ids([Message("user", q)]) for q in QUESTIONS]
-    sampling = [SamplingParams(max_new_tokens=32, temperature=temperature, seed=i) for i in range(len(prompts))]
+    sampling = [SamplingParams(max_new_tokens=16, temperature=temperature, seed=i) for i in range(len(prompts))]
     completions = await asyncio.gather(
         *(policy.generate(token_ids=p, sampling=s) for p, s in zip(prompts, sampling, strict=True))
     )
     sampler, learned = [], []
     for prompt, completion in zip(prompts, completions, strict=True):
         assert completion.prompt_token_ids == prompt and completion.info["engine"] == "vllm"
-        assert 0 < len(completion.token_ids) == len(completion.logprobs) <= 32
+        assert 0 < len(completion.token_ids) == len(completion.logprobs) <= 16
         assert completion.text == chat_format.decode(completion.token_ids)
         assert completion.policy_version == 0 and completion.info["served_model"] == "base"
         sampler += completion.logprobs
@@ -108,7 +109,7 @@ async def test_sampled_ids_and_logprobs_match_the_learner(
     # Seeded rows are reproducible whatever runs beside them; a different seed samples differently.
     again = await policy.generate(token_ids=prompts[3], sampling=sampling[3])
     assert again.token_ids == completions[3].token_ids
-    other = await policy.generate(token_ids=prompts[3], sampling=SamplingParams(max_new_tokens=32, seed=99))
+    other = await policy.generate(token_ids=prompts[3], sampling=SamplingParams(max_new_tokens=16, seed=99))
     assert other.token_ids != completions[3].token_ids
 
 
@@ -189,21 +190,27 @@ async def test_a_server_that_is_down_is_a_policy_error_naming_the_url(chat_forma
 
 
 # -- episodes ---------------------------------------------------------------------------------
+def worked_lookup(item: str, call_id: str) -> list[Message]:
+    """One solved exchange: the question, the tool call, its result and the answer."""
+    price = lookup(item)
+    return [
+        Message("user", f"What is the price of a {item}?"),
+        Message("assistant", "", tool_calls=[ToolCall(call_id, "lookup_price", {"item": item})]),
+        Message("tool", price, tool_call_id=call_id, name="lookup_price"),
+        Message("assistant", f"A {item} costs {price.split(':', 1)[1].strip()}."),
+    ]
+
+
 class FewShotPrices(PriceLookup, ToolEnv):
-    """Prices with one worked lookup in the history, so even a 135M model calls the tool on the next question."""
+    """Prices with two worked lookups in the history, so even a 135M model calls the tool (greedy: it does)."""
 
     name = "few_shot_prices"
     system_prompt = "Look up prices with the tool, then answer with the price."
 
     def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         messages, info = super().reset(task, seed=seed)
-        example = [
-            Message("user", "What is the price of an apple?"),
-            Message("assistant", "", tool_calls=[ToolCall("call_0", "lookup_price", {"item": "apple"})]),
-            Message("tool", lookup("apple"), tool_call_id="call_0", name="lookup_price"),
-            Message("assistant", "An apple costs " + lookup("apple").split(":", 1)[-1].strip() + "."),
-        ]
-        return [*messages[:-1], *example, messages[-1]], info
+        examples = worked_lookup("apple", "call_0") + worked_lookup("milk", "call_1")
+        return [*messages[:-1], *examples, messages[-1]], info
 
 
 async def test_multi_turn_tool_episode_is_token_exact(vllm_server: Any, chat_format: ChatFormat) -> None:
@@ -263,7 +270,7 @@ async def test_lora_versions_hot_load_change_logprobs_and_match_the_learner(
 ) -> None:
     policy = make_policy(vllm_server, chat_format, max_staleness=1)
     prompt = chat_format.prompt_ids([Message("user", QUESTIONS[3])])
-    sampling = SamplingParams(max_new_tokens=24, temperature=1.0, seed=4)
+    sampling = SamplingParams(max_new_tokens=8, temperature=1.0, seed=4)  # LoRA decoding is slow on vLLM CPU
 
     adapters = {v: save_perturbed_adapter(vllm_server.model_dir, tmp_path / f"v{v}", seed=v) for v in (1, 2, 3)}
     assert await policy.load_adapter(tmp_path / "v1", 1) == "base-v1"
@@ -300,3 +307,47 @@ async def test_lora_versions_hot_load_change_logprobs_and_match_the_learner(
         policy.use_base()
         await policy.unload_lora_adapter(name)
     assert policy.adapters == {}
+
+    # OpenAIPolicy's own hot-load reads vLLM's plain-text "Success: ..." reply (it once required JSON).
+    async with OpenAIPolicy(vllm_server.base_url, "base", timeout_s=300) as plain:
+        assert await plain.load_lora_adapter("plain-v1", str(tmp_path / "v1")) == 1
+        reply = await plain.generate(messages=[Message("user", "hi")], sampling=SamplingParams(max_new_tokens=4))
+        assert reply.policy_version == 1 and len(reply.token_ids) > 0
+        await plain.unload_lora_adapter("plain-v1")
+
+
+def test_server_lora_sync_pushes_the_learners_adapter_through_the_policy(
+    vllm_server: Any, chat_format: ChatFormat, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from taskrl.training.config import TrainConfig
+    from taskrl.training.learner import Learner
+    from taskrl.training.model import prepare_model
+    from taskrl.training.sync import ServerLoRASync
+
+    config = TrainConfig(lora_rank=8, lora_targets=["q_proj", "v_proj"], run_dir=str(tmp_path / "run"))
+    base = AutoModelForCausalLM.from_pretrained(str(vllm_server.model_dir), dtype=torch.float32)
+    learner = Learner(prepare_model(base, config), config)
+    policy = make_policy(vllm_server, chat_format)
+    sync = ServerLoRASync(learner, policy, adapters_dir=tmp_path / "adapters", base_model="base", keep=2)
+    prompt = chat_format.prompt_ids([Message("user", QUESTIONS[1])])
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)
+    generator = torch.Generator().manual_seed(0)
+    for version in (1, 2, 3):
+        with torch.no_grad():  # stands in for an optimizer step: new, non-identity adapter weights
+            for name, param in learner.model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        sync(version)  # the trainer's blocking call, from its own thread (no event loop here)
+        completion = asyncio.run(policy.generate(token_ids=prompt, sampling=sampling))
+        assert completion.policy_version == version and completion.info["served_model"] == sync.adapter_name(version)
+        stats = compare(completion.logprobs, learner_logprobs(learner.model.eval(), prompt, completion.token_ids))
+        assert stats["mean"] < MEAN_ABS_TOLERANCE[vllm_server.dtype], (version, stats)
+    assert sync.loaded == list(policy.adapters) == [sync.adapter_name(2), sync.adapter_name(3)]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v2", "v3"]
+    served = {m["id"] for m in httpx.get(f"{vllm_server.base_url}/models", timeout=30).json()["data"]}
+    assert sync.adapter_name(1) not in served and sync.adapter_name(3) in served
+    policy.use_base()
+    for name in list(policy.adapters):
+        asyncio.run(policy.unload_lora_adapter(name))
