@@ -59,8 +59,9 @@ class OpenAIPolicy(PolicyBase):
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self.version = version
-        # Created on first use so the client binds to the event loop that actually runs requests.
-        self._client: httpx.AsyncClient | None = None
+        # One client per event loop, created on first use there: an httpx pool belongs to the loop that opened its
+        # connections, so a client reused from a closed loop (a second ``asyncio.run``) fails every request.
+        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     def set_version(self, version: int) -> None:
@@ -68,9 +69,14 @@ class OpenAIPolicy(PolicyBase):
         self.version = int(version)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Close this event loop's client (clients of closed loops are dropped: their connections died with them)."""
+        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            await entry[1].aclose()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Copies (Ray actors, other processes) open their own clients on their own loops.
+        return {**self.__dict__, "_clients": {}}
 
     async def __aenter__(self) -> OpenAIPolicy:
         return self
@@ -125,27 +131,33 @@ class OpenAIPolicy(PolicyBase):
 
         Later requests use ``model=name``, as vLLM selects adapters by model name. Returns the new version.
         """
-        await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path}, json_reply=False)
         self.model = name
         self.version += 1
         return self.version
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Ask the server to drop adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``); this policy is unchanged."""
-        await self._post("/unload_lora_adapter", {"lora_name": name})
+        await self._post("/unload_lora_adapter", {"lora_name": name}, json_reply=False)
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _url(self, path: str) -> str:
         return self.base_url + path
 
     def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+        """The running event loop's client; a loop id reused after its loop closed gets a fresh client."""
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            for key in [k for k, (other, _) in list(self._clients.items()) if other.is_closed()]:
+                self._clients.pop(key, None)
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=headers)
-        return self._client
+            entry = self._clients[id(loop)] = (loop, httpx.AsyncClient(timeout=self.timeout_s, headers=headers))
+        return entry[1]
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST with bounded retries on connection errors and 5xx; every failure is a PolicyError."""
+    async def _post(self, path: str, body: dict[str, Any], *, json_reply: bool = True) -> Any:
+        """POST with bounded retries on connection errors and 5xx; every failure is a PolicyError. The decoded JSON
+        reply, or with ``json_reply=False`` its text (vLLM answers adapter loads in plain text)."""
         url = self._url(path)
         for attempt in range(self.max_retries + 1):
             last_try = attempt == self.max_retries
@@ -166,6 +178,8 @@ class OpenAIPolicy(PolicyBase):
             except httpx.HTTPError as exc:
                 raise PolicyError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
             else:
+                if response.status_code < 400 and not json_reply:
+                    return response.text
                 if response.status_code < 400:
                     try:
                         return response.json()

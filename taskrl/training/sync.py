@@ -2,7 +2,8 @@
 
 ``InProcessSync`` (the rollout policy holds the learner's model: only the version moves), ``CopySync`` (the
 rollout policy holds its own copy, so rollouts can run while the learner changes its weights) and
-``ServerLoRASync`` (LoRA adapters pushed to an OpenAI-compatible server with ``/v1/load_lora_adapter``).
+``ServerLoRASync`` (LoRA adapters pushed to an OpenAI-compatible server with ``/v1/load_lora_adapter``; into a
+``VLLMPolicy``'s server through the policy, which names, loads and prunes its own versions).
 ``rollout_setup(config, learner, learner_policy, run_dir)`` builds the rollout policy and its sync from a config.
 
 From a sharded (fsdp2) learner, ``CopySync`` gathers one parameter at a time and copies it into the rank's own
@@ -12,19 +13,23 @@ parameter at once. A non-finite adapter is never pushed to a server (``WeightSyn
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
 import secrets
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import torch
 
+from taskrl.policies.base import PolicyError
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.openai import OpenAIPolicy
+from taskrl.policies.vllm import VLLMPolicy
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.model import is_peft
 
@@ -134,7 +139,8 @@ class ServerLoRASync:
     names carry a per-sync random tag so a resumed run never collides with adapters an earlier run loaded.
     Only the newest ``keep`` adapter directories stay on disk and loaded on the server: older ones are unloaded
     (``/v1/unload_lora_adapter``), so a long run does not grow the server by one model per update. Syncs run when
-    no rollout is in flight, and the previous adapter stays loaded for anything still holding its name.
+    no rollout is in flight, and the previous adapter stays loaded for anything still holding its name. A
+    ``VLLMPolicy`` loads each version itself (``load_adapter``: versioned names, ``keep = max_staleness + 1``).
     """
 
     def __init__(
@@ -163,6 +169,9 @@ class ServerLoRASync:
         self.url = f"{policy.base_url}/load_lora_adapter"
         self.unload_url = f"{policy.base_url}/unload_lora_adapter"
         self.loaded: list[str] = []  # adapters this sync loaded and has not unloaded, oldest first
+        if isinstance(policy, VLLMPolicy):  # the policy keeps the books; the tag keeps a resumed run's names new
+            policy.adapter_prefix = f"{base_model}-{self.tag}"
+            policy.max_staleness = keep - 1
 
     def adapter_name(self, version: int) -> str:
         return f"{self.base_model}-{self.tag}-v{version}"
@@ -175,6 +184,10 @@ class ServerLoRASync:
             self.policy.set_version(0)
             return
         path = self._save(version)
+        if isinstance(self.policy, VLLMPolicy):
+            self._load_into_vllm(self.policy, path, version)
+            self._prune(path)
+            return
         name = self.adapter_name(version)
         self._post({"lora_name": name, "lora_path": str(path), "base_model": self.base_model})
         # Name first, then version: a request racing the switch is tagged older than its weights, never newer.
@@ -183,6 +196,21 @@ class ServerLoRASync:
         self.loaded.append(name)
         self._prune(path)
         self._unload_old()
+
+    def _load_into_vllm(self, policy: VLLMPolicy, path: Path, version: int) -> None:
+        """``policy.load_adapter`` on a loop of its own (the trainer's thread has none; the rollout loop is busy)."""
+
+        async def load() -> None:
+            try:
+                await policy.load_adapter(path, version)
+            finally:
+                await policy.aclose()  # this loop's connections: the loop ends here
+
+        try:
+            _run_blocking(load)
+        except PolicyError as exc:
+            raise WeightSyncError(_one_line(str(exc))) from exc
+        self.loaded = list(policy.adapters)
 
     def _unload_old(self) -> None:
         """Unload adapters beyond the newest ``keep``; a failure only warns (the switch itself succeeded)."""
@@ -289,6 +317,16 @@ def rollout_setup(
         api_key=policy.api_key,
     )  # fmt: skip
     return policy, sync
+
+
+def _run_blocking(work: Any) -> Any:
+    """``asyncio.run(work())`` here, or on a helper thread when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work())
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrl-sync") as pool:
+        return pool.submit(asyncio.run, work()).result()
 
 
 def _server_message(response: httpx.Response) -> str:

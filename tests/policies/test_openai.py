@@ -6,6 +6,8 @@ use a small fake upstream app, also served for real on loopback.
 
 from __future__ import annotations
 
+import asyncio
+import pickle
 import socket
 import time
 from collections.abc import Iterator
@@ -75,6 +77,26 @@ async def test_greedy_matches_hf_policy_token_for_token(tiny: tuple[Any, Any], s
     assert served.prompt_token_ids == prompt_ids
     assert len(served.prompt_token_ids) > len(direct_policy.chat_format.prompt_ids(MESSAGES, None))
     assert served.policy_version == 0 and served.info == {}
+
+
+def test_one_policy_serves_successive_event_loops(served_url: str) -> None:
+    # Each asyncio.run has its own loop; an HTTP pool left from a closed loop failed every later request
+    # with "Event loop is closed" (issue 36).
+    policy = OpenAIPolicy(served_url, "tiny", timeout_s=60)
+
+    async def one_turn() -> list[int]:
+        return (await policy.generate(messages=MESSAGES, sampling=GREEDY)).token_ids
+
+    first = asyncio.run(one_turn())
+    second = asyncio.run(one_turn())
+    assert first == second and len(first) > 0
+
+    async def close_and_reuse() -> list[int]:
+        await policy.aclose()
+        return await one_turn()
+
+    assert asyncio.run(close_and_reuse()) == first
+    assert len(pickle.loads(pickle.dumps(policy))._clients) == 0  # copies open their own clients
 
 
 async def test_4xx_raises_policy_error_with_server_message(served_url: str) -> None:
