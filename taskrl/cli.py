@@ -77,7 +77,7 @@ def env_list() -> None:
 
 @env_app.command("check")
 def env_check(
-    name: Annotated[str, typer.Argument(help="registered env name")],
+    name: Annotated[str, typer.Argument(help=opts.ENV_HELP)],
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
 ) -> None:

@@ -14,7 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-EnvName = Annotated[str, typer.Option("--env", help="registered env name (see `taskrl env list`)")]
+ENV_HELP = "registered env name (`taskrl env list`), my_module:MyEnv / my_module:make_env, or path/to/env.py:MyEnv"
+EnvName = Annotated[str, typer.Option("--env", help=ENV_HELP)]
 BaseUrl = Annotated[str | None, typer.Option("--base-url", help="openai: server URL incl. /v1")]
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="openai: API key")]
 Device = Annotated[str, typer.Option("--device", help="hf: auto, cpu, cuda, cuda:1 ...")]

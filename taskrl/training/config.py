@@ -104,7 +104,8 @@ class TrainConfig:
 
     # -- env and rollout -----------------------------------------------------------------------------
     env: str = "shop"
-    """Registered env name (see `taskrl env list`)."""
+    """Registered env name (see `taskrl env list`), "my_module:MyEnv" / "my_module:make_env", or an installed
+    package's ``taskrl.envs`` entry point (``taskrl.env.make``)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor."""
     split: str = "train"
