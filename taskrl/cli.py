@@ -167,7 +167,8 @@ def rollout(
     out: Annotated[Path, typer.Option(help="trajectories JSONL, written as episodes finish")] = Path(
         "runs/rollout.jsonl"
     ),
-    model: Annotated[str, typer.Option(help="hf: 'smollm2' or a local model dir; openai: model name")] = "smollm2",
+    model: Annotated[str, typer.Option(help="hf: 'smollm2', a local model dir, a LoRA adapter dir or a `taskrl "
+                                            "train` run dir; openai: model name")] = "smollm2",
     base_url: opts.BaseUrl = None,
     api_key: opts.ApiKey = None,
     device: opts.Device = "auto",

@@ -38,6 +38,7 @@ from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
 from taskrl.policies.hf import HFPolicy
+from taskrl.policies.models import record_base_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
@@ -440,6 +441,8 @@ class Trainer:
         kwargs = {"state_dict": state} if state is not None else {}
         self.learner.model.save_pretrained(str(path), **kwargs)
         self.learner_policy.chat_format.tokenizer.save_pretrained(str(path))
+        if self._owns_policy:  # built from config.model: the adapter loads offline (`taskrl eval --policy hf:RUN`)
+            record_base_model(path, self.config.model)
         return path
 
     def close(self) -> None:

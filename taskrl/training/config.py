@@ -76,7 +76,8 @@ class TrainConfig:
 
     # -- model ---------------------------------------------------------------------------------------
     model: str = "smollm2"
-    """'smollm2' (bundled SmolLM2-135M-Instruct) or a local save_pretrained directory."""
+    """'smollm2' (bundled SmolLM2-135M-Instruct), a local save_pretrained directory, or a trained run directory
+    or LoRA adapter (merged onto its recorded base): training continues from a trained policy."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16 or float16 (the learner's master weights and optimizer math)."""
     learner_precision: str = "float32"
