@@ -30,6 +30,8 @@ LEARNER_BACKENDS = ("ddp", "fsdp2")
 LEARNER_PRECISIONS = ("float32", "bfloat16", "auto")
 ROLLOUT_DTYPES = ("same", "float32", "bfloat16", "auto")
 _SCHEDULE_FIELDS = ("lr", "sft_lr", "entropy_coef")
+SPLITS = ("train", "val", "test", "all")
+"""The task splits envs share (``Env.tasks(split)``); a typo such as 'valid' would silently read as a train split."""
 
 
 class ConfigError(ValueError):
@@ -110,7 +112,7 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor."""
     split: str = "train"
-    """Task split to train on."""
+    """Task split to train on: train, val, test or all."""
     tasks_per_step: int = 8
     """Tasks per step; each is played group_size times."""
     group_size: int = 8
@@ -220,7 +222,7 @@ class TrainConfig:
     eval_every: int = 0
     """Steps between greedy evaluations on ``eval_split`` (0 = none); logged as eval/*."""
     eval_split: str = "test"
-    """Task split of the evaluations."""
+    """Task split of the evaluations: train, val, test or all."""
     eval_tasks: int = 16
     """Tasks per evaluation (one greedy episode each)."""
 
@@ -251,6 +253,8 @@ class TrainConfig:
                 ray_num_cpus_per_worker=self.ray_num_cpus_per_worker,
                 ray_num_gpus_per_worker=self.ray_num_gpus_per_worker)  # fmt: skip
         need(self.algo in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}", algo=self.algo)  # the table, read now
+        need(self.split in SPLITS, f"must be one of {', '.join(SPLITS)}", split=self.split)
+        need(self.eval_split in SPLITS, f"must be one of {', '.join(SPLITS)}", eval_split=self.eval_split)
         need(self.kl in KL_MODES, f"must be one of {', '.join(KL_MODES)}", kl=self.kl)
         need(self.finetune in FINETUNE_MODES, f"must be one of {', '.join(FINETUNE_MODES)}", finetune=self.finetune)
         need(self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}", dtype=self.dtype)
@@ -335,6 +339,15 @@ class TrainConfig:
         if ALGORITHMS[self.algo].imitation:
             return self.steps, 0
         return self.sft_warmup_steps, self.steps - self.sft_warmup_steps
+
+    def plan(self) -> str:
+        """One line saying what this run will do (printed before anything loads)."""
+        sft, rl = self.phases
+        phases = " + ".join(p for p in (f"{sft} SFT ({self.sft_data})" if sft else "",
+                                        f"{rl} {self.algo}" if rl else "") if p)  # fmt: skip
+        return (f"train env {self.env!r} on model {self.model!r} ({self.finetune}): {self.steps} steps ({phases}), "
+                f"{self.tasks_per_step} tasks x {self.group_size} samples per step, split {self.split!r}, seed "
+                f"{self.seed} -> {self.run_dir}")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
