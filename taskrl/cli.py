@@ -34,7 +34,7 @@ from taskrl.eval import eval_command
 from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, make_policy
 from taskrl.report.cli import report_command
 from taskrl.rewards.cli import rewards_app
-from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episodes, summarize
 from taskrl.training.command import train_command
 from taskrl.types import Task, Trajectory
 
@@ -205,6 +205,8 @@ def rollout(
             "wall_time_s": time.perf_counter() - start}  # fmt: skip
     meta = _write_meta(out, config, trajectories, info)
     console.print(_summary_table({policy: trajectories}, f"env {env}"))
+    if note := error_note(trajectories):
+        console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
     console.print(f"trajectories: {out}   run info: {meta}")
 
 

@@ -6,10 +6,10 @@ package's ``taskrl.envs`` entry point; every command that takes ``--env`` (and `
 
 An env has ``name``, ``tools`` (a ToolSet), ``tasks(split)``, ``reset(task, seed) -> (messages, info)``,
 ``step(tool_calls) -> StepOutput(results, terminated, truncated, info)`` and ``reward(trajectory) -> {term: value}``
-(unweighted measurements; ``taskrl.scoring`` turns them into the reward). Methods may be sync or async. ``ToolEnv``
-implements ``step`` for the common case (run the calls on its tools); subclass it and write tools, tasks and a
-reward. ``check_env`` is run on every registered env. ``step`` may return a plain 4-tuple; the loop reads it with
-``step_output``, which names the env when the shape is wrong.
+(unweighted measurements, or one float; ``taskrl.scoring`` turns them into the reward). Methods may be sync or
+async. ``ToolEnv`` implements ``step`` for the common case (run the calls on its tools; ``reset`` keeps the task in
+``self.task``); subclass it and write tools, tasks and a reward. ``check_env`` is run on every registered env.
+``step`` may return a plain 4-tuple; the loop reads it with ``step_output``, naming the env when the shape is wrong.
 
 ``step``'s info may hold ``"context"``: a new ``list[Message]`` view of the conversation, or a function from the
 current view (this step's tool results included) to the new one (pruning, summaries; the loop re-renders and opens
@@ -113,6 +113,23 @@ def step_output(value: Any, env_name: str) -> StepOutput:
     if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
         raise EnvCheckError(f"env '{env_name}': step must return bools for terminated/truncated and a dict for info")
     return StepOutput(results, terminated, truncated, info)
+
+
+def reward_terms(value: Any, env_name: str) -> dict[str, float | None]:
+    """``reward``'s return value as measured terms: a dict of term name -> number (bools count 0/1) or None (not
+    applicable), or one number (the term ``reward``). ``EnvCheckError`` naming ``reward()`` and what it must return."""
+    must = "reward() must return a dict of term name -> float (or None), e.g. {'correct': 1.0}, or one float"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = {"reward": value}
+    if not isinstance(value, dict):
+        raise EnvCheckError(f"env '{env_name}': {must}; got {type(value).__name__} {str(value)[:80]!r}")
+    terms: dict[str, float | None] = {}
+    for name, term in value.items():
+        number = isinstance(term, int | float)
+        if not isinstance(name, str) or not (term is None or number) or (number and not math.isfinite(term)):
+            raise EnvCheckError(f"env '{env_name}': {must}; got {str(name)[:40]!r}: {str(term)[:40]!r}")
+        terms[name] = None if term is None else float(term)
+    return terms
 
 
 async def maybe_await(value: Any) -> Any:
@@ -449,9 +466,7 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
         await call("reset", env.reset, task, seed=0)
         traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
         traj.info["final_answer"] = answer
-        rewards = await call("reward", env.reward, traj)
-        if not isinstance(rewards, dict):
-            fail(f"reward must return a dict of terms, got {type(rewards).__name__}")
+        rewards = reward_terms(await call("reward", env.reward, traj), env_name)
         return float(sum(v for v in rewards.values() if v is not None))
 
     for attr in ("tools", "tasks", "reset", "step", "reward"):

@@ -28,7 +28,7 @@ from taskrl.algos.schedules import Schedule
 from taskrl.env import Env, call_hook, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, run_episode, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episode, summarize
 from taskrl.runlog import RunLog, read_trajectories
 from taskrl.scoring import Clock, rubric_of, score_collected
 from taskrl.seeding import derive_seed
@@ -183,6 +183,7 @@ def score(
             "invalid_tool_calls": summary.get("invalid_tool_calls"),
             "tokens": summary.get("tokens"),
             "errors": summary.get("errors", 0.0),
+            "error_note": error_note(trajectories),
             "reward_terms": {k.removeprefix("reward/"): v for k, v in summary.items() if k.startswith("reward/")},
             "monitors": metrics,
             "alerts": [a.to_dict() for a in alerts],
@@ -388,4 +389,6 @@ def eval_command(
     for p_name, p in result["policies"].items():
         for alert in p["alerts"]:
             console.print(f"[yellow]alert[/yellow] {p_name}: {alert['message']}", highlight=False)
+        if p.get("error_note"):
+            console.print(f"[yellow]warning[/yellow] {p_name}: {p['error_note']}", highlight=False)
     console.print(f"results: {out / 'eval' / (name + '.json')}   report: taskrl report {out} -o {out}/report.html")

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypedDict
 
 from taskrl import context as summaries
 from taskrl.context import SummaryConfig
-from taskrl.env import Env, call_hook, declared, maybe_await, step_output
+from taskrl.env import Env, EnvCheckError, call_hook, declared, maybe_await, reward_terms, step_output
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
 from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
 from taskrl.scoring import Clock, rubric_of, score
@@ -247,7 +247,7 @@ async def run_episode(
                 break
         else:
             traj.truncated, traj.info["truncation"] = True, "max_turns"
-        traj.terms = dict(await maybe_await(env.reward(traj)))  # the env measures; taskrl.scoring decides
+        traj.terms = await _measure(env, traj)  # the env measures; taskrl.scoring decides
     except PolicyError:
         raise
     except Exception as e:  # an env or tool bug ends this episode, not the run
@@ -266,6 +266,16 @@ async def run_episode(
     traj.metrics.update(metrics)
     score([traj], rubric_of(env), config.clock)  # this episode alone; group terms need the whole batch
     return traj
+
+
+async def _measure(env: Env, traj: Trajectory) -> dict[str, float | None]:
+    """The env's reward terms; an exception or a wrong shape names the env and ``reward()`` (the episode's
+    error, counted in ``errors``), never a bare ``TypeError`` from deep inside the loop."""
+    try:
+        value = await maybe_await(env.reward(traj))
+    except Exception as e:  # noqa: BLE001 - re-raised naming the method
+        raise EnvCheckError(f"env '{env.name}': reward() raised {type(e).__name__}: {e}") from e
+    return reward_terms(value, env.name)
 
 
 async def _maybe_summarize(
@@ -383,6 +393,14 @@ async def run_episodes(
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
         raise
+
+
+def error_note(trajectories: Sequence[Trajectory]) -> str | None:
+    """One line for a batch with failed episodes: how many, and the first error (None when there are none)."""
+    failed = [t for t in trajectories if t.error is not None]
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(trajectories)} episodes ended in an error (reward 0), e.g. {failed[0].error}"
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:

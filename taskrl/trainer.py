@@ -41,7 +41,7 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import record_base_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog
 from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
@@ -252,6 +252,9 @@ class Trainer:
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:
             self.run.alert(alert.step, alert.monitor, alert.value, alert.threshold, alert.message)
+        if (note := error_note(trajectories)) and self.group.is_main:  # a broken reward() must not train silently
+            self.run.alert(step + 1, "episode_errors", metrics.get("charts/errors", 0.0), 0.0, note)
+            self.console.print(f"step {step + 1}: {note}", highlight=False, markup=False)
         if metrics.get("charts/nonfinite_skipped") and self.group.is_main:
             skipped = metrics["charts/nonfinite_skipped"]
             self.run.alert(step + 1, NONFINITE_ALERT, skipped, 0.0,
