@@ -64,11 +64,13 @@ def parse_env_kwargs(raw: str | None, corpus: str | None = None) -> dict[str, An
 
 def env_factory(name: str, kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
     """One env ``name`` built with ``kwargs`` now (a bad field fails before any episode), and its factory."""
-    from taskrl.env import make
+    from taskrl.env import EnvKwargsError, make
 
     def build() -> Any:
         try:
             return make(name, **kwargs)
+        except EnvKwargsError as e:
+            raise EnvOptionsError(f"--env-kwargs for {e}") from None
         except TypeError as e:  # an argument the env does not take, or a value of the wrong type
             raise EnvOptionsError(f"--env-kwargs for env '{name}': {e}") from None
         except ValueError as e:  # a config's own check, e.g. "SearchEnvConfig.per_call_budget must be ..."

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 from taskrl.hooks import HOOK_ARITY, call_hook, declared
 from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
+from taskrl.validate import did_you_mean
 
 if TYPE_CHECKING:
     from taskrl.scoring import Rubric
@@ -408,10 +409,34 @@ def make(name: str, **kwargs: Any) -> Env:
             "(see `taskrl env list`); your own env: --env my_module:MyEnv, or an entry point in the "
             f"'{ENTRY_POINT_GROUP}' group of your package"
         )
+    _check_kwargs(name, factory, kwargs)
     env = factory(**kwargs)
     if not declared(env, "name") or env.name == ToolEnv.name:
         env.name = name
     return env
+
+
+class EnvKwargsError(ValueError):
+    """An env's keyword arguments (``env_kwargs``, ``--env-kwargs``) name a parameter its constructor lacks."""
+
+
+def _check_kwargs(name: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword the factory does not take, in one line naming it, the closest parameter and all of them
+    (instead of a TypeError traceback from deep inside the first episode or the trainer)."""
+    if isinstance(factory, EntryPoint):
+        factory = factory.resolve()
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read: the call itself reports
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    accepted = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in accepted:
+            takes = ", ".join(accepted) or "no arguments"
+            raise EnvKwargsError(f"env '{name}' takes no argument '{key}'{did_you_mean(key, accepted)}; "
+                                 f"its arguments: {takes}")  # fmt: skip
 
 
 def _takes(fn: Callable[..., Any], arity: int) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 from taskrl import context
 from taskrl.algos import ALGORITHMS
 from taskrl.algos.schedules import make_schedule
-from taskrl.validate import finite_at_least, integer_at_least, require
+from taskrl.validate import did_you_mean, finite_at_least, integer_at_least, require
 
 KL_MODES = ("none", "k1_reward", "k3_loss")
 FINETUNE_MODES = ("full", "lora")
@@ -377,7 +377,8 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     known = {f.name: f for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; see recipes/ or TrainConfig docs")
+        named = ", ".join(f"{key}{did_you_mean(key, known)}" for key in unknown)
+        raise ConfigError(f"unknown TrainConfig field(s): {named}; `taskrl train --help` lists them all")
     defaults = TrainConfig().to_dict()
     for key, value in data.items():
         default = defaults[key]
