@@ -171,6 +171,7 @@ def rollout(
                                             "train` run dir; openai: model name")] = "smollm2",
     base_url: opts.BaseUrl = None,
     api_key: opts.ApiKey = None,
+    timeout_s: opts.TimeoutS = 120.0,
     device: opts.Device = "auto",
     split: opts.Split = "train",
     max_turns: opts.MaxTurns = 8,
@@ -198,7 +199,8 @@ def rollout(
     if not tasks:
         raise UsageError(f"env '{env}' has no tasks in split '{split}'")
     _prepare_out(out, overwrite)
-    pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj)
+    pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj,
+                      timeout_s=timeout_s)  # fmt: skip
     start = time.perf_counter()
     trajectories = asyncio.run(_play(env, pol, tasks, config, out, factory))
     info = {"env": env, "env_kwargs": kwargs, "policy": policy, "model": model,

@@ -18,6 +18,9 @@ ENV_HELP = "registered env name (`taskrl env list`), my_module:MyEnv / my_module
 EnvName = Annotated[str, typer.Option("--env", help=ENV_HELP)]
 BaseUrl = Annotated[str | None, typer.Option("--base-url", help="openai: server URL incl. /v1")]
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="openai: API key")]
+TimeoutS = Annotated[
+    float, typer.Option("--timeout-s", help="openai: seconds per request; a request past it fails its episode only")
+]
 Device = Annotated[str, typer.Option("--device", help="hf: auto, cpu, cuda, cuda:1 ...")]
 Split = Annotated[str, typer.Option("--split", help="task split")]
 MaxTurns = Annotated[int, typer.Option("--max-turns", help="policy turns per episode before truncation")]

@@ -349,6 +349,7 @@ def eval_command(
     threshold: Annotated[float, typer.Option(help="reward >= threshold counts as a pass")] = 1.0,
     base_url: opts.BaseUrl = None,
     api_key: opts.ApiKey = None,
+    timeout_s: opts.TimeoutS = 120.0,
     device: opts.Device = "auto",
     max_turns: opts.MaxTurns = 8,
     max_new_tokens: opts.MaxNewTokens = 256,
@@ -380,7 +381,7 @@ def eval_command(
     for spec in policy:
         kind, _, model = spec.partition(":")
         policies[spec] = make_policy(kind, model=model or "smollm2", base_url=base_url, api_key=api_key,
-                                     device=device, env=env_obj)  # fmt: skip
+                                     device=device, env=env_obj, timeout_s=timeout_s)  # fmt: skip
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough that the table is not wrapped
         console.width = max(console.width, 120)

@@ -19,7 +19,7 @@ from taskrl import context as summaries
 from taskrl.context import SummaryConfig
 from taskrl.env import Env, EnvCheckError, call_hook, declared, maybe_await, reward_terms, step_output
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
-from taskrl.policies.base import Completion, Policy, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, Policy, PolicyError, PolicyTimeoutError, SamplingParams
 from taskrl.scoring import Clock, rubric_of, score
 from taskrl.seeding import derive_seed as derive_seed  # re-exported: taskrl.rollout.derive_seed
 from taskrl.types import Message, Segment, Task, ToolResult, Trajectory
@@ -168,7 +168,8 @@ async def run_episode(
     seed: int,
     group_id: str | None = None,
 ) -> Trajectory:
-    """Play one episode. Policy errors propagate (the run cannot continue); env errors end the episode."""
+    """Play one episode. Policy errors propagate (the run cannot continue); env errors and a request past its time
+    limit (``PolicyTimeoutError``) end the episode, as its ``error``."""
     start = time.perf_counter()
     traj = Trajectory(task_id=task.id, env=env.name, group_id=group_id, seed=seed)
     metrics = dict.fromkeys(
@@ -248,6 +249,9 @@ async def run_episode(
         else:
             traj.truncated, traj.info["truncation"] = True, "max_turns"
         traj.terms = await _measure(env, traj)  # the env measures; taskrl.scoring decides
+    except PolicyTimeoutError as e:  # one slow request (a long generation) fails this episode, not the run
+        traj.error = f"{type(e).__name__}: {e}"
+        traj.trainable = False
     except PolicyError:
         raise
     except Exception as e:  # an env or tool bug ends this episode, not the run
