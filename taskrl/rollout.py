@@ -209,6 +209,9 @@ async def run_episode(
             traj.messages.append(assistant)
             # envs that show or enforce a token budget (Context-1) need this
             call_hook(env, "observe_context", _context_tokens(ctx, prompt_ids, completion), config.max_context_tokens)
+            if completion.finish_reason == "length" and parsed.invalid:  # a tool call cut mid-way: never a call
+                traj.truncated, traj.info["truncation"] = True, "max_new_tokens"
+                break
             if parsed.is_final:
                 traj.info["final_answer"] = parsed.final_answer
                 user_turn = declared(env, "user_turn")

@@ -252,6 +252,12 @@ class Trainer:
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:
             self.run.alert(alert.step, alert.monitor, alert.value, alert.threshold, alert.message)
+        cut = sum(t.info.get("truncation") == "max_new_tokens" for t in trajectories)
+        if sft_step and self.expert is not None and cut and self.group.is_main:  # SFT on broken calls teaches nothing
+            message = (f"the expert's turn was cut by max_new_tokens={cfg.max_new_tokens} in {cut} of "
+                       f"{len(trajectories)} demonstrations (a tool call left unfinished); raise max_new_tokens")
+            self.run.alert(step + 1, "expert_cut", float(cut), 0.0, message)
+            self.console.print(f"step {step + 1}: warning: {message}", highlight=False, markup=False)
         if (note := error_note(trajectories)) and self.group.is_main:  # a broken reward() must not train silently
             self.run.alert(step + 1, "episode_errors", metrics.get("charts/errors", 0.0), 0.0, note)
             self.console.print(f"step {step + 1}: {note}", highlight=False, markup=False)
