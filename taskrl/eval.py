@@ -174,7 +174,8 @@ def score(
             per_task[tid][name] = row
         stats[name] = series
         summary = summarize(trajectories)
-        metrics, alerts = Monitors(monitor_config, tool_names=tool_names).check(step, trajectories)
+        monitors = Monitors(monitor_config, tool_names=tool_names, max_turns=config.max_turns)
+        metrics, alerts = monitors.check(step, trajectories)
         policies[name] = {
             "episodes": len(trajectories),
             **{key: _estimate(values, config, f"{name}/{key}") for key, values in series.items()},

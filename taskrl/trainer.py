@@ -106,7 +106,9 @@ class Trainer:
         self.tasks_by_id = {t.id: t for t in tasks}
         self.sampler: TaskSampler = task_sampler if task_sampler is not None else EpochSampler(tasks, cfg.seed)
         self.score_fn = score_fn
-        self.monitors = monitors if monitors is not None else Monitors(tool_names=probe.tools.names)
+        self.monitors = (
+            monitors if monitors is not None else Monitors(tool_names=probe.tools.names, max_turns=cfg.max_turns)
+        )
         self.reward_weights = {
             term: make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
             for term, spec in cfg.reward_weights.items()
