@@ -36,6 +36,7 @@ from taskrl.report.cli import report_command
 from taskrl.rewards.cli import rewards_app
 from taskrl.rollout import RolloutConfig, error_note, run_episodes, summarize
 from taskrl.training.command import train_command
+from taskrl.training.config import fields_help
 from taskrl.types import Task, Trajectory
 
 app = typer.Typer(
@@ -53,13 +54,28 @@ datagen_app.command("widesearch")(widesearch_command)
 datagen_app.command("deepsearch")(deepsearch_command)
 app.command("eval")(eval_command)
 app.command("report")(report_command)
-app.command("train")(train_command)
+app.command("train", epilog=fields_help())(train_command)
 app.command("serve")(serve_command)
 app.command("cycle")(cycle_command)
 app.command("train-from-store")(train_from_store_command)
 console = Console()
 if not console.is_terminal:  # logs and CI: wide enough that the summary tables are not wrapped
     console.width = max(console.width, 120)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"taskrl {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print taskrl's version and exit")
+    ] = False,
+) -> None:
+    """taskrl: train task-oriented LLM agents with RL."""
 
 
 class UsageError(Exception):

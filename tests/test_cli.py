@@ -125,3 +125,25 @@ def test_a_typo_in_env_kwargs_or_a_config_key_is_one_line_with_did_you_mean(tmp_
         lines = [line for line in " ".join(run.stderr.split()).split("error:") if line.strip()]
         assert run.returncode == 2 and len(lines) == 1 and message in "error:" + lines[0], (args, run.stderr)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_version_python_m_typed_and_train_help_lists_the_config_fields() -> None:
+    """Issue 38, expected and missing: `taskrl --version`, `python -m taskrl`, py.typed, fields in `train --help`."""
+    import tomllib
+
+    from taskrl import __file__ as package_init
+    from taskrl import __version__
+    from taskrl.training.config import TrainConfig
+
+    version = subprocess.run([sys.executable, "-m", "taskrl", "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.strip() == f"taskrl {__version__}", version.stderr
+    root = Path(package_init).parent
+    assert (root / "py.typed").is_file()
+    pyproject = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["taskrl"]
+    help_text = " ".join(taskrl("train", "--help").stdout.split())
+    for field in ("steps = 100", "sft_warmup_steps = 0", "env = 'shop'", "lora_rank = 16"):
+        assert field in help_text, field
+    assert len([f for f in TrainConfig.__dataclass_fields__ if f"{f} = " in help_text]) == len(
+        TrainConfig.__dataclass_fields__
+    )

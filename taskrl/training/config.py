@@ -353,6 +353,31 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def field_docs() -> dict[str, str]:
+    """Each TrainConfig field's docstring (the string under it in the source), for ``taskrl train --help``."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, following in zip(body, body[1:], strict=False):
+        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if named and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())  # type: ignore[union-attr]
+    return docs
+
+
+def fields_help() -> str:
+    """The fields a config file or ``--set`` may set, with defaults and their first sentence."""
+    defaults = TrainConfig().to_dict()
+    lines = [
+        f"{name} = {defaults[name]!r}: {doc.split('; ')[0].split('. ')[0].rstrip('.')}"
+        for name, doc in field_docs().items()
+    ]
+    return "Config fields (TOML keys, or --set field=value):\n\n" + "\n\n".join(lines)
+
+
 def _parse_value(text: str) -> Any:
     """A TOML value (number, bool, string, array, inline table); anything unparsable is a plain string."""
     try:
