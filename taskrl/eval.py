@@ -337,6 +337,28 @@ def results_table(result: dict[str, Any]) -> Any:
     return table
 
 
+async def _evaluate_with_progress(
+    factory: Callable[[], Env], policies: dict[str, Policy], tasks: list[Task], config: EvalConfig, run_log: RunLog,
+    name: str, console: Any,
+) -> dict[str, Any]:
+    """``evaluate`` with a progress bar per policy (episodes done / total, mean reward so far, ETA)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    total = len(tasks) * config.samples_per_task
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("reward {task.fields[reward]:.2f}"), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    rewards: dict[str, list[float]] = {}
+    with Progress(*columns, console=console, transient=False) as bar:
+        jobs = {p: bar.add_task(f"eval {p}", total=total, reward=0.0) for p in policies}
+
+        def done(policy_name: str, traj: Trajectory) -> None:
+            seen = rewards.setdefault(policy_name, [])
+            seen.append(traj.reward)
+            bar.update(jobs[policy_name], advance=1, reward=sum(seen) / len(seen))
+
+        return await evaluate(factory, policies, tasks, config, run_log=run_log, name=name, on_trajectory=done)
+
+
 def eval_command(
     env: opts.EnvName,
     policy: Annotated[list[str], typer.Option(help="KIND[:MODEL], repeat to compare: scripted, hf, hf:PATH, "
@@ -386,7 +408,7 @@ def eval_command(
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough that the table is not wrapped
         console.width = max(console.width, 120)
-    result = asyncio.run(evaluate(factory, policies, tasks, config, run_log=RunLog(out), name=name))
+    result = asyncio.run(_evaluate_with_progress(factory, policies, tasks, config, RunLog(out), name, console))
     console.print(results_table(result))
     for p_name, p in result["policies"].items():
         for alert in p["alerts"]:
