@@ -96,9 +96,11 @@ def env_check(
     name: Annotated[str, typer.Argument(help=opts.ENV_HELP)],
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
+    tasks: opts.Tasks = None,
+    task_columns: opts.TaskColumns = None,
 ) -> None:
-    """Run check_env on one environment (built with --env-kwargs / --corpus when given)."""
-    env, _ = opts.env_factory(name, opts.parse_env_kwargs(env_kwargs, corpus))
+    """Run check_env on one environment (built with --env-kwargs / --corpus / --tasks when given)."""
+    env, _ = opts.env_factory(name, opts.parse_env_kwargs(env_kwargs, corpus), tasks, task_columns)
     asyncio.run(acheck_env(env))
     console.print(f"[green]ok[/green] env '{name}' passes check_env; tools: {', '.join(env.tools.names)}")
 
@@ -199,10 +201,12 @@ def rollout(
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
+    tasks_from: opts.Tasks = None,
+    task_columns: opts.TaskColumns = None,
 ) -> None:
     """Play episodes of an env with a policy and write the trajectories as JSONL."""
     kwargs = opts.parse_env_kwargs(env_kwargs, corpus)
-    env_obj, factory = opts.env_factory(env, kwargs)
+    env_obj, factory = opts.env_factory(env, kwargs, tasks_from, task_columns)
     config = RolloutConfig(
         max_turns=max_turns,
         max_context_tokens=max_context_tokens,
@@ -219,7 +223,7 @@ def rollout(
                       timeout_s=timeout_s)  # fmt: skip
     start = time.perf_counter()
     trajectories = asyncio.run(_play(env, pol, tasks, config, out, factory))
-    info = {"env": env, "env_kwargs": kwargs, "policy": policy, "model": model,
+    info = {"env": env, "env_kwargs": kwargs, "tasks": tasks_from, "policy": policy, "model": model,
             "wall_time_s": time.perf_counter() - start}  # fmt: skip
     meta = _write_meta(out, config, trajectories, info)
     console.print(_summary_table({policy: trajectories}, f"env {env}"))

@@ -34,6 +34,14 @@ EnvKwargs = Annotated[
     typer.Option("--env-kwargs", help='JSON object of env constructor arguments, e.g. \'{"corpus": "DIR", '
                  '"tasks": "DIR/tasks.jsonl", "reward": {"answer_weight": 0.5}}\' (search: SearchEnvConfig fields)'),
 ]
+Tasks = Annotated[
+    str | None,
+    typer.Option("--tasks", help="your tasks for this env's tools and reward: a JSONL file (id, prompt, answer, split "
+                 "columns; others go to Task.info), a datasets save_to_disk dir, or hf:NAME"),
+]
+TaskColumns = Annotated[
+    str | None, typer.Option("--task-columns", help="--tasks column names, e.g. prompt=question,answer=label")
+]
 Corpus = Annotated[
     str | None,
     typer.Option("--corpus", help="search env: your corpus directory from `taskrl corpus build` (= --env-kwargs "
@@ -65,13 +73,20 @@ def parse_env_kwargs(raw: str | None, corpus: str | None = None) -> dict[str, An
     return kwargs
 
 
-def env_factory(name: str, kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    """One env ``name`` built with ``kwargs`` now (a bad field fails before any episode), and its factory."""
-    from taskrl.env import EnvKwargsError, make
+def env_factory(
+    name: str, kwargs: dict[str, Any], tasks: str | None = None, task_columns: str | None = None
+) -> tuple[Any, Callable[[], Any]]:
+    """One env ``name`` built with ``kwargs`` now (a bad field fails before any episode), and its factory; with
+    ``tasks`` (``--tasks``), its tasks come from that file or dataset (read once)."""
+    from taskrl.env import EnvKwargsError
+    from taskrl.task_files import build_env, load_tasks, parse_columns
+
+    columns = parse_columns(task_columns)
+    loaded = load_tasks(tasks, columns=columns) if tasks else None
 
     def build() -> Any:
         try:
-            return make(name, **kwargs)
+            return build_env(name, kwargs, tasks or "", columns, loaded=loaded)
         except EnvKwargsError as e:
             raise EnvOptionsError(f"--env-kwargs for {e}") from None
         except TypeError as e:  # an argument the env does not take, or a value of the wrong type

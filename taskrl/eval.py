@@ -382,6 +382,8 @@ def eval_command(
     seed: opts.Seed = 0,
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
+    tasks_from: opts.Tasks = None,
+    task_columns: opts.TaskColumns = None,
 ) -> None:
     """Evaluate policies on an env: K samples per task, pass@k and mean with 95% CIs, per-task table."""
     from rich.console import Console
@@ -393,7 +395,7 @@ def eval_command(
         max_context_tokens=max_context_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
         concurrency=concurrency, seed=seed,
     )  # fmt: skip
-    env_obj, factory = opts.env_factory(env, opts.parse_env_kwargs(env_kwargs, corpus))
+    env_obj, factory = opts.env_factory(env, opts.parse_env_kwargs(env_kwargs, corpus), tasks_from, task_columns)
     tasks = list(env_obj.tasks(split))
     tasks = tasks[:n] if n > 0 else tasks
     if not tasks:

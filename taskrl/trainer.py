@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import math
 import random
 import time
@@ -33,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from taskrl import context
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, call_hook, declared, make, maybe_await
+from taskrl.env import Env, call_hook, declared, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
@@ -45,6 +46,7 @@ from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog
 from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
+from taskrl.task_files import build_env, load_tasks
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TaskSampler, TrajectoryFile
@@ -78,15 +80,19 @@ class Trainer:
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
     ) -> None:
-        """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``make(config.env)``;
-        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
+        """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``build_env``
+        (``make(config.env)``, its tasks from ``config.tasks`` when set); ``task_sampler`` (a
+        ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
         self.config = cfg = config
         self.console = console or Console()
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)  # LoRA and value-head initialisation
         # The env first: a wrong env name or split fails before the model is loaded.
-        self.env_factory = env_factory or (lambda: make(cfg.env, **cfg.env_kwargs))
+        loaded = load_tasks(cfg.tasks, columns=cfg.task_columns) if cfg.tasks else None  # read once, fail first
+        self.env_factory = env_factory or functools.partial(
+            build_env, cfg.env, cfg.env_kwargs, cfg.tasks, cfg.task_columns, loaded
+        )
         # One env kept for the run: tasks, the expert rule, and group scoring (``finalize_group``).
         self.probe = probe = self.env_factory()
         self.rubric = rubric_of(probe)  # how measured terms become the reward: taskrl.scoring

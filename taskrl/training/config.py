@@ -111,6 +111,11 @@ class TrainConfig:
     package's ``taskrl.envs`` entry point (``taskrl.env.make``)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor."""
+    tasks: str = ""
+    """Your tasks for the env's tools and reward: a JSONL file (id, prompt, answer, split columns), a datasets
+    save_to_disk directory or hf:NAME (``taskrl.task_files``); "" = the env's own tasks."""
+    task_columns: dict[str, str] = field(default_factory=dict)
+    """Column names of ``tasks`` when they differ, e.g. {prompt = "question", answer = "label"}."""
     split: str = "train"
     """Task split to train on: train, val, test or all."""
     tasks_per_step: int = 8
