@@ -34,8 +34,9 @@ from taskrl.eval import eval_command
 from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, make_policy
 from taskrl.report.cli import report_command
 from taskrl.rewards.cli import rewards_app
-from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episodes, summarize
 from taskrl.training.command import train_command
+from taskrl.training.config import fields_help
 from taskrl.types import Task, Trajectory
 
 app = typer.Typer(
@@ -53,13 +54,28 @@ datagen_app.command("widesearch")(widesearch_command)
 datagen_app.command("deepsearch")(deepsearch_command)
 app.command("eval")(eval_command)
 app.command("report")(report_command)
-app.command("train")(train_command)
+app.command("train", epilog=fields_help())(train_command)
 app.command("serve")(serve_command)
 app.command("cycle")(cycle_command)
 app.command("train-from-store")(train_from_store_command)
 console = Console()
 if not console.is_terminal:  # logs and CI: wide enough that the summary tables are not wrapped
     console.width = max(console.width, 120)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"taskrl {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print taskrl's version and exit")
+    ] = False,
+) -> None:
+    """taskrl: train task-oriented LLM agents with RL."""
 
 
 class UsageError(Exception):
@@ -77,12 +93,14 @@ def env_list() -> None:
 
 @env_app.command("check")
 def env_check(
-    name: Annotated[str, typer.Argument(help="registered env name")],
+    name: Annotated[str, typer.Argument(help=opts.ENV_HELP)],
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
+    tasks: opts.Tasks = None,
+    task_columns: opts.TaskColumns = None,
 ) -> None:
-    """Run check_env on one environment (built with --env-kwargs / --corpus when given)."""
-    env, _ = opts.env_factory(name, opts.parse_env_kwargs(env_kwargs, corpus))
+    """Run check_env on one environment (built with --env-kwargs / --corpus / --tasks when given)."""
+    env, _ = opts.env_factory(name, opts.parse_env_kwargs(env_kwargs, corpus), tasks, task_columns)
     asyncio.run(acheck_env(env))
     console.print(f"[green]ok[/green] env '{name}' passes check_env; tools: {', '.join(env.tools.names)}")
 
@@ -167,9 +185,11 @@ def rollout(
     out: Annotated[Path, typer.Option(help="trajectories JSONL, written as episodes finish")] = Path(
         "runs/rollout.jsonl"
     ),
-    model: Annotated[str, typer.Option(help="hf: 'smollm2' or a local model dir; openai: model name")] = "smollm2",
+    model: Annotated[str, typer.Option(help="hf: 'smollm2', a local model dir, a LoRA adapter dir or a `taskrl "
+                                            "train` run dir; openai: model name")] = "smollm2",
     base_url: opts.BaseUrl = None,
     api_key: opts.ApiKey = None,
+    timeout_s: opts.TimeoutS = 120.0,
     device: opts.Device = "auto",
     split: opts.Split = "train",
     max_turns: opts.MaxTurns = 8,
@@ -181,10 +201,12 @@ def rollout(
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
+    tasks_from: opts.Tasks = None,
+    task_columns: opts.TaskColumns = None,
 ) -> None:
     """Play episodes of an env with a policy and write the trajectories as JSONL."""
     kwargs = opts.parse_env_kwargs(env_kwargs, corpus)
-    env_obj, factory = opts.env_factory(env, kwargs)
+    env_obj, factory = opts.env_factory(env, kwargs, tasks_from, task_columns)
     config = RolloutConfig(
         max_turns=max_turns,
         max_context_tokens=max_context_tokens,
@@ -197,13 +219,16 @@ def rollout(
     if not tasks:
         raise UsageError(f"env '{env}' has no tasks in split '{split}'")
     _prepare_out(out, overwrite)
-    pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj)
+    pol = make_policy(policy, model=model, base_url=base_url, api_key=api_key, device=device, env=env_obj,
+                      timeout_s=timeout_s)  # fmt: skip
     start = time.perf_counter()
     trajectories = asyncio.run(_play(env, pol, tasks, config, out, factory))
-    info = {"env": env, "env_kwargs": kwargs, "policy": policy, "model": model,
+    info = {"env": env, "env_kwargs": kwargs, "tasks": tasks_from, "policy": policy, "model": model,
             "wall_time_s": time.perf_counter() - start}  # fmt: skip
     meta = _write_meta(out, config, trajectories, info)
     console.print(_summary_table({policy: trajectories}, f"env {env}"))
+    if note := error_note(trajectories):
+        console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
     console.print(f"trajectories: {out}   run info: {meta}")
 
 

@@ -14,9 +14,13 @@ from typing import Annotated, Any
 
 import typer
 
-EnvName = Annotated[str, typer.Option("--env", help="registered env name (see `taskrl env list`)")]
+ENV_HELP = "registered env name (`taskrl env list`), my_module:MyEnv / my_module:make_env, or path/to/env.py:MyEnv"
+EnvName = Annotated[str, typer.Option("--env", help=ENV_HELP)]
 BaseUrl = Annotated[str | None, typer.Option("--base-url", help="openai: server URL incl. /v1")]
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="openai: API key")]
+TimeoutS = Annotated[
+    float, typer.Option("--timeout-s", help="openai: seconds per request; a request past it fails its episode only")
+]
 Device = Annotated[str, typer.Option("--device", help="hf: auto, cpu, cuda, cuda:1 ...")]
 Split = Annotated[str, typer.Option("--split", help="task split")]
 MaxTurns = Annotated[int, typer.Option("--max-turns", help="policy turns per episode before truncation")]
@@ -29,6 +33,14 @@ EnvKwargs = Annotated[
     str | None,
     typer.Option("--env-kwargs", help='JSON object of env constructor arguments, e.g. \'{"corpus": "DIR", '
                  '"tasks": "DIR/tasks.jsonl", "reward": {"answer_weight": 0.5}}\' (search: SearchEnvConfig fields)'),
+]
+Tasks = Annotated[
+    str | None,
+    typer.Option("--tasks", help="your tasks for this env's tools and reward: a JSONL file (id, prompt, answer, split "
+                 "columns; others go to Task.info), a datasets save_to_disk dir, or hf:NAME"),
+]
+TaskColumns = Annotated[
+    str | None, typer.Option("--task-columns", help="--tasks column names, e.g. prompt=question,answer=label")
 ]
 Corpus = Annotated[
     str | None,
@@ -61,13 +73,22 @@ def parse_env_kwargs(raw: str | None, corpus: str | None = None) -> dict[str, An
     return kwargs
 
 
-def env_factory(name: str, kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    """One env ``name`` built with ``kwargs`` now (a bad field fails before any episode), and its factory."""
-    from taskrl.env import make
+def env_factory(
+    name: str, kwargs: dict[str, Any], tasks: str | None = None, task_columns: str | None = None
+) -> tuple[Any, Callable[[], Any]]:
+    """One env ``name`` built with ``kwargs`` now (a bad field fails before any episode), and its factory; with
+    ``tasks`` (``--tasks``), its tasks come from that file or dataset (read once)."""
+    from taskrl.env import EnvKwargsError
+    from taskrl.task_files import build_env, load_tasks, parse_columns
+
+    columns = parse_columns(task_columns)
+    loaded = load_tasks(tasks, columns=columns) if tasks else None
 
     def build() -> Any:
         try:
-            return make(name, **kwargs)
+            return build_env(name, kwargs, tasks or "", columns, loaded=loaded)
+        except EnvKwargsError as e:
+            raise EnvOptionsError(f"--env-kwargs for {e}") from None
         except TypeError as e:  # an argument the env does not take, or a value of the wrong type
             raise EnvOptionsError(f"--env-kwargs for env '{name}': {e}") from None
         except ValueError as e:  # a config's own check, e.g. "SearchEnvConfig.per_call_budget must be ..."

@@ -1,11 +1,15 @@
 """The environment contract, the registry, and ``check_env``.
 
+``make(name)`` finds an env by registered name (``register``, ``taskrl env list``), by ``"module:Class"`` or
+``"module:factory"`` (a module on ``sys.path``, in the current directory, or a ``.py`` path), or by an installed
+package's ``taskrl.envs`` entry point; every command that takes ``--env`` (and ``train``'s ``env``) goes through it.
+
 An env has ``name``, ``tools`` (a ToolSet), ``tasks(split)``, ``reset(task, seed) -> (messages, info)``,
 ``step(tool_calls) -> StepOutput(results, terminated, truncated, info)`` and ``reward(trajectory) -> {term: value}``
-(unweighted measurements; ``taskrl.scoring`` turns them into the reward). Methods may be sync or async. ``ToolEnv``
-implements ``step`` for the common case (run the calls on its tools); subclass it and write tools, tasks and a
-reward. ``check_env`` is run on every registered env. ``step`` may return a plain 4-tuple; the loop reads it with
-``step_output``, which names the env when the shape is wrong.
+(unweighted measurements, or one float; ``taskrl.scoring`` turns them into the reward). Methods may be sync or
+async. ``ToolEnv`` implements ``step`` for the common case (run the calls on its tools; ``reset`` keeps the task in
+``self.task``); subclass it and write tools, tasks and a reward. ``check_env`` is run on every registered env.
+``step`` may return a plain 4-tuple; the loop reads it with ``step_output``, naming the env when the shape is wrong.
 
 ``step``'s info may hold ``"context"``: a new ``list[Message]`` view of the conversation, or a function from the
 current view (this step's tool results included) to the new one (pruning, summaries; the loop re-renders and opens
@@ -42,15 +46,20 @@ whole contract to ``env`` explicitly, so a wrapper overrides only what it change
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from taskrl.hooks import HOOK_ARITY, call_hook, declared
 from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
+from taskrl.validate import did_you_mean
 
 if TYPE_CHECKING:
     from taskrl.scoring import Rubric
@@ -105,6 +114,23 @@ def step_output(value: Any, env_name: str) -> StepOutput:
     if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
         raise EnvCheckError(f"env '{env_name}': step must return bools for terminated/truncated and a dict for info")
     return StepOutput(results, terminated, truncated, info)
+
+
+def reward_terms(value: Any, env_name: str) -> dict[str, float | None]:
+    """``reward``'s return value as measured terms: a dict of term name -> number (bools count 0/1) or None (not
+    applicable), or one number (the term ``reward``). ``EnvCheckError`` naming ``reward()`` and what it must return."""
+    must = "reward() must return a dict of term name -> float (or None), e.g. {'correct': 1.0}, or one float"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = {"reward": value}
+    if not isinstance(value, dict):
+        raise EnvCheckError(f"env '{env_name}': {must}; got {type(value).__name__} {str(value)[:80]!r}")
+    terms: dict[str, float | None] = {}
+    for name, term in value.items():
+        number = isinstance(term, int | float)
+        if not isinstance(name, str) or not (term is None or number) or (number and not math.isfinite(term)):
+            raise EnvCheckError(f"env '{env_name}': {must}; got {str(name)[:40]!r}: {str(term)[:40]!r}")
+        terms[name] = None if term is None else float(term)
+    return terms
 
 
 async def maybe_await(value: Any) -> Any:
@@ -257,13 +283,59 @@ class ToolEnv(EnvDefaults):
 class EntryPoint:
     """A factory named by ``"module:attribute"`` and imported when first called (Gymnasium's ``entry_point``):
     how the built-in envs are registered without the contract importing them, so ``taskrl env list`` and
-    ``import taskrl.env`` load no env's dependencies and no import cycle runs through the registry."""
+    ``import taskrl.env`` load no env's dependencies and no import cycle runs through the registry.
+    ``module`` may also be a ``.py`` file path; a module not on ``sys.path`` is looked up in the current
+    directory (as ``python -m`` would), so ``taskrl rollout --env my_env:MyEnv`` works beside ``my_env.py``."""
 
     target: str
 
+    def resolve(self) -> Callable[..., Env]:
+        """The factory itself; ``UnknownEnvError`` naming the module or attribute that cannot be found."""
+        module_name, sep, attribute = self.target.rpartition(":")
+        if not sep or not module_name or not attribute:
+            raise UnknownEnvError(f"env '{self.target}' is not 'module:attribute' (e.g. my_env:MyEnv)")
+        module = _import_env_module(module_name, self.target)
+        factory = module
+        for part in attribute.split("."):
+            if not hasattr(factory, part):
+                raise UnknownEnvError(f"env '{self.target}': module '{module_name}' has no attribute '{attribute}'")
+            factory = getattr(factory, part)
+        if not callable(factory):
+            raise UnknownEnvError(f"env '{self.target}': '{attribute}' is a {type(factory).__name__}, not an env "
+                                  "class or a factory function")  # fmt: skip
+        return factory
+
     def __call__(self, **kwargs: Any) -> Env:
-        module, _, attribute = self.target.partition(":")
-        return getattr(importlib.import_module(module), attribute)(**kwargs)
+        return self.resolve()(**kwargs)
+
+
+def _import_env_module(module_name: str, target: str) -> Any:
+    """Import ``module_name`` (a dotted module or a ``.py`` path), trying the current directory last."""
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser().resolve()
+        if not path.is_file():
+            raise UnknownEnvError(f"env '{target}': no file {str(path)!r}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise UnknownEnvError(f"env '{target}': cannot import {str(path)!r}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault(path.stem, module)  # pickling (Ray workers) finds the env's classes by module name
+        spec.loader.exec_module(module)
+        return module
+    cwd = os.getcwd()
+    for attempt in ("sys.path", "cwd"):
+        if attempt == "cwd":
+            if cwd in sys.path:
+                break
+            sys.path.append(cwd)
+            importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as e:  # the env's module itself, or something it imports?
+            if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+                raise  # the env's module imports something missing: its traceback says what
+    raise UnknownEnvError(f"env '{target}': no module named '{module_name}' on sys.path or in {cwd}; run from the "
+                          "directory that holds it, set PYTHONPATH, or pip install its package")
 
 
 @dataclass
@@ -297,29 +369,78 @@ _REGISTRY: dict[str, EnvSpec] = {
 }
 
 
+ENTRY_POINT_GROUP = "taskrl.envs"
+"""Installed packages add envs under this entry-point group: ``[project.entry-points."taskrl.envs"]
+unitconv = "unitconv.env:UnitConvEnv"`` in their pyproject.toml."""
+
+
 def register(name: str, factory: Callable[..., Env], *, description: str = "", overwrite: bool = False) -> None:
-    """Make ``make(name)`` build an env with ``factory(**kwargs)``."""
+    """Make ``make(name)`` build an env with ``factory(**kwargs)``; ``description`` shows in ``taskrl env list``."""
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"env '{name}' is already registered; pass overwrite=True to replace it")
     _REGISTRY[name] = EnvSpec(name, factory, description)
 
 
+def _installed_envs() -> dict[str, EnvSpec]:
+    """Envs of installed packages (the ``taskrl.envs`` entry-point group), read from their metadata only."""
+    from importlib.metadata import entry_points
+
+    specs: dict[str, EnvSpec] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        package = point.dist.name if point.dist is not None else "an installed package"
+        specs.setdefault(point.name, EnvSpec(point.name, EntryPoint(point.value), f"{point.value} (from {package})"))
+    return specs
+
+
 def registry() -> dict[str, EnvSpec]:
-    """All registered envs, the built-in ones included (nothing is imported until ``make``)."""
-    return dict(_REGISTRY)
+    """All registered envs: the built-in ones, ``register``ed ones, and installed packages' ``taskrl.envs`` entry
+    points (a registered name wins over an entry point of the same name; nothing is imported until ``make``)."""
+    return {**_installed_envs(), **_REGISTRY}
 
 
 def make(name: str, **kwargs: Any) -> Env:
+    """Build env ``name``: a registered name (``taskrl env list``), an installed package's ``taskrl.envs`` entry
+    point, or ``"module:Class"`` / ``"module:factory"`` (``module`` may be a ``.py`` path). An env that does not
+    name itself (``ToolEnv``'s default ``tool_env``) takes ``name``, so trajectories and reports say which env."""
     specs = registry()
-    if name not in specs:
+    if name in specs:
+        factory: Callable[..., Env] = specs[name].factory
+    elif ":" in name:
+        factory = EntryPoint(name).resolve()
+    else:
         raise UnknownEnvError(
             f"unknown env '{name}'; registered envs: {', '.join(sorted(specs)) or 'none'} "
-            "(see `taskrl env list`)"
+            "(see `taskrl env list`); your own env: --env my_module:MyEnv, or an entry point in the "
+            f"'{ENTRY_POINT_GROUP}' group of your package"
         )
-    env = specs[name].factory(**kwargs)
-    if not declared(env, "name"):
+    _check_kwargs(name, factory, kwargs)
+    env = factory(**kwargs)
+    if not declared(env, "name") or env.name == ToolEnv.name:
         env.name = name
     return env
+
+
+class EnvKwargsError(ValueError):
+    """An env's keyword arguments (``env_kwargs``, ``--env-kwargs``) name a parameter its constructor lacks."""
+
+
+def _check_kwargs(name: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword the factory does not take, in one line naming it, the closest parameter and all of them
+    (instead of a TypeError traceback from deep inside the first episode or the trainer)."""
+    if isinstance(factory, EntryPoint):
+        factory = factory.resolve()
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to read: the call itself reports
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    accepted = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in accepted:
+            takes = ", ".join(accepted) or "no arguments"
+            raise EnvKwargsError(f"env '{name}' takes no argument '{key}'{did_you_mean(key, accepted)}; "
+                                 f"its arguments: {takes}")  # fmt: skip
 
 
 def _takes(fn: Callable[..., Any], arity: int) -> bool:
@@ -374,9 +495,7 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
         await call("reset", env.reset, task, seed=0)
         traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
         traj.info["final_answer"] = answer
-        rewards = await call("reward", env.reward, traj)
-        if not isinstance(rewards, dict):
-            fail(f"reward must return a dict of terms, got {type(rewards).__name__}")
+        rewards = reward_terms(await call("reward", env.reward, traj), env_name)
         return float(sum(v for v in rewards.values() if v is not None))
 
     for attr in ("tools", "tasks", "reset", "step", "reward"):

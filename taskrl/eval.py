@@ -28,7 +28,7 @@ from taskrl.algos.schedules import Schedule
 from taskrl.env import Env, call_hook, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, run_episode, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episode, summarize
 from taskrl.runlog import RunLog, read_trajectories
 from taskrl.scoring import Clock, rubric_of, score_collected
 from taskrl.seeding import derive_seed
@@ -174,7 +174,8 @@ def score(
             per_task[tid][name] = row
         stats[name] = series
         summary = summarize(trajectories)
-        metrics, alerts = Monitors(monitor_config, tool_names=tool_names).check(step, trajectories)
+        monitors = Monitors(monitor_config, tool_names=tool_names, max_turns=config.max_turns)
+        metrics, alerts = monitors.check(step, trajectories)
         policies[name] = {
             "episodes": len(trajectories),
             **{key: _estimate(values, config, f"{name}/{key}") for key, values in series.items()},
@@ -183,6 +184,7 @@ def score(
             "invalid_tool_calls": summary.get("invalid_tool_calls"),
             "tokens": summary.get("tokens"),
             "errors": summary.get("errors", 0.0),
+            "error_note": error_note(trajectories),
             "reward_terms": {k.removeprefix("reward/"): v for k, v in summary.items() if k.startswith("reward/")},
             "monitors": metrics,
             "alerts": [a.to_dict() for a in alerts],
@@ -335,6 +337,28 @@ def results_table(result: dict[str, Any]) -> Any:
     return table
 
 
+async def _evaluate_with_progress(
+    factory: Callable[[], Env], policies: dict[str, Policy], tasks: list[Task], config: EvalConfig, run_log: RunLog,
+    name: str, console: Any,
+) -> dict[str, Any]:
+    """``evaluate`` with a progress bar per policy (episodes done / total, mean reward so far, ETA)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    total = len(tasks) * config.samples_per_task
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("reward {task.fields[reward]:.2f}"), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    rewards: dict[str, list[float]] = {}
+    with Progress(*columns, console=console, transient=False) as bar:
+        jobs = {p: bar.add_task(f"eval {p}", total=total, reward=0.0) for p in policies}
+
+        def done(policy_name: str, traj: Trajectory) -> None:
+            seen = rewards.setdefault(policy_name, [])
+            seen.append(traj.reward)
+            bar.update(jobs[policy_name], advance=1, reward=sum(seen) / len(seen))
+
+        return await evaluate(factory, policies, tasks, config, run_log=run_log, name=name, on_trajectory=done)
+
+
 def eval_command(
     env: opts.EnvName,
     policy: Annotated[list[str], typer.Option(help="KIND[:MODEL], repeat to compare: scripted, hf, hf:PATH, "
@@ -348,6 +372,7 @@ def eval_command(
     threshold: Annotated[float, typer.Option(help="reward >= threshold counts as a pass")] = 1.0,
     base_url: opts.BaseUrl = None,
     api_key: opts.ApiKey = None,
+    timeout_s: opts.TimeoutS = 120.0,
     device: opts.Device = "auto",
     max_turns: opts.MaxTurns = 8,
     max_new_tokens: opts.MaxNewTokens = 256,
@@ -357,6 +382,8 @@ def eval_command(
     seed: opts.Seed = 0,
     env_kwargs: opts.EnvKwargs = None,
     corpus: opts.Corpus = None,
+    tasks_from: opts.Tasks = None,
+    task_columns: opts.TaskColumns = None,
 ) -> None:
     """Evaluate policies on an env: K samples per task, pass@k and mean with 95% CIs, per-task table."""
     from rich.console import Console
@@ -368,7 +395,7 @@ def eval_command(
         max_context_tokens=max_context_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
         concurrency=concurrency, seed=seed,
     )  # fmt: skip
-    env_obj, factory = opts.env_factory(env, opts.parse_env_kwargs(env_kwargs, corpus))
+    env_obj, factory = opts.env_factory(env, opts.parse_env_kwargs(env_kwargs, corpus), tasks_from, task_columns)
     tasks = list(env_obj.tasks(split))
     tasks = tasks[:n] if n > 0 else tasks
     if not tasks:
@@ -379,13 +406,15 @@ def eval_command(
     for spec in policy:
         kind, _, model = spec.partition(":")
         policies[spec] = make_policy(kind, model=model or "smollm2", base_url=base_url, api_key=api_key,
-                                     device=device, env=env_obj)  # fmt: skip
+                                     device=device, env=env_obj, timeout_s=timeout_s)  # fmt: skip
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough that the table is not wrapped
         console.width = max(console.width, 120)
-    result = asyncio.run(evaluate(factory, policies, tasks, config, run_log=RunLog(out), name=name))
+    result = asyncio.run(_evaluate_with_progress(factory, policies, tasks, config, RunLog(out), name, console))
     console.print(results_table(result))
     for p_name, p in result["policies"].items():
         for alert in p["alerts"]:
             console.print(f"[yellow]alert[/yellow] {p_name}: {alert['message']}", highlight=False)
+        if p.get("error_note"):
+            console.print(f"[yellow]warning[/yellow] {p_name}: {p['error_note']}", highlight=False)
     console.print(f"results: {out / 'eval' / (name + '.json')}   report: taskrl report {out} -o {out}/report.html")

@@ -17,9 +17,16 @@ from typing import Any, Literal, TypedDict
 
 from taskrl import context as summaries
 from taskrl.context import SummaryConfig
-from taskrl.env import Env, call_hook, declared, maybe_await, step_output
+from taskrl.env import Env, EnvCheckError, call_hook, declared, maybe_await, reward_terms, step_output
 from taskrl.parsing import ParsedTurn, parse_hermes, parse_openai
-from taskrl.policies.base import Completion, InvalidRequestError, Policy, PolicyError, SamplingParams
+from taskrl.policies.base import (
+    Completion,
+    InvalidRequestError,
+    Policy,
+    PolicyError,
+    PolicyTimeoutError,
+    SamplingParams,
+)
 from taskrl.scoring import Clock, rubric_of, score
 from taskrl.seeding import derive_seed as derive_seed  # re-exported: taskrl.rollout.derive_seed
 from taskrl.types import InfraError, Message, Segment, Task, ToolResult, Trajectory
@@ -176,8 +183,9 @@ async def run_episode(
     seed: int,
     group_id: str | None = None,
 ) -> Trajectory:
-    """Play one episode. An env error (a bug, a broken sandbox) ends the episode as an infrastructure failure;
-    so does an engine error with ``config.engine_failures="drop"``, otherwise policy errors propagate."""
+    """Play one episode. An env error (a bug, a broken sandbox, a reward() that raises) and a request past its time
+    limit (``PolicyTimeoutError``) end the episode as an infrastructure failure; so does any engine error with
+    ``config.engine_failures="drop"``, otherwise policy errors propagate."""
     start = time.perf_counter()
     traj = Trajectory(task_id=task.id, env=env.name, group_id=group_id, seed=seed)
     metrics = dict.fromkeys(
@@ -217,6 +225,9 @@ async def run_episode(
             traj.messages.append(assistant)
             # envs that show or enforce a token budget (Context-1) need this
             call_hook(env, "observe_context", _context_tokens(ctx, prompt_ids, completion), config.max_context_tokens)
+            if completion.finish_reason == "length" and parsed.invalid:  # a tool call cut mid-way: never a call
+                traj.truncated, traj.info["truncation"] = True, "max_new_tokens"
+                break
             if parsed.is_final:
                 traj.info["final_answer"] = parsed.final_answer
                 user_turn = declared(env, "user_turn")
@@ -256,9 +267,11 @@ async def run_episode(
                 break
         else:
             traj.truncated, traj.info["truncation"] = True, "max_turns"
-        traj.terms = dict(await maybe_await(env.reward(traj)))  # the env measures; taskrl.scoring decides
+        traj.terms = await _measure(env, traj)  # the env measures; taskrl.scoring decides
     except InvalidRequestError:
         raise
+    except PolicyTimeoutError as e:  # one slow request (a long generation) fails this episode, not the run
+        traj.mark_infra_failure("engine", f"{type(e).__name__}: {e}")
     except PolicyError as e:
         if config.engine_failures == "raise":
             raise
@@ -278,6 +291,16 @@ async def run_episode(
     traj.metrics.update(metrics)
     score([traj], rubric_of(env), config.clock)  # this episode alone; group terms need the whole batch
     return traj
+
+
+async def _measure(env: Env, traj: Trajectory) -> dict[str, float | None]:
+    """The env's reward terms; an exception or a wrong shape names the env and ``reward()`` (the episode's
+    error, counted in ``errors``), never a bare ``TypeError`` from deep inside the loop."""
+    try:
+        value = await maybe_await(env.reward(traj))
+    except Exception as e:  # noqa: BLE001 - re-raised naming the method
+        raise EnvCheckError(f"env '{env.name}': reward() raised {type(e).__name__}: {e}") from e
+    return reward_terms(value, env.name)
 
 
 async def _maybe_summarize(
@@ -395,6 +418,14 @@ async def run_episodes(
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
         raise
+
+
+def error_note(trajectories: Sequence[Trajectory]) -> str | None:
+    """One line for a batch with failed episodes: how many, and the first error (None when there are none)."""
+    failed = [t for t in trajectories if t.error is not None]
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(trajectories)} episodes ended in an error (reward 0), e.g. {failed[0].error}"
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:

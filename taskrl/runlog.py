@@ -154,11 +154,13 @@ class _TensorBoard:
 
 
 class _WandB:
-    """An offline W&B run under RUN_DIR/wandb (``wandb sync`` uploads it later); never touches the network."""
+    """A W&B run under RUN_DIR/wandb: offline by default (``wandb sync`` uploads it later; no network), or as
+    ``WANDB_MODE`` says (online, disabled); ``WANDB_PROJECT`` names the project, as W&B users expect."""
 
     def __init__(self, run_dir: Path, project: str) -> None:
         wandb = _require("wandb", "wandb")
-        self.run = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), mode="offline",
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or project, name=run_dir.name,
+                              dir=str(run_dir), mode=os.environ.get("WANDB_MODE") or "offline",
                               settings=wandb.Settings(silent=True))  # fmt: skip
 
     def config(self, data: dict[str, Any]) -> None:

@@ -345,6 +345,8 @@ def batch_metrics(
         "charts/truncated": _mean([float(t.truncated) for t in trajectories]),
         "charts/errors": float(sum(t.error is not None for t in trajectories)),
         "charts/infra_failures": float(sum(t.infra_failure is not None for t in trajectories)),
+        "charts/cut_by_max_new_tokens": _mean([float(t.info.get("truncation") == "max_new_tokens")
+                                               for t in trajectories]),  # fmt: skip
     }
     for name in sorted({k for t in trajectories for k in t.rewards}):
         values = [v for t in trajectories if (v := t.rewards.get(name)) is not None]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import math
 import random
 import time
@@ -33,17 +34,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from taskrl import context
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, call_hook, declared, make, maybe_await
+from taskrl.env import Env, call_hook, declared, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
 from taskrl.policies.hf import HFPolicy
+from taskrl.policies.models import record_base_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog
 from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
+from taskrl.task_files import build_env, load_tasks
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TaskSampler, TrajectoryFile
@@ -78,15 +81,19 @@ class Trainer:
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
     ) -> None:
-        """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``make(config.env)``;
-        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
+        """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``build_env``
+        (``make(config.env)``, its tasks from ``config.tasks`` when set); ``task_sampler`` (a
+        ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
         self.config = cfg = config
         self.console = console or Console()
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)  # LoRA and value-head initialisation
         # The env first: a wrong env name or split fails before the model is loaded.
-        self.env_factory = env_factory or (lambda: make(cfg.env, **cfg.env_kwargs))
+        loaded = load_tasks(cfg.tasks, columns=cfg.task_columns) if cfg.tasks else None  # read once, fail first
+        self.env_factory = env_factory or functools.partial(
+            build_env, cfg.env, cfg.env_kwargs, cfg.tasks, cfg.task_columns, loaded
+        )
         # One env kept for the run: tasks, the expert rule, and group scoring (``finalize_group``).
         self.probe = probe = self.env_factory()
         self.rubric = rubric_of(probe)  # how measured terms become the reward: taskrl.scoring
@@ -106,7 +113,9 @@ class Trainer:
         self.tasks_by_id = {t.id: t for t in tasks}
         self.sampler: TaskSampler = task_sampler if task_sampler is not None else EpochSampler(tasks, cfg.seed)
         self.score_fn = score_fn
-        self.monitors = monitors if monitors is not None else Monitors(tool_names=probe.tools.names)
+        self.monitors = (
+            monitors if monitors is not None else Monitors(tool_names=probe.tools.names, max_turns=cfg.max_turns)
+        )
         self.reward_weights = {
             term: make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
             for term, spec in cfg.reward_weights.items()
@@ -276,6 +285,15 @@ class Trainer:
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:
             self.run.alert(alert.step, alert.monitor, alert.value, alert.threshold, alert.message)
+        cut = sum(t.info.get("truncation") == "max_new_tokens" for t in trajectories)
+        if sft_step and self.expert is not None and cut and self.group.is_main:  # SFT on broken calls teaches nothing
+            message = (f"the expert's turn was cut by max_new_tokens={cfg.max_new_tokens} in {cut} of "
+                       f"{len(trajectories)} demonstrations (a tool call left unfinished); raise max_new_tokens")
+            self.run.alert(step + 1, "expert_cut", float(cut), 0.0, message)
+            self.console.print(f"step {step + 1}: warning: {message}", highlight=False, markup=False)
+        if (note := error_note(trajectories)) and self.group.is_main:  # a broken reward() must not train silently
+            self.run.alert(step + 1, "episode_errors", metrics.get("charts/errors", 0.0), 0.0, note)
+            self.console.print(f"step {step + 1}: {note}", highlight=False, markup=False)
         if metrics.get("charts/nonfinite_skipped") and self.group.is_main:
             skipped = metrics["charts/nonfinite_skipped"]
             self.run.alert(step + 1, NONFINITE_ALERT, skipped, 0.0,
@@ -465,6 +483,8 @@ class Trainer:
         kwargs = {"state_dict": state} if state is not None else {}
         self.learner.model.save_pretrained(str(path), **kwargs)
         self.learner_policy.chat_format.tokenizer.save_pretrained(str(path))
+        if self._owns_policy:  # built from config.model: the adapter loads offline (`taskrl eval --policy hf:RUN`)
+            record_base_model(path, self.config.model)
         return path
 
     def close(self) -> None:

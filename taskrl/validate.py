@@ -7,8 +7,9 @@ instead of hiding in a string. A leaf module: it imports nothing from taskrl.
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -44,3 +45,9 @@ def integer_at_least(minimum: int) -> Callable[[Any], bool]:
 def finite_at_least(minimum: float) -> Callable[[Any], bool]:
     """A finite ``int`` or ``float`` that is ``>= minimum``."""
     return lambda value: isinstance(value, int | float) and math.isfinite(value) and value >= minimum
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'lr'?)"`` for the closest of ``choices`` to a mistyped ``word``; "" when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

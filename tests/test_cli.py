@@ -108,3 +108,42 @@ def test_bad_env_kwargs_are_one_line_naming_the_field(tmp_path: Path) -> None:
     lines = [line for line in shop.stderr.splitlines() if line.strip()]
     assert shop.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --env-kwargs for env 'shop'")
     assert "colour" in lines[0]
+
+
+def test_a_typo_in_env_kwargs_or_a_config_key_is_one_line_with_did_you_mean(tmp_path: Path) -> None:
+    """Issue 38 item 8: `train --set env_kwargs=...` printed a 60-line TypeError traceback."""
+    cases = {
+        ("env", "check", "shop", "--env-kwargs", '{"num_task": 3}'):
+            "error: --env-kwargs for env 'shop' takes no argument 'num_task' (did you mean 'num_tasks'?); its "
+            "arguments: num_tasks, min_items, max_items, lookup_credit",
+        ("train", "--set", "env_kwargs={num_task=3}", "--set", f"run_dir='{tmp_path / 'run'}'"):
+            "error: env 'shop' takes no argument 'num_task' (did you mean 'num_tasks'?)",
+        ("train", "--set", "stepz=3"): "error: unknown TrainConfig field(s): stepz (did you mean 'steps'?)",
+    }  # fmt: skip
+    for args, message in cases.items():
+        run = taskrl(*args)
+        lines = [line for line in " ".join(run.stderr.split()).split("error:") if line.strip()]
+        assert run.returncode == 2 and len(lines) == 1 and message in "error:" + lines[0], (args, run.stderr)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_version_python_m_typed_and_train_help_lists_the_config_fields() -> None:
+    """Issue 38, expected and missing: `taskrl --version`, `python -m taskrl`, py.typed, fields in `train --help`."""
+    import tomllib
+
+    from taskrl import __file__ as package_init
+    from taskrl import __version__
+    from taskrl.training.config import TrainConfig
+
+    version = subprocess.run([sys.executable, "-m", "taskrl", "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.strip() == f"taskrl {__version__}", version.stderr
+    root = Path(package_init).parent
+    assert (root / "py.typed").is_file()
+    pyproject = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["taskrl"]
+    help_text = " ".join(taskrl("train", "--help").stdout.split())
+    for field in ("steps = 100", "sft_warmup_steps = 0", "env = 'shop'", "lora_rank = 16"):
+        assert field in help_text, field
+    assert len([f for f in TrainConfig.__dataclass_fields__ if f"{f} = " in help_text]) == len(
+        TrainConfig.__dataclass_fields__
+    )

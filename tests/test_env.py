@@ -146,7 +146,7 @@ class RewardPrefersWrong(GoodEnv):
 
 class RewardNotADict(GoodEnv):
     def reward(self, trajectory: Trajectory) -> Any:
-        return 1.0
+        return "1.0"  # one float is a term named 'reward'; a string is no reward
 
 
 class RewardRaises(GoodEnv):
@@ -228,7 +228,8 @@ async def test_check_env_accepts_good_envs(env_cls: type) -> None:
         (ResetStrings, "reset must return a non-empty list[Message] and a dict"),
         (RewardIgnoresAnswer, "task t0: the gold answer scores 1.0, not more than a wrong answer (1.0)"),
         (RewardPrefersWrong, "task t0: the gold answer scores 0.0, not more than a wrong answer (1.0)"),
-        (RewardNotADict, "reward must return a dict of terms, got float"),
+        (RewardNotADict, "reward() must return a dict of term name -> float (or None), e.g. {'correct': 1.0}, or "
+                         "one float; got str '1.0'"),
         (RewardRaises, "reward raised KeyError: 'final'"),
         (NoTasks, "tasks('train') returned no tasks"),
         (TasksNotTasks, "tasks() must yield Task objects, got dict"),

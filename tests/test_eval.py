@@ -161,3 +161,15 @@ def test_eval_command_compares_policies_and_fails_in_one_line(tmp_path: Path) ->
     bad = taskrl("--env", "shop", "--k", "2", "--pass-k", "3", "--out", str(tmp_path / "x"))
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert bad.returncode == 2 and len(lines) == 1 and "EvalConfig.pass_ks" in lines[0], bad.stderr
+
+
+def test_eval_command_shows_progress(tmp_path) -> None:
+    """Issue 38: `taskrl eval` showed nothing until the end; it now has a progress bar per policy."""
+    from typer.testing import CliRunner
+
+    from taskrl.cli import app
+
+    run = CliRunner().invoke(app, ["eval", "--env", "shop", "--policy", "scripted", "--n", "3", "--k", "2",
+                                   "--out", str(tmp_path)])  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert "eval scripted" in run.output and "6/6" in run.output and "reward 1.00" in run.output

@@ -66,3 +66,18 @@ def test_backends_mirror_metrics_alerts_and_config(tmp_path: Path, monkeypatch: 
 
     offline = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert offline and offline[0].stat().st_size > 0, "W&B wrote an offline run to sync later"
+
+
+def test_wandb_honours_wandb_mode_and_wandb_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: WANDB_MODE=disabled writes no W&B run; WANDB_PROJECT names the project (offline by default)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    with RunLog(tmp_path / "off", backends=("wandb",)) as log:
+        log.log(0, {"losses/loss": 1.0})
+    assert not list((tmp_path / "off").glob("wandb/offline-run-*"))
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    with RunLog(tmp_path / "on", backends=("wandb",), project="taskrl-test") as log:
+        log.log(0, {"losses/loss": 1.0})
+        assert log._backends[0].run.project == "from-env"
+    assert list((tmp_path / "on").glob("wandb/offline-run-*/run-*.wandb")), "no WANDB_MODE: offline, as before"

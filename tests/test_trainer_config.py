@@ -98,3 +98,20 @@ def test_the_demo_reads_its_settings_from_the_recipes() -> None:
     sft, rl = load_config(SFT_RECIPE), load_config(RL_RECIPE)
     assert load_recipe(RL_RECIPE)["lr"] == rl.lr and (sft.algo, rl.algo) == ("sft", "grpo")
     assert sft.env == rl.env == "prices" and sft.env_kwargs["max_items"] < rl.env_kwargs["min_items"]
+
+
+def test_an_unknown_split_fails_naming_the_splits() -> None:
+    """Issue 38 item 10: 'valid' used to pass and read as a training split of the built-in envs."""
+    for field in ("split", "eval_split"):
+        with pytest.raises(ConfigError, match=rf"TrainConfig.{field} must be one of train, val, test, all, got .valid"):
+            load_config(None, [f"{field}=valid"])
+
+
+def test_the_plan_says_what_a_run_will_do() -> None:
+    """Issue 38 item 10: `taskrl train` prints this line before anything loads, with or without a config."""
+    assert TrainConfig().plan() == (
+        "train env 'shop' on model 'smollm2' (lora): 100 steps (100 grpo), 8 tasks x 8 samples per step, "
+        "split 'train', seed 0 -> runs/train"
+    )
+    plan = load_config(None, ["steps=6", "sft_warmup_steps=2", "algo=\"cispo\""]).plan()
+    assert "6 steps (2 SFT (expert) + 4 cispo)" in plan

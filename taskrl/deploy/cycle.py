@@ -30,6 +30,7 @@ from taskrl.deploy.store import Decision, InteractionStore
 from taskrl.feedback_trust import TrustedFeedbackStore
 from taskrl.policies.base import Policy
 from taskrl.policies.hf import HFPolicy
+from taskrl.policies.models import record_base_model
 
 Suite = Callable[[Policy], Awaitable[dict[str, list[Any]]]]
 """An eval suite: plays a policy and returns per-episode scores by metric (higher is better unless the
@@ -371,6 +372,7 @@ def train_from_store(
     model.save_pretrained(str(out))
     if not is_peft(model):
         policy.tokenizer.save_pretrained(str(out))
+    record_base_model(out, train_config.model)  # `taskrl serve --model` loads the adapter offline
     policy.close()
     run.close()
     return rows, str(out)

@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taskrl.env import Env, make
+from taskrl.env import Env
 from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.task_files import build_env
 from taskrl.types import Task, Trajectory
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ class RayRollout:
         env_factory: Callable[[], Env] | None = None,
         policy_factory: Callable[[], Policy] | None = None,
     ) -> None:
-        """``env_factory`` (picklable; default ``make(config.env, **config.env_kwargs)``) runs in the actors;
+        """``env_factory`` (picklable; default ``build_env``: ``make(config.env)``, ``config.tasks``) runs in actors;
         ``policy_factory`` too; its default is ``hf_rollout_policy(config)``, or with ``rollout_policy="server"`` an
         ``OpenAIPolicy`` per actor on ``config.rollout_url`` (the trainer's sync loads adapters into the server).
         """
@@ -158,7 +159,9 @@ class RayRollout:
 
         self.config = config
         self._owns_ray = connect(config.ray_address)
-        self._env_factory = env_factory or functools.partial(make, config.env, **config.env_kwargs)
+        self._env_factory = env_factory or functools.partial(
+            build_env, config.env, config.env_kwargs, config.tasks, config.task_columns
+        )
         self._policy_factory = policy_factory or _default_policy_factory(config)
         self._remote = ray.remote(RolloutActor).options(
             num_cpus=config.ray_num_cpus_per_worker, num_gpus=config.ray_num_gpus_per_worker

@@ -1,7 +1,8 @@
 """The monitor registry (``MONITORS``) and ``Monitors``, which runs them over a batch and raises alerts.
 
 A monitor that cannot apply to the env at all (``MonitorSpec.needs``: the exploration and tool-use monitors on
-an env without tools) says so once in the log, is listed in ``Monitors.not_applicable``, and stays silent.
+an env without tools, early termination where every episode is one turn) says so once (a warning), is listed in
+``Monitors.not_applicable``, and stays silent.
 """
 
 from __future__ import annotations
@@ -28,15 +29,23 @@ class MonitorSpec:
     bad_when_above: bool
     meaning: str
     needs: str = ""
-    """What the env must have for the metric to mean anything: "tools" (at least one tool), or "" (any env)."""
+    """What the env must have for the metric to mean anything: "tools" (at least one tool), "turns" (episodes can
+    run past ``MonitorConfig.early_turns``: the env has tools and ``max_turns`` allows it), or "" (any env)."""
     peak_ratio: str = ""
     """A ``MonitorConfig`` field: also bad below that share of the highest value of an earlier batch (a collapse)."""
 
 
-def not_applicable_reason(spec: MonitorSpec, tool_names: frozenset[str] | None) -> str | None:
-    """Why ``spec`` can never apply to an env with these tools; None when it may (or the tools are unknown)."""
-    if spec.needs == "tools" and tool_names is not None and not tool_names:
+def not_applicable_reason(
+    spec: MonitorSpec, tool_names: frozenset[str] | None, *, max_turns: int | None = None, early_turns: int = 1
+) -> str | None:
+    """Why ``spec`` can never apply to an env with these tools (and episodes of at most ``max_turns`` turns); None
+    when it may (or the tools are unknown)."""
+    if spec.needs in ("tools", "turns") and tool_names is not None and not tool_names:
+        if spec.needs == "turns":
+            return "the env has no tools, so every episode ends at its first answer"
         return "the env has no tools, so there are no tool calls to measure"
+    if spec.needs == "turns" and max_turns is not None and max_turns <= early_turns:
+        return f"episodes have at most {max_turns} turn(s), so every answer comes within the first turns"
     return None
 
 
@@ -57,7 +66,8 @@ MONITORS: dict[str, MonitorSpec] = {
     "spurious_parallelism": MonitorSpec(swarm.spurious_parallelism, True,
                                         "swarm: sub-agents launched together are wasted (dummies, repeats, padding)"),
     "invalid_call_rate": MonitorSpec(checks.invalid_call_rate, True, "many tool calls are malformed"),
-    "early_termination": MonitorSpec(checks.early_termination, True, "episodes give up within the first turns"),
+    "early_termination": MonitorSpec(checks.early_termination, True, "episodes give up within the first turns",
+                                     needs="turns"),
     "clarifying_rate": MonitorSpec(checks.clarifying_rate, True, "episodes ask the user a question instead of working"),
     "no_edit_rate": MonitorSpec(checks.no_edit_rate, True, "episodes end without editing anything"),
     "tool_calls_per_episode": MonitorSpec(checks.tool_calls_per_episode, False,
@@ -79,7 +89,12 @@ class Monitors:
     """
 
     def __init__(
-        self, config: MonitorConfig | None = None, *, tool_names: Iterable[str] | None = None, log_alerts: bool = True
+        self,
+        config: MonitorConfig | None = None,
+        *,
+        tool_names: Iterable[str] | None = None,
+        max_turns: int | None = None,
+        log_alerts: bool = True,
     ) -> None:
         self.config = config or MonitorConfig()
         self.tool_names = frozenset(tool_names) if tool_names is not None else None
@@ -90,7 +105,8 @@ class Monitors:
         self.not_applicable: dict[str, str] = {}
         """Monitor -> why it can never apply to this env; those monitors are skipped (logged once, on first check)."""
         for name, spec in MONITORS.items():
-            reason = not_applicable_reason(spec, self.tool_names)
+            reason = not_applicable_reason(spec, self.tool_names, max_turns=max_turns,
+                                           early_turns=self.config.early_turns)  # fmt: skip
             if reason is not None and name not in self.config.disabled:
                 self.not_applicable[name] = reason
         self._told = False
@@ -108,7 +124,7 @@ class Monitors:
             for name, reason in self.not_applicable.items():
                 by_reason.setdefault(reason, []).append(name)
             for reason, names in by_reason.items():
-                log.info("monitors %s do not apply to this env (%s); they stay silent", ", ".join(names), reason)
+                log.warning("monitors %s do not apply to this env (%s); they stay silent", ", ".join(names), reason)
         if len(trajectories) < cfg.min_episodes:
             return metrics, alerts
         for name, spec in MONITORS.items():

@@ -23,8 +23,10 @@ def make_policy(
     api_key: str | None = None,
     device: str = "auto",
     env: Env | None = None,
+    timeout_s: float | None = None,
 ) -> Policy:
-    """Build a policy: ``hf`` (in-process transformers), ``openai`` (a server), ``scripted`` (env's rule)."""
+    """Build a policy: ``hf`` (in-process transformers), ``openai`` (a server; ``timeout_s`` per request, default
+    120), ``scripted`` (env's rule)."""
     if kind == "hf":
         from taskrl.policies.hf import HFPolicy
 
@@ -34,7 +36,7 @@ def make_policy(
 
         if not base_url:
             raise PolicyError("--policy openai needs --base-url, e.g. http://127.0.0.1:8000/v1")
-        return OpenAIPolicy(base_url, model, api_key=api_key)
+        return OpenAIPolicy(base_url, model, api_key=api_key, **({"timeout_s": timeout_s} if timeout_s else {}))
     if kind == "scripted":
         from taskrl.policies.scripted import ScriptedPolicy
 

@@ -27,6 +27,11 @@ class PolicyError(RuntimeError):
     """A policy could not produce a completion (model missing, server unreachable, bad response)."""
 
 
+class PolicyTimeoutError(PolicyError):
+    """One request ran past its time limit; the server may be fine (a long generation): the episode that sent it
+    fails and the run goes on (``run_episode`` records it as the episode's error)."""
+
+
 class InvalidRequestError(PolicyError, ValueError):
     """A generate request that cannot be served as asked (sampling parameters, seed, prompt, context room).
 

@@ -39,7 +39,7 @@ from taskrl.policies.base import (
     validate_sampling,
 )
 from taskrl.policies.engine import ContinuousEngine
-from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_smollm2, resolve_device
+from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_model_dir, load_smollm2, model_dir, resolve_device
 from taskrl.policies.sampling import Request, sample_row
 from taskrl.policies.static import StaticBatcher
 from taskrl.types import Message
@@ -172,22 +172,16 @@ class HFPolicy(PolicyBase):
         dtype: torch.dtype = torch.float32,
         **kwargs: Any,
     ) -> HFPolicy:
-        """``"smollm2"`` -> the bundled SmolLM2-135M-Instruct; otherwise a local ``save_pretrained`` directory."""
+        """``"smollm2"`` -> the bundled SmolLM2-135M-Instruct; otherwise a local ``save_pretrained`` directory, a
+        LoRA adapter directory (merged onto the base its adapter_config.json records) or a training run directory."""
         resolved = resolve_device(device)
         if str(path_or_name) == "smollm2":
             model, tokenizer = load_smollm2(device=resolved, dtype=dtype)
             return cls(model, tokenizer, name=kwargs.pop("name", SMOLLM2_CACHE_NAME), device=resolved, **kwargs)
-        path = Path(path_or_name).expanduser()
-        if not (path / "config.json").is_file():
-            raise PolicyError(
-                f"no model at {str(path)!r} (expected a directory with config.json); pass a local directory "
-                "written by save_pretrained, or 'smollm2' for the bundled model (taskrl never downloads)"
-            )
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        return cls(model, tokenizer, name=kwargs.pop("name", path.name), device=resolved, **kwargs)
+        path = model_dir(path_or_name)  # a model, a LoRA adapter (merged onto its recorded base) or a run dir
+        model, tokenizer = load_model_dir(path, dtype=dtype)
+        default_name = f"{path.parent.name}/{path.name}" if path.name == "policy" else path.name
+        return cls(model, tokenizer, name=kwargs.pop("name", default_name), device=resolved, **kwargs)
 
     def close(self, timeout_s: float = 600.0) -> None:
         """Stop the decode thread; requests already submitted finish first (up to ``timeout_s``)."""

@@ -4,6 +4,9 @@
 ``cache_dir()`` on first use (about 20 s) and loads from that cache afterwards (about 1 s).
 ``smollm2_tokenizer()`` caches only the tokenizer, so tokenizer-only users never pay for the model.
 ``tiny_model(seed)`` builds a deterministic random Llama with the SmolLM2 tokenizer for fast unit tests.
+``load_model_dir(path)`` loads what a training run wrote: full weights, or a LoRA adapter on the base model its
+``adapter_config.json`` records (``record_base_model`` writes it so it loads offline), merged; a run directory
+stands for its ``policy/``.
 """
 
 from __future__ import annotations
@@ -157,6 +160,90 @@ def load_smollm2(device: str | torch.device | None = "cpu", dtype: torch.dtype =
     path = smollm2_cache_path()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     return model.to(resolve_device(device)).eval(), smollm2_tokenizer()
+
+
+# -- trained run directories -----------------------------------------------------------------------
+ADAPTER_CONFIG = "adapter_config.json"
+_BASE_KEY = "base_model_name_or_path"
+
+
+def model_dir(path: str | Path) -> Path:
+    """The model directory ``path`` names: itself, or a run directory's ``policy/`` (what ``taskrl train`` wrote).
+    ``PolicyError`` naming what a model directory holds when there is none."""
+    path = Path(path).expanduser()
+    for candidate in (path, path / "policy"):
+        if _is_model(candidate):
+            return candidate
+    raise PolicyError(
+        f"no model at {str(path)!r}: expected a directory with config.json (full weights written by "
+        f"save_pretrained), {ADAPTER_CONFIG} (a LoRA adapter, e.g. runs/NAME/policy from `taskrl train`) or a "
+        "training run directory holding policy/; or 'smollm2' for the bundled model (taskrl never downloads)"
+    )
+
+
+def _is_model(path: Path) -> bool:
+    """A LoRA adapter or a transformers model (a run directory's config.json is a TrainConfig: no model_type)."""
+    if (path / ADAPTER_CONFIG).is_file():
+        return True
+    try:
+        return "model_type" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def record_base_model(adapter_dir: str | Path, base: str) -> None:
+    """Write the base model into a saved adapter's config as a spec that loads offline: 'smollm2' or an
+    absolute local directory (peft writes the base's ``_name_or_path``: a cache path, or nothing for a model
+    built in memory)."""
+    config_path = Path(adapter_dir) / ADAPTER_CONFIG
+    if not config_path.is_file():
+        return  # full weights: nothing to record
+    base = base if base == "smollm2" else str(Path(base).expanduser().resolve())
+    config = json.loads(config_path.read_text())
+    config[_BASE_KEY] = base
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _base_of(adapter: Path) -> str:
+    """The base model spec an adapter records, checked to exist locally (never downloaded)."""
+    try:
+        base = json.loads((adapter / ADAPTER_CONFIG).read_text()).get(_BASE_KEY)
+    except (OSError, ValueError) as e:
+        raise PolicyError(f"LoRA adapter at {str(adapter)!r}: unreadable {ADAPTER_CONFIG} ({e})") from None
+    if base == "smollm2" or (isinstance(base, str) and base.endswith(SMOLLM2_CACHE_NAME)):
+        return "smollm2"  # the bundled model, wherever this machine caches it
+    if not isinstance(base, str) or not base:
+        raise PolicyError(f"LoRA adapter at {str(adapter)!r} does not record its base model ({_BASE_KEY} in "
+                          f"{ADAPTER_CONFIG}); set it to 'smollm2' or the base model's local directory")  # fmt: skip
+    for candidate in (Path(base).expanduser(), adapter / base):
+        if _is_model(candidate):  # full weights, or another adapter: adapters stack
+            return str(candidate)
+    raise PolicyError(f"LoRA adapter at {str(adapter)!r} was trained on base model {base!r}, which is not on this "
+                      f"machine (no config.json there; taskrl never downloads): copy the base model there, or set "
+                      f"{_BASE_KEY} in {adapter / ADAPTER_CONFIG} to its local directory")  # fmt: skip
+
+
+def load_model_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a model directory, a LoRA adapter directory (its base loaded and the adapter
+    merged in with peft, offline) or a run directory (its ``policy/``); the model on CPU in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _offline()
+    path = model_dir(path)
+    if not (path / ADAPTER_CONFIG).is_file():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+        return model.eval(), AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    base = _base_of(path)
+    model, tokenizer = load_smollm2("cpu", dtype) if base == "smollm2" else load_model_dir(base, dtype)
+    try:
+        from peft import PeftModel
+    except ImportError:
+        fix = "pip install 'taskrl[train]'"
+        raise PolicyError(f"{str(path)!r} is a LoRA adapter; loading it needs peft: {fix}") from None
+    merged = PeftModel.from_pretrained(model, str(path), is_trainable=False, local_files_only=True).merge_and_unload()
+    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return merged.eval(), tokenizer
 
 
 # -- tiny models -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from taskrl.policies.base import Completion, PolicyBase, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, PolicyBase, PolicyError, PolicyTimeoutError, SamplingParams
 from taskrl.types import MAX_ARGUMENT_CHARS, Message, ToolCall, bound_arguments, compact_json, new_id
 
 # Statuses worth a retry: the server is up but momentarily failing or overloaded.
@@ -172,8 +172,9 @@ class OpenAIPolicy(PolicyBase):
                     ) from exc
             except httpx.TimeoutException as exc:
                 # The model may still be generating: retrying would double the load, so fail now.
-                raise PolicyError(
-                    f"request to {url} timed out after {self.timeout_s:g}s; raise timeout_s or lower max_new_tokens"
+                raise PolicyTimeoutError(
+                    f"request to {url} timed out after {self.timeout_s:g}s; raise timeout_s (--timeout-s) or lower "
+                    "max_new_tokens"
                 ) from exc
             except httpx.HTTPError as exc:
                 raise PolicyError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc

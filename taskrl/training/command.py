@@ -46,6 +46,9 @@ def train_command(
         overrides.append(f"nproc={nproc}")
     resolved = load_config(config, overrides)
     console = Console()
+    if config is None:  # the defaults train for real: say so before anything loads (see `taskrl train --help`)
+        console.print("no config file: TrainConfig defaults plus --set overrides (recipes/ has examples)")
+    console.print(resolved.plan(), highlight=False, markup=False)
     if from_store is not None:  # production data instead of rollouts: exact stored tokens, fresh versions only
         from taskrl.deploy.cycle import train_from_store
 

@@ -19,7 +19,7 @@ from typing import Any
 from taskrl import context
 from taskrl.algos import ALGORITHMS
 from taskrl.algos.schedules import make_schedule
-from taskrl.validate import finite_at_least, integer_at_least, require
+from taskrl.validate import did_you_mean, finite_at_least, integer_at_least, require
 
 KL_MODES = ("none", "k1_reward", "k3_loss")
 FINETUNE_MODES = ("full", "lora")
@@ -30,6 +30,8 @@ LEARNER_BACKENDS = ("ddp", "fsdp2")
 LEARNER_PRECISIONS = ("float32", "bfloat16", "auto")
 ROLLOUT_DTYPES = ("same", "float32", "bfloat16", "auto")
 _SCHEDULE_FIELDS = ("lr", "sft_lr", "entropy_coef")
+SPLITS = ("train", "val", "test", "all")
+"""The task splits envs share (``Env.tasks(split)``); a typo such as 'valid' would silently read as a train split."""
 
 
 class ConfigError(ValueError):
@@ -76,7 +78,8 @@ class TrainConfig:
 
     # -- model ---------------------------------------------------------------------------------------
     model: str = "smollm2"
-    """'smollm2' (bundled SmolLM2-135M-Instruct) or a local save_pretrained directory."""
+    """'smollm2' (bundled SmolLM2-135M-Instruct), a local save_pretrained directory, or a trained run directory
+    or LoRA adapter (merged onto its recorded base): training continues from a trained policy."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16 or float16 (the learner's master weights and optimizer math)."""
     learner_precision: str = "float32"
@@ -104,11 +107,17 @@ class TrainConfig:
 
     # -- env and rollout -----------------------------------------------------------------------------
     env: str = "shop"
-    """Registered env name (see `taskrl env list`)."""
+    """Registered env name (see `taskrl env list`), "my_module:MyEnv" / "my_module:make_env", or an installed
+    package's ``taskrl.envs`` entry point (``taskrl.env.make``)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor."""
+    tasks: str = ""
+    """Your tasks for the env's tools and reward: a JSONL file (id, prompt, answer, split columns), a datasets
+    save_to_disk directory or hf:NAME (``taskrl.task_files``); "" = the env's own tasks."""
+    task_columns: dict[str, str] = field(default_factory=dict)
+    """Column names of ``tasks`` when they differ, e.g. {prompt = "question", answer = "label"}."""
     split: str = "train"
-    """Task split to train on."""
+    """Task split to train on: train, val, test or all."""
     tasks_per_step: int = 8
     """Tasks per step; each is played group_size times."""
     group_size: int = 8
@@ -227,7 +236,7 @@ class TrainConfig:
     eval_every: int = 0
     """Steps between greedy evaluations on ``eval_split`` (0 = none); logged as eval/*."""
     eval_split: str = "test"
-    """Task split of the evaluations."""
+    """Task split of the evaluations: train, val, test or all."""
     eval_tasks: int = 16
     """Tasks per evaluation (one greedy episode each)."""
 
@@ -259,6 +268,8 @@ class TrainConfig:
                 ray_num_cpus_per_worker=self.ray_num_cpus_per_worker,
                 ray_num_gpus_per_worker=self.ray_num_gpus_per_worker)  # fmt: skip
         need(self.algo in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}", algo=self.algo)  # the table, read now
+        need(self.split in SPLITS, f"must be one of {', '.join(SPLITS)}", split=self.split)
+        need(self.eval_split in SPLITS, f"must be one of {', '.join(SPLITS)}", eval_split=self.eval_split)
         need(self.kl in KL_MODES, f"must be one of {', '.join(KL_MODES)}", kl=self.kl)
         need(self.finetune in FINETUNE_MODES, f"must be one of {', '.join(FINETUNE_MODES)}", finetune=self.finetune)
         need(self.dtype in DTYPES, f"must be one of {', '.join(DTYPES)}", dtype=self.dtype)
@@ -355,8 +366,42 @@ class TrainConfig:
             return self.steps, 0
         return self.sft_warmup_steps, self.steps - self.sft_warmup_steps
 
+    def plan(self) -> str:
+        """One line saying what this run will do (printed before anything loads)."""
+        sft, rl = self.phases
+        phases = " + ".join(p for p in (f"{sft} SFT ({self.sft_data})" if sft else "",
+                                        f"{rl} {self.algo}" if rl else "") if p)  # fmt: skip
+        return (f"train env {self.env!r} on model {self.model!r} ({self.finetune}): {self.steps} steps ({phases}), "
+                f"{self.tasks_per_step} tasks x {self.group_size} samples per step, split {self.split!r}, seed "
+                f"{self.seed} -> {self.run_dir}")  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def field_docs() -> dict[str, str]:
+    """Each TrainConfig field's docstring (the string under it in the source), for ``taskrl train --help``."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, following in zip(body, body[1:], strict=False):
+        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if named and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())  # type: ignore[union-attr]
+    return docs
+
+
+def fields_help() -> str:
+    """The fields a config file or ``--set`` may set, with defaults and their first sentence."""
+    defaults = TrainConfig().to_dict()
+    lines = [
+        f"{name} = {defaults[name]!r}: {doc.split('; ')[0].split('. ')[0].rstrip('.')}"
+        for name, doc in field_docs().items()
+    ]
+    return "Config fields (TOML keys, or --set field=value):\n\n" + "\n\n".join(lines)
 
 
 def _parse_value(text: str) -> Any:
@@ -383,7 +428,8 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     known = {f.name: f for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"unknown TrainConfig field(s): {', '.join(unknown)}; see recipes/ or TrainConfig docs")
+        named = ", ".join(f"{key}{did_you_mean(key, known)}" for key in unknown)
+        raise ConfigError(f"unknown TrainConfig field(s): {named}; `taskrl train --help` lists them all")
     defaults = TrainConfig().to_dict()
     for key, value in data.items():
         default = defaults[key]

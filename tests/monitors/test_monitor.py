@@ -316,15 +316,17 @@ async def test_monitors_that_need_tools_say_so_once_on_an_env_without_tools(capl
     assert [t.reward for t in batch] == [1.0, 1.0, 1.0]
     monitors = Monitors(tool_names=env.tools.names)
     assert set(monitors.not_applicable) == {"tool_ngram_entropy", "tool_concentration", "calls_per_success",
-                                            "loop_rate", "tool_calls_per_episode", "unparsed_tool_calls"}  # fmt: skip
+                                            "loop_rate", "tool_calls_per_episode", "unparsed_tool_calls",
+                                            "early_termination"}  # fmt: skip
     with caplog.at_level(logging.INFO, logger="taskrl.monitor"):
         for step in range(3):
             metrics, alerts = monitors.check(step, batch)
             assert not alerts, [a.message for a in alerts]
             assert not any(k.removeprefix("monitor/") in monitors.not_applicable for k in metrics)
     said = [r.getMessage() for r in caplog.records if "do not apply" in r.getMessage()]
-    assert len(said) == 1 and "no tools" in said[0] and "tool_ngram_entropy" in said[0]  # once, not every step
-    assert "monitor/early_termination" in metrics  # the monitors that do apply still run
+    assert len(said) == 2 and "no tools" in said[0] and "tool_ngram_entropy" in said[0]  # once, not every step
+    assert "early_termination" in said[1] and "every episode ends at its first answer" in said[1]  # issue 38 item 12
+    assert "monitor/clarifying_rate" in metrics  # the monitors that do apply still run
     # the same batch judged without knowing the env's tools is judged as before (entropy 0 alerts)
     assert "tool_ngram_entropy" in {a.monitor for a in Monitors(log_alerts=False).check(0, batch)[1]}
 
@@ -397,3 +399,16 @@ async def test_a_real_rollout_with_a_mismatched_call_format_raises_the_collapse_
     honest = await run_episodes(lambda: make("shop"), ScriptedPolicy(env.scripted_rule), tasks, RolloutConfig())
     _, alerts = Monitors(tool_names=env.tools.names, log_alerts=False).check(0, honest)
     assert not {a.monitor for a in alerts} & {"tool_calls_per_episode", "unparsed_tool_calls"}
+
+
+def test_early_termination_is_silent_when_episodes_cannot_last_longer(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 38 item 12: with max_turns=1 every failed answer 'gave up within the first turns'; said once, silent."""
+    failed = [traj([], turns=1, task=f"t{i}") for i in range(4)]
+    assert "early_termination" in {a.monitor for a in Monitors(tool_names=["lookup"]).check(0, failed)[1]}
+    monitors = Monitors(tool_names=["lookup"], max_turns=1)
+    with caplog.at_level(logging.WARNING, logger="taskrl.monitor"):
+        for step in range(3):
+            metrics, alerts = monitors.check(step, failed)
+            assert "early_termination" not in {a.monitor for a in alerts} and "monitor/early_termination" not in metrics
+    said = [r.getMessage() for r in caplog.records if "do not apply" in r.getMessage()]
+    assert len(said) == 1 and "early_termination" in said[0] and "at most 1 turn(s)" in said[0]
