@@ -152,6 +152,7 @@ class ChatCompletionRequest(BaseModel):
 
     def check_supported(self, *, token_mode: bool) -> None:
         """Refuse (400 naming the field) what taskrl cannot honour instead of silently ignoring it."""
+        self.check_tool_messages()
         if self.functions is not None or self.function_call is not None:
             name = "functions" if self.functions is not None else "function_call"
             raise invalid_param(name, "the legacy function-calling interface is not supported; use tools")
@@ -185,6 +186,16 @@ class ChatCompletionRequest(BaseModel):
         if (forcing or self.parallel_tool_calls is False) and not token_mode:
             param = "tool_choice" if forcing else "parallel_tool_calls"
             raise invalid_param(param, "this model's backend cannot constrain tool calls", "unsupported_parameter")
+
+    def check_tool_messages(self) -> None:
+        """A tool message must answer a call an earlier assistant message made (OpenAI answers 400 otherwise)."""
+        called: set[str] = set()
+        for i, message in enumerate(self.messages):
+            called.update(call.id for call in message.tool_calls or [])
+            if message.role == "tool" and message.tool_call_id not in called:
+                known = ", ".join(sorted(called)[:5]) or "none"
+                raise invalid_param(f"messages[{i}].tool_call_id", f"{message.tool_call_id[:64]!r} answers no call of "
+                                    f"an earlier assistant message (calls so far: {known})")  # fmt: skip
 
     def forced_function(self) -> str | None:
         """The function name ``tool_choice`` forces, or None."""

@@ -17,6 +17,8 @@ import asyncio
 import inspect
 import json
 import logging
+import re
+import secrets
 import time
 from typing import Any
 
@@ -58,7 +60,10 @@ class ClientGone(Exception):
 
 # -- app --------------------------------------------------------------------------------------
 class BodySizeLimit:
-    """ASGI middleware: a body over ``max_bytes`` gets 413 before any handler parses it."""
+    """ASGI middleware: a body over ``max_bytes`` gets 413 before any handler parses it.
+
+    A declared ``Content-Length`` is checked at once; a chunked body (no length) is read here up to the limit and
+    handed on whole, since an error raised while the framework reads the body would reach the client as a 400."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
@@ -71,21 +76,62 @@ class BodySizeLimit:
         length = dict(scope.get("headers") or []).get(b"content-length")
         declared = int(length) if length and length.isdigit() else None
         if declared is not None and declared > self.max_bytes:
-            message = f"request body of {declared} bytes exceeds {self.max_bytes}"
-            response = error_response(413, message, "invalid_request_error", code="request_too_large")
-            await response(scope, receive, send)
+            await self._refuse(f"request body of {declared} bytes exceeds {self.max_bytes}", scope, receive, send)
             return
+        if declared is not None:  # the HTTP parser never delivers more than the declared length
+            await self.app(scope, receive, send)
+            return
+        buffered: list[dict] = []
         seen = 0
-
-        async def counted_receive() -> dict:
-            nonlocal seen
+        while True:
             message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break  # the client left: the app sees the disconnect
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:  # chunked bodies declare no length: stop reading past the limit
-                raise APIError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
-            return message
+            if seen > self.max_bytes:
+                await self._refuse(f"request body exceeds {self.max_bytes} bytes", scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
 
-        await self.app(scope, counted_receive, send)
+        async def replay() -> dict:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, message: str, scope: dict, receive: Any, send: Any) -> None:
+        response = error_response(413, message, "invalid_request_error", code="request_too_large",
+                                  headers={"Connection": "close"})  # fmt: skip
+        await response(scope, receive, send)
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""An ``X-Request-Id`` a client may choose; anything else (too long, control characters, spaces) is replaced."""
+
+
+class RequestId:
+    """ASGI middleware: every response carries ``X-Request-Id``, the client's own when it is well-formed, else a
+    fresh one (so a hostile value never reaches logs or response headers); handlers read ``scope["request_id"]``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = sent if REQUEST_ID.fullmatch(sent) else f"req-{secrets.token_hex(16)}"
+        scope["request_id"] = request_id
+
+        async def tagged_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, tagged_send)
 
 
 class CatchAll:
@@ -166,6 +212,7 @@ def _interaction(
     latency_ms: float,
     sampling: SamplingParams,
     shadow: bool = False,
+    adapter: dict[str, Any] | None = None,
 ) -> Interaction:
     message = body["choices"][0]["message"]
     return Interaction(
@@ -184,6 +231,7 @@ def _interaction(
         route=route,
         shadow=shadow,
         sampling=_sampling_record(sampling),
+        adapter=adapter,
     )
 
 
@@ -282,6 +330,7 @@ def create_app(
     app = fastapi.FastAPI(title="taskrl", version="0.1.0")
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(CatchAll)
+    app.add_middleware(RequestId)  # outermost: 413s and 500s carry the id too
     metrics = ServerMetrics()
     log_decision = (lambda d: store.submit("decisions", d)) if store is not None else None
     router_config = config.router
@@ -357,6 +406,7 @@ def create_app(
         interaction = _interaction(
             body, result, request, tenant=tenant, session_id=session_id, version=version, route="shadow",
             latency_ms=(time.perf_counter() - started) * 1000, sampling=plan.sampling, shadow=True,
+            adapter=router.adapter_of(version),
         )  # fmt: skip
         if store is not None:
             try:
@@ -417,7 +467,8 @@ def create_app(
                     rendered = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
             except ValueError as exc:
                 raise APIError(500, f"response could not be rendered: {exc}", "server_error") from exc
-            logged = await log_turn(body, result, request, tenant, session_id, version, arm, policy_s, plan.sampling)
+            logged = await log_turn(body, result, request, tenant, session_id, version, arm, policy_s, plan.sampling,
+                                    router.adapter_of(version))  # fmt: skip
             delivery = _Delivered(store, body["id"] if logged != "false" else None, metrics)
             if watcher.done():  # the client left while we logged: its row must not look delivered
                 delivery.undelivered(request.model)
@@ -458,13 +509,14 @@ def create_app(
         arm: str,
         policy_s: float,
         sampling: SamplingParams,
+        adapter: dict[str, Any] | None,
     ) -> str:
         """"true" (committed), "spooled" (database down, kept locally) or "false" (no store); else 503."""
         if store is None:
             return "false"
         interaction = _interaction(
             body, result, request, tenant=tenant, session_id=session_id, version=version, route=arm,
-            latency_ms=policy_s * 1000, sampling=sampling,
+            latency_ms=policy_s * 1000, sampling=sampling, adapter=adapter,
         )  # fmt: skip
         try:
             status = await store.add("interactions", interaction)
