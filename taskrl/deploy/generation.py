@@ -94,22 +94,31 @@ def plan_turn(
     if forced:
         prompt = prompt + policy.chat_format.encode(forced)
     plan.prompt_ids = prompt
-    limit = context_limit(policy, max_context)
-    if limit is not None:
-        requested = request.requested_max_tokens
-        room = limit - len(prompt)
-        if room < 1 or (requested is not None and requested > room):
-            completion = f"{requested} in the completion" if requested is not None else "no room for a completion"
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt) + (requested or 0)} tokens ({len(prompt)} in the messages, {completion}). "
-                "Please reduce the length of the messages or completion.",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        plan.sampling.max_new_tokens = min(plan.sampling.max_new_tokens, room)
+    check_context(plan, policy, request.requested_max_tokens, max_context)
     return plan
+
+
+def check_context(
+    plan: TurnPlan, policy: Policy, requested: int | None, max_context: int | None, param: str = "messages"
+) -> None:
+    """400 ``context_length_exceeded`` when the prompt leaves no room (or less than ``requested``); else cut the
+    plan's token budget to the room left."""
+    limit = context_limit(policy, max_context)
+    if limit is None or plan.prompt_ids is None:
+        return
+    prompt = plan.prompt_ids
+    room = limit - len(prompt)
+    if room < 1 or (requested is not None and requested > room):
+        completion = f"{requested} in the completion" if requested is not None else "no room for a completion"
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(prompt) + (requested or 0)} tokens ({len(prompt)} in the {param}, {completion}). "
+            f"Please reduce the length of the {param} or completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    plan.sampling.max_new_tokens = min(plan.sampling.max_new_tokens, room)
 
 
 async def generate_chat(

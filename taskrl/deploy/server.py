@@ -17,9 +17,9 @@ import asyncio
 import inspect
 import json
 import logging
-import re
-import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import fastapi
@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskrl.deploy.admin import add_deploy_routes
+from taskrl.deploy.completions import CompletionRequest, completion_body, completion_events, plan_completion
 from taskrl.deploy.config import ServeConfig
 from taskrl.deploy.errors import APIError, api_error_response, describe_validation, error_response
 from taskrl.deploy.generation import (
@@ -41,12 +42,13 @@ from taskrl.deploy.generation import (
 )
 from taskrl.deploy.limits import TenantLimiter
 from taskrl.deploy.metrics import ServerMetrics
+from taskrl.deploy.middleware import BodySizeLimit, CatchAll, RequestId
 from taskrl.deploy.router import Router
-from taskrl.deploy.schemas import ChatCompletionRequest
+from taskrl.deploy.schemas import ChatCompletionRequest, SamplingRequest
 from taskrl.deploy.store import Interaction, InteractionStore, StoreError, new_id
 from taskrl.deploy.streaming import sse_chunks
 from taskrl.deploy.thread import KEEP_ALIVE_S, DrainingServer, ServerThread, running_server
-from taskrl.policies.base import Policy, PolicyError, SamplingParams
+from taskrl.policies.base import InvalidRequestError, Policy, PolicyError, SamplingParams
 
 __all__ = ["ChatResult", "ServerThread", "create_app", "generate_chat", "running_server", "serve"]
 _parse_hermes_tool_calls = parse_hermes_tool_calls  # the name earlier callers imported
@@ -58,111 +60,20 @@ class ClientGone(Exception):
     """The client disconnected before its turn was ready."""
 
 
-# -- app --------------------------------------------------------------------------------------
-class BodySizeLimit:
-    """ASGI middleware: a body over ``max_bytes`` gets 413 before any handler parses it.
+@dataclass(frozen=True)
+class Endpoint:
+    """What differs between chat and text completions: planning a turn, its response body and its stream."""
 
-    A declared ``Content-Length`` is checked at once; a chunked body (no length) is read here up to the limit and
-    handed on whole, since an error raised while the framework reads the body would reach the client as a 400."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        declared = int(length) if length and length.isdigit() else None
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(f"request body of {declared} bytes exceeds {self.max_bytes}", scope, receive, send)
-            return
-        if declared is not None:  # the HTTP parser never delivers more than the declared length
-            await self.app(scope, receive, send)
-            return
-        buffered: list[dict] = []
-        seen = 0
-        while True:
-            message = await receive()
-            buffered.append(message)
-            if message["type"] != "http.request":
-                break  # the client left: the app sees the disconnect
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                await self._refuse(f"request body exceeds {self.max_bytes} bytes", scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-
-        async def replay() -> dict:
-            return buffered.pop(0) if buffered else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, message: str, scope: dict, receive: Any, send: Any) -> None:
-        response = error_response(413, message, "invalid_request_error", code="request_too_large",
-                                  headers={"Connection": "close"})  # fmt: skip
-        await response(scope, receive, send)
+    plan: Callable[..., TurnPlan]
+    body: Callable[[ChatResult, Any, Policy], dict[str, Any]]
+    events: Callable[..., list[str]]
 
 
-REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-"""An ``X-Request-Id`` a client may choose; anything else (too long, control characters, spaces) is replaced."""
+CHAT = Endpoint(plan_turn, response_body, sse_chunks)
+TEXT = Endpoint(plan_completion, completion_body, completion_events)
 
 
-class RequestId:
-    """ASGI middleware: every response carries ``X-Request-Id``, the client's own when it is well-formed, else a
-    fresh one (so a hostile value never reaches logs or response headers); handlers read ``scope["request_id"]``."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
-        request_id = sent if REQUEST_ID.fullmatch(sent) else f"req-{secrets.token_hex(16)}"
-        scope["request_id"] = request_id
-
-        async def tagged_send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
-                message = {**message, "headers": [*headers, (b"x-request-id", request_id.encode())]}
-            await send(message)
-
-        await self.app(scope, receive, tagged_send)
-
-
-class CatchAll:
-    """ASGI middleware: an unhandled exception becomes a 500 in OpenAI's JSON shape, and the connection stays up
-    (Starlette's own handler answers text/plain and re-raises, which makes uvicorn drop the connection)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as exc:
-            logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if started:
-                return  # a stream already under way cannot change its status; the client sees it cut short
-            response = error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
-            await response(scope, receive, send)
-
-
-def _session_of(http: fastapi.Request, request: ChatCompletionRequest, config: ServeConfig) -> str:
+def _session_of(http: fastapi.Request, request: SamplingRequest, config: ServeConfig) -> str:
     return (http.headers.get(config.session_header) or request.user or new_id("session"))[:256]
 
 
@@ -203,7 +114,7 @@ async def _withhold_unapproved(config: ServeConfig, tenant: str, result: ChatRes
 def _interaction(
     body: dict[str, Any],
     result: ChatResult,
-    request: ChatCompletionRequest,
+    request: SamplingRequest,
     *,
     tenant: str,
     session_id: str,
@@ -214,7 +125,8 @@ def _interaction(
     shadow: bool = False,
     adapter: dict[str, Any] | None = None,
 ) -> Interaction:
-    message = body["choices"][0]["message"]
+    choice = body["choices"][0]
+    message = choice.get("message") or {"role": "assistant", "content": choice.get("text", "")}  # text completions
     return Interaction(
         id=body["id"],
         tenant=tenant,
@@ -241,6 +153,7 @@ def _sampling_record(sampling: SamplingParams) -> dict[str, Any]:
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
         "seed": sampling.seed,
         "max_new_tokens": sampling.max_new_tokens,
     }
@@ -382,22 +295,33 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "taskrl", "version": r.stable}
-            for name, r in app.state.routers.items()
-        ]
+        data = [model_card(name, router) for name, router in app.state.routers.items()]
         return {"object": "list", "data": data}
 
-    async def shadow_run(router: Router, request: ChatCompletionRequest, tenant: str, session_id: str) -> None:
+    def model_card(name: str, router: Router) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "taskrl", "version": router.stable}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> dict[str, Any]:
+        router = app.state.routers.get(model_id)
+        if router is None:
+            known = ", ".join(sorted(app.state.routers))
+            raise APIError(404, f"The model {model_id[:256]!r} does not exist; served models: {known}",
+                           param="model", code="model_not_found")  # fmt: skip
+        return model_card(model_id, router)
+
+    async def shadow_run(
+        router: Router, request: SamplingRequest, tenant: str, session_id: str, endpoint: Endpoint
+    ) -> None:
         version = router.shadow
         if version is None:
             return
         started = time.perf_counter()
         policy = router.policy(version)
         try:
-            plan = plan_turn(policy, request, max_tokens, config.max_context_tokens)
+            plan = endpoint.plan(policy, request, max_tokens, config.max_context_tokens)
             result = await asyncio.wait_for(generate_chat(policy, plan), config.generation_timeout_s)
-            body = response_body(result, request, policy)
+            body = endpoint.body(result, request, policy)
             json.dumps(body, allow_nan=False)
         except (PolicyError, APIError, ValueError, TimeoutError) as exc:
             metrics.count("shadow_errors", request.model, version)
@@ -417,6 +341,13 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, http: fastapi.Request) -> Any:
+        return await admit(request, http, CHAT)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, http: fastapi.Request) -> Any:
+        return await admit(request, http, TEXT)
+
+    async def admit(request: SamplingRequest, http: fastapi.Request, endpoint: Endpoint) -> Any:
         if app.state.draining:
             raise APIError(503, "server is draining (shutting down); retry", "server_error", code="server_draining",
                            headers={"Retry-After": "1", "Connection": "close"})  # fmt: skip
@@ -425,7 +356,7 @@ def create_app(
             app.state.in_flight += 1
             metrics.in_flight.inc()
             try:
-                return await serve_chat(request, http, tenant)
+                return await serve_chat(request, http, tenant, endpoint)
             except APIError as exc:
                 metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
                 raise
@@ -433,7 +364,7 @@ def create_app(
                 app.state.in_flight -= 1
                 metrics.in_flight.dec()
 
-    async def serve_chat(request: ChatCompletionRequest, http: fastapi.Request, tenant: str) -> Any:
+    async def serve_chat(request: SamplingRequest, http: fastapi.Request, tenant: str, endpoint: Endpoint) -> Any:
         started = time.perf_counter()
         router = app.state.routers.get(request.model)
         if router is None:
@@ -443,13 +374,15 @@ def create_app(
         session_id = _session_of(http, request, config)
         version, arm = router.route(session_id)
         policy = router.policy(version)
-        plan = plan_turn(policy, request, max_tokens, config.max_context_tokens)
+        plan = endpoint.plan(policy, request, max_tokens, config.max_context_tokens)
         watcher = asyncio.ensure_future(_disconnect(http))
         try:
             policy_started = time.perf_counter()
             metrics.queue_depth.inc()
             try:
                 result = await _generate(policy, plan, watcher, config.generation_timeout_s)
+            except InvalidRequestError as exc:
+                raise APIError(400, f"{exc}", code="invalid_request") from exc
             except PolicyError as exc:
                 raise APIError(500, f"policy {request.model!r} failed: {exc}", "server_error",
                                code="policy_error") from exc  # fmt: skip
@@ -458,11 +391,12 @@ def create_app(
             policy_s = time.perf_counter() - policy_started
             if config.sensitive_tools and await _withhold_unapproved(config, tenant, result):
                 metrics.count("withheld_tool_calls", request.model, version)
-            body = response_body(result, request, policy)
+            body = endpoint.body(result, request, policy)
             try:  # rendered before anything is logged: a response that cannot be sent is never stored
                 if request.stream:
-                    include_usage = bool((request.stream_options or {}).get("include_usage"))
-                    rendered: bytes | list[str] = sse_chunks(body, include_usage=include_usage)
+                    rendered: bytes | list[str] = endpoint.events(
+                        body, include_usage=request.include_usage, stops=request.client_stops()
+                    )
                 else:
                     rendered = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
             except ValueError as exc:
@@ -479,7 +413,7 @@ def create_app(
         finally:
             watcher.cancel()
         if router.shadow is not None and router.shadow != version:
-            task = asyncio.get_running_loop().create_task(shadow_run(router, request, tenant, session_id))
+            task = asyncio.get_running_loop().create_task(shadow_run(router, request, tenant, session_id, endpoint))
             app.state.background.add(task)
             task.add_done_callback(app.state.background.discard)
         metrics.requests.labels(request.model, str(version), arm).inc()
@@ -502,7 +436,7 @@ def create_app(
     async def log_turn(
         body: dict[str, Any],
         result: ChatResult,
-        request: ChatCompletionRequest,
+        request: SamplingRequest,
         tenant: str,
         session_id: str,
         version: int,

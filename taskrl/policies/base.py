@@ -57,6 +57,8 @@ def validate_sampling(sampling: SamplingParams) -> None:
         raise InvalidRequestError(f"{where}.temperature must be a finite number >= 0, got {sampling.temperature!r}")
     if not _is_real(sampling.top_p) or not 0 < sampling.top_p <= 1:  # NaN fails the comparison too
         raise InvalidRequestError(f"{where}.top_p must be in (0, 1], got {sampling.top_p!r}")
+    if not _is_real(sampling.min_p) or not 0 <= sampling.min_p <= 1:
+        raise InvalidRequestError(f"{where}.min_p must be in [0, 1], got {sampling.min_p!r}")
     if not _is_int(sampling.top_k) or sampling.top_k < 0:
         raise InvalidRequestError(f"{where}.top_k must be an integer >= 0, got {sampling.top_k!r}")
     low, high = SEED_RANGE
@@ -78,6 +80,8 @@ class SamplingParams:
     """Nucleus sampling mass; 1.0 disables it."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables it."""
+    min_p: float = 0.0
+    """Keep only tokens at least ``min_p`` times as likely as the most likely one (after temperature); 0 disables it."""
     seed: int | None = None
     """Seed of this request's own random generator, so a sample does not depend on batch neighbours."""
     stop: list[str] = field(default_factory=list)

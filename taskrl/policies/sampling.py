@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,18 @@ def sample_row(logp: torch.Tensor, request: Any) -> torch.Tensor:
 
 
 def _support(logp: torch.Tensor, sampling: SamplingParams) -> torch.Tensor | None:
+    """Token ids kept by top-k, top-p and min-p (most likely first), or None when none truncates."""
+    support = _top_support(logp, sampling)
+    if sampling.min_p <= 0:
+        return support
+    floor = logp.max() + math.log(sampling.min_p)  # p >= min_p * p_max, in log space (the top token always stays)
+    if support is None:
+        kept = (logp >= floor).nonzero().squeeze(-1)
+        return kept[logp[kept].argsort(descending=True)]
+    return support[logp[support] >= floor]
+
+
+def _top_support(logp: torch.Tensor, sampling: SamplingParams) -> torch.Tensor | None:
     """Token ids kept by top-k then top-p (most likely first), or None when neither truncates.
 
     A full-vocabulary sort costs milliseconds per token on CPU and a trained model's nucleus is small,
