@@ -235,8 +235,10 @@ class ChatCompletionRequest(SamplingRequest):
     def _check_chat_nesting(cls, value: Any) -> Any:
         return _check_depth(value, MAX_FIELD_DEPTH, "value")
 
-    def check_supported(self, *, token_mode: bool) -> None:
-        """Refuse (400 naming the field) what taskrl cannot honour instead of silently ignoring it."""
+    def check_supported(self, *, token_mode: bool, constrains: bool = False) -> None:
+        """Refuse (400 naming the field) what taskrl cannot honour instead of silently ignoring it.
+
+        ``constrains``: the backend decodes forced tool calls under a grammar (``tool_choice`` required or named)."""
         self.check_sampling()
         self.check_tool_messages()
         if self.functions is not None or self.function_call is not None:
@@ -256,9 +258,12 @@ class ChatCompletionRequest(SamplingRequest):
                 raise invalid_param("tool_choice", f"function {name!r} is not among the request's tools")
         if forcing and not self.tools:
             raise invalid_param("tool_choice", "forcing a tool call needs tools")
-        if (forcing or self.parallel_tool_calls is False) and not token_mode:
-            param = "tool_choice" if forcing else "parallel_tool_calls"
-            raise invalid_param(param, "this model's backend cannot constrain tool calls", "unsupported_parameter")
+        if forcing and not constrains:
+            raise invalid_param("tool_choice", "this model's backend cannot constrain tool calls (taskrl's own engine "
+                                "can: serve an hf policy)", "unsupported_parameter")  # fmt: skip
+        if self.parallel_tool_calls is False and not token_mode:
+            raise invalid_param("parallel_tool_calls", "this model's backend cannot stop after the first tool call",
+                                "unsupported_parameter")  # fmt: skip
 
     def check_tool_messages(self) -> None:
         """A tool message must answer a call an earlier assistant message made (OpenAI answers 400 otherwise)."""
@@ -270,11 +275,13 @@ class ChatCompletionRequest(SamplingRequest):
                 raise invalid_param(f"messages[{i}].tool_call_id", f"{message.tool_call_id[:64]!r} answers no call of "
                                     f"an earlier assistant message (calls so far: {known})")  # fmt: skip
 
-    def forced_function(self) -> str | None:
-        """The function name ``tool_choice`` forces, or None."""
+    def forced_functions(self) -> list[str]:
+        """The function names ``tool_choice`` forces a call to (one when named, every tool when required)."""
         if isinstance(self.tool_choice, dict):
-            return str(self.tool_choice["function"]["name"])
-        return None
+            return [str(self.tool_choice["function"]["name"])]
+        if self.tool_choice == "required":
+            return [t.function.name for t in self.tools or []]
+        return []
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -34,14 +34,14 @@ class ContentStream:
     Decoding uses a sliding prefix (as vLLM does): the new tokens are decoded together with a few before them and
     only the added text is kept, so tokenizers that merge spaces across tokens decode as the whole would."""
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: list[str], forced: str = "") -> None:
+    def __init__(self, decode: Callable[[list[int]], str], stops: list[str]) -> None:
         self.decode = decode
         self.markers = [CALL_OPEN, *[s for s in stops if s]]
         self.ids: list[int] = []
-        self.text = forced
+        self.text = ""
         self.sent = 0
         """Characters of ``text`` already sent as content."""
-        self.closed = forced.startswith(CALL_OPEN) if forced else False
+        self.closed = False
         """A tool call or stop string began: the rest of the turn is sent once it is parsed."""
         self._prefix = 0
         self._read = 0

@@ -66,6 +66,9 @@ def validate_sampling(sampling: SamplingParams) -> None:
         raise InvalidRequestError(f"{where}.seed must be None or an integer in [-2**63, 2**64), got {sampling.seed!r}")
     if not isinstance(sampling.stop, list | tuple) or not all(isinstance(s, str) for s in sampling.stop):
         raise InvalidRequestError(f"{where}.stop must be a list of strings, got {sampling.stop!r}")
+    names = sampling.force_tool_call
+    if not isinstance(names, tuple | list) or not all(isinstance(n, str) and n for n in names):
+        raise InvalidRequestError(f"{where}.force_tool_call must be a tuple of function names, got {names!r}")
 
 
 @dataclass
@@ -86,6 +89,9 @@ class SamplingParams:
     """Seed of this request's own random generator, so a sample does not depend on batch neighbours."""
     stop: list[str] = field(default_factory=list)
     """Extra stop strings, on top of the model's end-of-turn token."""
+    force_tool_call: tuple[str, ...] = ()
+    """Function names: when set, the turn is exactly one Hermes tool call to one of them (constrained decoding, see
+    ``taskrl.policies.constrain``); only policies with ``constrains_tool_calls`` accept it."""
 
     def __post_init__(self) -> None:
         validate_sampling(self)  # InvalidRequestError is a ValueError
@@ -142,6 +148,12 @@ class PolicyBase:
 
     max_positions: int | None = None
     """Tokens of context the model has (prompt + completion); None when unknown."""
+    constrains_tool_calls: bool = False
+    """Whether ``generate`` honours ``SamplingParams.force_tool_call`` (constrained decoding of the call)."""
+
+    def min_tool_call_tokens(self, names: list[str]) -> int:
+        """Tokens the shortest forced call to one of ``names`` needs (policies that ``constrains_tool_calls``)."""
+        return 0
 
     def run_exclusive(self, work: Callable[[], T]) -> T:
         """Run ``work`` while nothing samples from this policy's weights; without a decode thread, just run it."""

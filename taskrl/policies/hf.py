@@ -38,6 +38,7 @@ from taskrl.policies.base import (
     SamplingParams,
     validate_sampling,
 )
+from taskrl.policies.constrain import ToolCallConstraint, tool_call_constraint
 from taskrl.policies.engine import ContinuousEngine
 from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_smollm2, resolve_device
 from taskrl.policies.sampling import Request, sample_row
@@ -58,10 +59,13 @@ __all__ = ["ENGINES", "HFPolicy", "sample_row"]
 class HFPolicy(PolicyBase):
     """A transformers causal LM as a token-mode ``Policy``; trainers update ``model`` in place and bump ``version``.
 
+    ``SamplingParams.force_tool_call`` is honoured by constrained decoding (``taskrl.policies.constrain``).
     Any weight change invalidates the engine's KV (prefix cache and rows in flight): bumping ``version`` (or
     ``set_version``), ``invalidate_kv_cache()``, and any in-place change of a parameter (detected by torch's
     version counters) all do; in-flight requests then restart from scratch under the new weights.
     """
+
+    constrains_tool_calls = True
 
     def __init__(
         self,
@@ -273,15 +277,18 @@ class HFPolicy(PolicyBase):
             token_ids = self.chat_format.prompt_ids(messages, tools)
         prompt = self._check_prompt(token_ids)
         validate_sampling(sampling)
+        budget = self._room_for(prompt, sampling)
+        constraint = self._tool_call_constraint(sampling, budget)
         loop = asyncio.get_running_loop()
         request = Request(
             prompt_ids=prompt,
             sampling=sampling,
             # An unseeded request still gets a recorded seed, so any sample can be replayed.
             seed=sampling.seed if sampling.seed is not None else secrets.randbits(63),
-            max_new_tokens=self._room_for(prompt, sampling),
+            max_new_tokens=budget,
             future=loop.create_future(),
             loop=loop,
+            constraint=constraint,
         )
         if self.engine == "static":
             self._static_batcher(loop).submit(request)
@@ -294,6 +301,21 @@ class HFPolicy(PolicyBase):
         request.future.add_done_callback(on_done)
         self._engine.submit(request)
         return await request.future
+
+    def _tool_call_constraint(self, sampling: SamplingParams, budget: int) -> ToolCallConstraint | None:
+        """The automaton that forces ``sampling.force_tool_call`` (None when nothing is forced)."""
+        names = list(sampling.force_tool_call)
+        if not names:
+            return None
+        constraint = tool_call_constraint(self.tokenizer, self.chat_format.stop_token_ids, names)
+        if budget < constraint.min_tokens():
+            raise InvalidRequestError(f"a forced tool call needs {constraint.min_tokens()} tokens, but the turn may "
+                                      f"sample only {budget}; raise max_new_tokens or shorten the prompt")  # fmt: skip
+        return constraint
+
+    def min_tool_call_tokens(self, names: list[str]) -> int:
+        """Tokens the shortest forced call to one of ``names`` needs (``SamplingParams.force_tool_call``)."""
+        return tool_call_constraint(self.tokenizer, self.chat_format.stop_token_ids, names).min_tokens()
 
     def _static_batcher(self, loop: asyncio.AbstractEventLoop) -> StaticBatcher:
         batcher = self._batchers.get(id(loop))

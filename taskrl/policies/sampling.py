@@ -39,6 +39,8 @@ class Request:
     submitted: float = field(default_factory=time.perf_counter)
     prompt_tensor: torch.Tensor = field(init=False)
     info: dict[str, Any] = field(default_factory=dict)
+    constraint: Any = None
+    """A ``ToolCallConstraint`` (``taskrl.policies.constrain``) the sampler obeys, or None."""
 
     def __post_init__(self) -> None:
         self.prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
@@ -48,6 +50,8 @@ class Request:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.seed)
         self.token_ids, self.logprobs, self.finish_reason, self.stop = [], [], None, None
+        if self.constraint is not None:
+            self.constraint.reset()
 
     def deliver(self, outcome: Completion | BaseException) -> None:
         """Hand the result to the awaiting caller; safe from any thread, a no-op once the caller is gone."""
@@ -65,19 +69,40 @@ class Request:
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row with each request's own generator; logprobs before top-p/top-k truncation."""
+    """One token per row with each request's own generator; logprobs before top-p/top-k truncation.
+
+    A row with a ``constraint`` picks among the tokens it allows (its logprob is still the unconstrained one, as
+    ``logprobs_of`` scores it) and the constraint advances past the token: every sampled token is accepted."""
     temperatures = torch.tensor(
         [r.sampling.temperature if r.sampling.temperature > 0 else 1.0 for r in requests],
         dtype=logits.dtype,
         device=logits.device,
     )
     logp = torch.log_softmax(logits / temperatures[:, None], dim=-1)
-    picks = [
-        logits[row].argmax().view(1) if r.sampling.temperature == 0 else sample_row(logp[row], r)
-        for row, r in enumerate(requests)
-    ]
+    picks = []
+    for row, r in enumerate(requests):
+        if r.constraint is not None:
+            picks.append(_constrained(logits[row], temperatures[row], r))
+        elif r.sampling.temperature == 0:
+            picks.append(logits[row].argmax().view(1))
+        else:
+            picks.append(sample_row(logp[row], r))
     tokens = torch.cat(picks)
+    for r, token in zip(requests, tokens.tolist(), strict=True):
+        if r.constraint is not None:
+            r.constraint.advance(token)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _constrained(logits: torch.Tensor, temperature: torch.Tensor, request: Request) -> torch.Tensor:
+    allowed = request.constraint.allowed(request.max_new_tokens - len(request.token_ids)).to(logits.device)
+    if allowed.numel() == 0:
+        raise ValueError("the tool-call constraint allows no token of this vocabulary")
+    masked = torch.full_like(logits, float("-inf"))
+    masked[allowed] = logits[allowed]
+    if request.sampling.temperature == 0:
+        return masked.argmax().view(1)
+    return sample_row(torch.log_softmax(masked / temperature, dim=-1), request)
 
 
 def sample_row(logp: torch.Tensor, request: Any) -> torch.Tensor:
