@@ -226,11 +226,14 @@ def response_body(result: ChatResult, request: ChatCompletionRequest, policy: Po
 
 
 def _logprobs_body(completion: Completion, policy: Policy) -> dict[str, Any]:
-    chat_format = policy.chat_format
-    entries = []
-    for i, logprob in enumerate(completion.logprobs):
-        token = ""
-        if chat_format is not None and i < len(completion.token_ids):
-            token = chat_format.decode([completion.token_ids[i]], skip_special_tokens=False)
-        entries.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []})
-    return {"content": entries}
+    ids = completion.token_ids
+    return {"content": [logprob_entry(policy, ids[i] if i < len(ids) else None, logprob)
+                        for i, logprob in enumerate(completion.logprobs)]}  # fmt: skip
+
+
+def logprob_entry(policy: Policy, token_id: int | None, logprob: float) -> dict[str, Any]:
+    """One entry of OpenAI's ``logprobs.content``: the token's text, its logprob and bytes (no alternatives)."""
+    token = ""
+    if policy.chat_format is not None and token_id is not None:
+        token = policy.chat_format.decode([token_id], skip_special_tokens=False)
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}

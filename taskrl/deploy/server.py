@@ -1,4 +1,5 @@
-"""taskrl's OpenAI-compatible server: ``/v1/chat/completions`` (tools, streaming) over routed ``Policy`` versions.
+"""taskrl's OpenAI-compatible server: ``/v1/chat/completions`` (tools, streaming) and ``/v1/completions`` over
+routed ``Policy`` versions.
 
 ``create_app({"name": policy}, store=InteractionStore(url), config=ServeConfig(...))`` builds the FastAPI app:
 each model gets a ``Router`` (canary, holdout, shadow), and ``admin.py`` adds feedback, adapter hot-load, router
@@ -6,8 +7,11 @@ control and metrics. A request is validated at the edge (``generation.plan_turn`
 batch; its generation is a task that is cancelled when the client disconnects or the per-request time limit
 passes (nothing is logged then). A served turn is rendered to bytes first, then logged with its exact tokens
 (committed, or spooled during a database outage; when neither is possible the response is refused, never
-delivered unlogged), then sent; a stream that breaks marks its row undelivered. Every error is OpenAI-shaped
-JSON. ``serve`` runs it in the foreground (drained on SIGTERM), ``running_server`` (``thread.py``) in a thread.
+delivered unlogged), then sent; a stream that breaks marks its row undelivered. A chat stream from an engine that
+streams (``HFPolicy``) sends content as it is sampled and only its end (tool calls, finish reason, ``[DONE]``) after
+the turn is logged: a turn that cannot be logged ends with an error event, never ``[DONE]``. Every error is
+OpenAI-shaped JSON. ``serve`` runs it in the foreground (drained on SIGTERM), ``running_server`` (``thread.py``) in a
+thread.
 Responses carry vLLM's extension fields (``token_ids``, ``prompt_token_ids``) when ``return_token_ids`` is set.
 """
 
@@ -18,24 +22,27 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import fastapi
 import uvicorn
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskrl.deploy.admin import add_deploy_routes
 from taskrl.deploy.completions import CompletionRequest, completion_body, completion_events, plan_completion
 from taskrl.deploy.config import ServeConfig
+from taskrl.deploy.delivery import Admission, ClosingStream, Delivery, LiveTurn, streams_tokens
 from taskrl.deploy.errors import APIError, api_error_response, describe_validation, error_response
 from taskrl.deploy.generation import (
     ChatResult,
     TurnPlan,
+    finish_turn,
     generate_chat,
+    logprob_entry,
     parse_hermes_tool_calls,
     plan_turn,
     response_body,
@@ -46,9 +53,9 @@ from taskrl.deploy.middleware import BodySizeLimit, CatchAll, RequestId
 from taskrl.deploy.router import Router
 from taskrl.deploy.schemas import ChatCompletionRequest, SamplingRequest
 from taskrl.deploy.store import Interaction, InteractionStore, StoreError, new_id
-from taskrl.deploy.streaming import sse_chunks
+from taskrl.deploy.streaming import ContentStream, StreamEvents, sse_chunks
 from taskrl.deploy.thread import KEEP_ALIVE_S, DrainingServer, ServerThread, running_server
-from taskrl.policies.base import InvalidRequestError, Policy, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, InvalidRequestError, Policy, PolicyError, SamplingParams
 
 __all__ = ["ChatResult", "ServerThread", "create_app", "generate_chat", "running_server", "serve"]
 _parse_hermes_tool_calls = parse_hermes_tool_calls  # the name earlier callers imported
@@ -186,44 +193,6 @@ async def _generate(policy: Policy, plan: TurnPlan, watcher: asyncio.Task, timeo
                    code="timeout")  # fmt: skip
 
 
-class _Delivered:
-    """Sends a pre-rendered response; a stream that does not finish marks its interaction undelivered."""
-
-    def __init__(self, store: InteractionStore | None, interaction_id: str | None, metrics: ServerMetrics) -> None:
-        self.store, self.interaction_id, self.metrics = store, interaction_id, metrics
-
-    def undelivered(self, model: str) -> None:
-        self.metrics.count("undelivered", model)
-        if self.store is not None and self.interaction_id is not None:
-            try:
-                self.store.mark_undelivered(self.interaction_id)
-            except StoreError:
-                logger.error("interaction %s undelivered but could not be marked", self.interaction_id)
-
-    def stream(self, chunks: list[str], headers: dict[str, str], model: str) -> StreamingResponse:
-        owner = self
-
-        class _Stream(StreamingResponse):
-            completed = False
-
-            async def stream_response(self, send: Any) -> None:
-                await super().stream_response(send)
-                self.completed = True
-
-            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-                try:
-                    await super().__call__(scope, receive, send)
-                finally:
-                    if not self.completed:
-                        owner.undelivered(model)
-
-        async def body() -> Any:
-            for chunk in chunks:
-                yield chunk
-
-        return _Stream(body(), media_type="text/event-stream", headers=headers)
-
-
 def create_app(
     policies: dict[str, Policy],
     *,
@@ -352,17 +321,19 @@ def create_app(
             raise APIError(503, "server is draining (shutting down); retry", "server_error", code="server_draining",
                            headers={"Retry-After": "1", "Connection": "close"})  # fmt: skip
         tenant = _chat_tenant(config, http.headers.get("authorization"))
-        with app.state.limiter.hold(tenant):
-            app.state.in_flight += 1
-            metrics.in_flight.inc()
-            try:
-                return await serve_chat(request, http, tenant, endpoint)
-            except APIError as exc:
-                metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
-                raise
-            finally:
-                app.state.in_flight -= 1
-                metrics.in_flight.dec()
+        admission = Admission(app.state, metrics, tenant)
+        response = None
+        try:
+            response = await serve_chat(request, http, tenant, endpoint)
+            return response
+        except APIError as exc:
+            metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
+            raise
+        finally:
+            if isinstance(response, ClosingStream):
+                response.on_close.append(admission.close)  # held until the last chunk is sent
+            else:
+                admission.close()
 
     async def serve_chat(request: SamplingRequest, http: fastapi.Request, tenant: str, endpoint: Endpoint) -> Any:
         started = time.perf_counter()
@@ -375,6 +346,11 @@ def create_app(
         version, arm = router.route(session_id)
         policy = router.policy(version)
         plan = endpoint.plan(policy, request, max_tokens, config.max_context_tokens)
+        if request.stream and endpoint is CHAT and streams_tokens(policy):
+            assert isinstance(request, ChatCompletionRequest)
+            turn = LiveTurn(request, policy, plan, router, version, arm, tenant, session_id, started)
+            headers = {"x-interaction-id": turn.id, "x-policy-version": str(version)}
+            return ClosingStream(live_events(turn), media_type="text/event-stream", headers=headers)
         watcher = asyncio.ensure_future(_disconnect(http))
         try:
             policy_started = time.perf_counter()
@@ -403,7 +379,7 @@ def create_app(
                 raise APIError(500, f"response could not be rendered: {exc}", "server_error") from exc
             logged = await log_turn(body, result, request, tenant, session_id, version, arm, policy_s, plan.sampling,
                                     router.adapter_of(version))  # fmt: skip
-            delivery = _Delivered(store, body["id"] if logged != "false" else None, metrics)
+            delivery = Delivery(store, body["id"] if logged != "false" else None, metrics)
             if watcher.done():  # the client left while we logged: its row must not look delivered
                 delivery.undelivered(request.model)
                 raise ClientGone()
@@ -412,6 +388,20 @@ def create_app(
             return Response(status_code=499)
         finally:
             watcher.cancel()
+        elapsed = served(router, request, tenant, session_id, endpoint, version, arm, result, started, policy_s)
+        headers = {
+            "x-interaction-id": body["id"],
+            "x-policy-version": str(version),
+            "x-logged": logged,
+            "x-overhead-ms": f"{(elapsed - policy_s) * 1000:.3f}",  # server time beyond the policy
+        }
+        if isinstance(rendered, list):
+            return delivery.stream(rendered, headers, request.model)
+        return Response(rendered, media_type="application/json", headers=headers)
+
+    def served(router: Router, request: SamplingRequest, tenant: str, session_id: str, endpoint: Endpoint,
+               version: int, arm: str, result: ChatResult, started: float, policy_s: float) -> float:  # fmt: skip
+        """Count a served turn and mirror it to the shadow version; returns the seconds it took."""
         if router.shadow is not None and router.shadow != version:
             task = asyncio.get_running_loop().create_task(shadow_run(router, request, tenant, session_id, endpoint))
             app.state.background.add(task)
@@ -423,15 +413,67 @@ def create_app(
         metrics.request_seconds.labels(request.model).observe(elapsed)
         metrics.policy_seconds.labels(request.model).observe(policy_s)
         metrics.overhead_seconds.observe(max(0.0, elapsed - policy_s))
-        headers = {
-            "x-interaction-id": body["id"],
-            "x-policy-version": str(version),
-            "x-logged": logged,
-            "x-overhead-ms": f"{(elapsed - policy_s) * 1000:.3f}",  # server time beyond the policy
-        }
-        if isinstance(rendered, list):
-            return delivery.stream(rendered, headers, request.model)
-        return Response(rendered, media_type="application/json", headers=headers)
+        return elapsed
+
+    async def live_events(turn: LiveTurn) -> AsyncIterator[str]:
+        """A chat stream sent as it is sampled: the role at once, each content delta (with its tokens' logprobs)
+        as soon as it cannot be a tool call or stop string, then, once the turn is parsed and logged, the rest.
+        A turn that cannot be logged or fails ends with an error event and no ``[DONE]``; one that does not reach
+        the client in full is marked undelivered."""
+        request, policy, plan = turn.request, turn.policy, turn.plan
+        assert policy.chat_format is not None
+        events = StreamEvents(turn.id, request.model, turn.created)
+        content = ContentStream(policy.chat_format.decode, plan.client_stops)
+        pending: list[dict[str, Any]] = []
+        sent_entries, logged, finished = 0, "false", False
+        tokens = policy.stream(token_ids=plan.prompt_ids, messages=plan.messages, tools=plan.tools or None,
+                               sampling=plan.sampling)  # fmt: skip
+        yield events.role()
+        try:
+            policy_started = time.perf_counter()
+            completion = None
+            async with asyncio.timeout(config.generation_timeout_s):
+                async for item in tokens:
+                    if isinstance(item, Completion):
+                        completion = item
+                        break
+                    ids, logprobs = item
+                    if request.logprobs:
+                        pending += [logprob_entry(policy, t, lp) for t, lp in zip(ids, logprobs, strict=True)]
+                    delta = content.push(ids)
+                    if delta:
+                        yield events.chunk({"content": delta}, logprobs=pending if request.logprobs else None)
+                        sent_entries, pending = sent_entries + len(pending), []
+            if completion is None:
+                raise PolicyError("the stream ended without a completion")
+            policy_s = time.perf_counter() - policy_started
+            result = finish_turn(completion, plan)
+            if config.sensitive_tools and await _withhold_unapproved(config, turn.tenant, result):
+                metrics.count("withheld_tool_calls", request.model, turn.version)
+            body = {**response_body(result, request, policy), "id": turn.id, "created": turn.created}
+            ending = events.ending(body, content.sent_text, sent_entries, include_usage=request.include_usage)
+            logged = await log_turn(body, result, request, turn.tenant, turn.session_id, turn.version, turn.arm,
+                                    policy_s, plan.sampling, turn.router.adapter_of(turn.version))  # fmt: skip
+            for event in ending:
+                yield event
+            finished = True
+            served(turn.router, request, turn.tenant, turn.session_id, CHAT, turn.version, turn.arm, result,
+                   turn.started, policy_s)  # fmt: skip
+        except TimeoutError:
+            yield events.error(504, f"generation exceeded this server's {config.generation_timeout_s:g}s limit per "
+                               "request", code="timeout")  # fmt: skip
+        except APIError as exc:
+            metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
+            yield events.error(exc.status, exc.message, exc.kind, exc.code)
+        except InvalidRequestError as exc:
+            yield events.error(400, str(exc), "invalid_request_error", "invalid_request")
+        except (PolicyError, ValueError) as exc:  # ValueError: the response could not be rendered (non-finite)
+            metrics.errors.labels(request.model, "policy_error").inc()
+            yield events.error(500, f"policy {request.model!r} failed: {exc}", code="policy_error")
+        finally:
+            await tokens.aclose()  # cancels the generation when the client left mid-stream
+            if not finished and logged != "false":
+                Delivery(store, turn.id, metrics).undelivered(request.model)
 
     async def log_turn(
         body: dict[str, Any],

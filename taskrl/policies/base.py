@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -150,6 +150,22 @@ class PolicyBase:
     """Tokens of context the model has (prompt + completion); None when unknown."""
     constrains_tool_calls: bool = False
     """Whether ``generate`` honours ``SamplingParams.force_tool_call`` (constrained decoding of the call)."""
+
+    async def stream(
+        self,
+        *,
+        token_ids: list[int] | None = None,
+        messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingParams,
+    ) -> AsyncIterator[tuple[list[int], list[float]] | Completion]:
+        """``generate``, yielding ``(token_ids, logprobs)`` batches as they are sampled and then the ``Completion``.
+
+        This default samples the whole turn and yields only the Completion; engines that can, stream (``HFPolicy``).
+        """
+        yield await self.generate(  # type: ignore[attr-defined]
+            token_ids=token_ids, messages=messages, tools=tools, sampling=sampling
+        )
 
     def min_tool_call_tokens(self, names: list[str]) -> int:
         """Tokens the shortest forced call to one of ``names`` needs (policies that ``constrains_tool_calls``)."""

@@ -21,7 +21,7 @@ import numbers
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -269,6 +269,52 @@ class HFPolicy(PolicyBase):
         ``InvalidRequestError`` before it joins a batch; cancelling the awaiting task removes the request from
         the running batch at the next step.
         """
+        return await self._sample(token_ids, messages, tools, sampling)
+
+    async def stream(
+        self,
+        *,
+        token_ids: list[int] | None = None,
+        messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingParams,
+    ) -> AsyncIterator[tuple[list[int], list[float]] | Completion]:
+        """``generate``, yielding ``(token_ids, logprobs)`` as the engine samples them, then the ``Completion``.
+
+        Closing the iterator early cancels the request. If the weights change under it, the engine restarts the
+        request from scratch, which a stream cannot take back: it raises ``PolicyError`` once tokens were yielded."""
+        arrived: asyncio.Queue[tuple[int, float] | None | str] = asyncio.Queue()
+        task = asyncio.ensure_future(self._sample(token_ids, messages, tools, sampling, listener=arrived.put_nowait))
+        task.add_done_callback(lambda _: arrived.put_nowait("done"))
+        yielded = False
+        try:
+            while True:
+                items = [await arrived.get()]
+                while not arrived.empty():
+                    items.append(arrived.get_nowait())
+                if None in items:  # a restart: what came before it was sampled under the old weights
+                    if yielded:
+                        raise PolicyError("the weights changed while this turn streamed; it restarted and cannot be "
+                                          "streamed on: retry the request")  # fmt: skip
+                    items = items[len(items) - items[::-1].index(None) :]
+                tokens = [item for item in items if isinstance(item, tuple)]
+                if tokens:
+                    yielded = True
+                    yield [t for t, _ in tokens], [lp for _, lp in tokens]
+                if "done" in items:
+                    break
+            yield task.result()
+        finally:
+            task.cancel()
+
+    async def _sample(
+        self,
+        token_ids: list[int] | None,
+        messages: list[Message] | None,
+        tools: list[dict[str, Any]] | None,
+        sampling: SamplingParams,
+        listener: Callable[[tuple[int, float] | None], None] | None = None,
+    ) -> Completion:
         if self._closed:
             raise PolicyError("HFPolicy is closed")
         if token_ids is None:
@@ -289,6 +335,7 @@ class HFPolicy(PolicyBase):
             future=loop.create_future(),
             loop=loop,
             constraint=constraint,
+            listener=listener,
         )
         if self.engine == "static":
             self._static_batcher(loop).submit(request)

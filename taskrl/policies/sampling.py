@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,17 +42,34 @@ class Request:
     info: dict[str, Any] = field(default_factory=dict)
     constraint: Any = None
     """A ``ToolCallConstraint`` (``taskrl.policies.constrain``) the sampler obeys, or None."""
+    listener: Callable[[tuple[int, float] | None], None] | None = None
+    """Called on the caller's event loop with each ``(token, logprob)`` as it is sampled (``HFPolicy.stream``), and
+    with None when sampling restarts from scratch (the weights changed under the request)."""
 
     def __post_init__(self) -> None:
         self.prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
 
     def start(self, device: torch.device) -> None:
         """(Re)start sampling from scratch: a fresh generator at the seed, nothing sampled yet."""
+        if self.token_ids and self.listener is not None:
+            self._notify(None)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.seed)
         self.token_ids, self.logprobs, self.finish_reason, self.stop = [], [], None, None
         if self.constraint is not None:
             self.constraint.reset()
+
+    def record(self, token: int, logprob: float) -> None:
+        """Append a sampled token (decode thread) and tell the listener, if any."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        if self.listener is not None:
+            self._notify((token, logprob))
+
+    def _notify(self, item: tuple[int, float] | None) -> None:
+        assert self.listener is not None
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens
+            self.loop.call_soon_threadsafe(self.listener, item)
 
     def deliver(self, outcome: Completion | BaseException) -> None:
         """Hand the result to the awaiting caller; safe from any thread, a no-op once the caller is gone."""
