@@ -1,6 +1,8 @@
-"""The server's ASGI middleware: body size limit (413), request ids (``X-Request-Id``), and a last-resort 500.
+"""The server's ASGI middleware: body size limit (413), request ids (``X-Request-Id``), a last-resort 500, and
+``Connection: close`` while draining.
 
-``create_app`` installs them outermost first: ``RequestId`` (every response carries the id), ``CatchAll`` (an
+``create_app`` installs them outermost first: ``RequestId`` (every response carries the id), ``CloseWhileDraining``
+(no connection is kept alive past a drain, so no client reuses one the server is about to close), ``CatchAll`` (an
 unhandled exception becomes OpenAI-shaped JSON), ``BodySizeLimit`` (nothing over the limit reaches a handler).
 """
 
@@ -117,3 +119,26 @@ class CatchAll:
                 return  # a stream already under way cannot change its status; the client sees it cut short
             response = error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
             await response(scope, receive, send)
+
+
+class CloseWhileDraining:
+    """ASGI middleware: once ``state.draining`` is set, every response says ``Connection: close``, so each client
+    opens a new connection for its next request (refused once the listener closes) instead of reusing one the
+    server may close while the request is on the wire (which the client sees as a cut request)."""
+
+    def __init__(self, app: Any, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing_send(message: dict) -> None:
+            if message["type"] == "http.response.start" and self.state.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing_send)

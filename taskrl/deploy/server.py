@@ -49,7 +49,7 @@ from taskrl.deploy.generation import (
 )
 from taskrl.deploy.limits import TenantLimiter
 from taskrl.deploy.metrics import ServerMetrics
-from taskrl.deploy.middleware import BodySizeLimit, CatchAll, RequestId
+from taskrl.deploy.middleware import BodySizeLimit, CatchAll, CloseWhileDraining, RequestId
 from taskrl.deploy.router import Router
 from taskrl.deploy.schemas import ChatCompletionRequest, SamplingRequest
 from taskrl.deploy.store import Interaction, InteractionStore, StoreError, new_id
@@ -212,6 +212,7 @@ def create_app(
     app = fastapi.FastAPI(title="taskrl", version="0.1.0")
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(CatchAll)
+    app.add_middleware(CloseWhileDraining, state=app.state)
     app.add_middleware(RequestId)  # outermost: 413s and 500s carry the id too
     metrics = ServerMetrics()
     log_decision = (lambda d: store.submit("decisions", d)) if store is not None else None
