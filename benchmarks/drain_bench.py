@@ -41,6 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.datagen_bench import cpu_model  # noqa: E402
 
 
+CLIENT_TIMEOUT_S = 900.0
+"""Longer than load plus drain: a client giving up on a queued request would be counted as a cut the drain did not
+cause (under 100 sessions on 2 cores some requests queue for minutes)."""
+
+
 @dataclass
 class DrainResult:
     """Outcome counts of one drain run (see the module docstring)."""
@@ -79,11 +84,13 @@ def save_tiny_model(root: Path) -> Path:
 
 
 def start_server(model_dir: Path, db: Path, port: int, drain_s: float) -> subprocess.Popen:
+    """``taskrl serve`` on loopback; its log goes to ``<db>.log`` (a pipe nobody reads would fill and stall it)."""
     cmd = [sys.executable, "-m", "taskrl.cli", "serve", "--policy", "hf", "--model", str(model_dir), "--name", "tiny",
            "--store", f"sqlite:///{db}", "--port", str(port), "--device", "cpu", "--drain-s", str(drain_s),
            "--spool", str(db) + ".spool.jsonl"]  # fmt: skip
     env = {**os.environ, "TASKRL_API_KEYS": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with open(str(db) + ".log", "wb") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 async def wait_ready(root: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
@@ -106,7 +113,7 @@ async def session(root: str, index: int, max_tokens: int, signalled: list[float]
     """One client: its own connection pool (keep-alive), sending until the server refuses or is gone."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": f"session {index}: say something"}],
             "max_tokens": max_tokens, "temperature": 1.0}  # fmt: skip
-    async with httpx.AsyncClient(base_url=root, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=root, timeout=CLIENT_TIMEOUT_S) as http:
         for _ in range(max_requests):
             sent_after_signal = bool(signalled)
             outcome = await one_request(http, body, result)
@@ -157,7 +164,8 @@ async def one_request(http: httpx.AsyncClient, body: dict[str, Any], result: Dra
 
 
 async def drain_under_load(sessions: int, max_tokens: int, *, drain_s: float = 60.0, max_requests: int = 200,
-                           load_s: float = 120.0, workdir: Path | None = None) -> DrainResult:  # fmt: skip
+                           load_s: float = 120.0, workdir: Path | None = None,
+                           verbose: bool = False) -> DrainResult:  # fmt: skip
     """Run the scenario of the module docstring; the server process is always stopped on return. The signal comes
     once every session has completed a request, or after ``load_s`` seconds of load."""
     result = DrainResult()
@@ -177,6 +185,9 @@ async def drain_under_load(sessions: int, max_tokens: int, *, drain_s: float = 6
             async with httpx.AsyncClient(timeout=30) as http:
                 while len(served) < sessions and time.monotonic() < load_until and not all(t.done() for t in tasks):
                     await asyncio.sleep(0.05)
+                    if verbose and int(time.monotonic() * 20) % 200 == 0:  # every ~10 s
+                        print(f"  load: {len(served)}/{sessions} sessions served, {dict(result.outcomes)}",
+                              file=sys.stderr)  # fmt: skip
                 result.sessions_served = len(served)
                 result.in_flight_at_signal = (await http.get(root + "/ready")).json().get("in_flight", 0)
                 signal_at = time.monotonic()
@@ -196,7 +207,7 @@ async def drain_under_load(sessions: int, max_tokens: int, *, drain_s: float = 6
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
-            result.server_log = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            result.server_log = Path(str(db) + ".log").read_text(errors="replace")
         from taskrl.deploy.store import InteractionStore
 
         with InteractionStore(f"sqlite:///{db}") as store:
@@ -208,10 +219,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--drain-s", type=float, default=120.0, help="the server's --drain-s")
+    parser.add_argument("--drain-s", type=float, default=300.0, help="the server's --drain-s")
+    parser.add_argument("--load-s", type=float, default=60.0, help="most seconds of load before the signal")
     args = parser.parse_args()
-    print(f"CPU: {cpu_model()[0]}; {args.sessions} sessions, max_tokens {args.max_tokens}, tiny random model")
-    result = asyncio.run(drain_under_load(args.sessions, args.max_tokens, drain_s=args.drain_s))
+    print(f"CPU: {cpu_model()[0]}; {args.sessions} sessions, max_tokens {args.max_tokens}, tiny random model",
+          flush=True)  # fmt: skip
+    result = asyncio.run(drain_under_load(args.sessions, args.max_tokens, drain_s=args.drain_s,
+                                             load_s=args.load_s, verbose=True))
     total = sum(result.outcomes.values())
     print(f"requests: {total}; completed {result.outcomes['completed']}, cut {result.outcomes['cut']}, "
           f"refused {result.outcomes['refused']} (before the signal: {result.refused_before_signal}), "
