@@ -40,7 +40,6 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.datagen_bench import cpu_model  # noqa: E402
 
-
 CLIENT_TIMEOUT_S = 900.0
 """Longer than load plus drain: a client giving up on a queued request would be counted as a cut the drain did not
 cause (under 100 sessions on 2 cores some requests queue for minutes)."""
