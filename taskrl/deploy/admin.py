@@ -114,6 +114,25 @@ def adapters(state: Any) -> set[str]:
     return state.adapters
 
 
+def lora_names(state: Any) -> set[str]:
+    """Every ``lora_name`` this server has loaded (unloaded ones included): a name is never given new weights."""
+    if not hasattr(state, "lora_names"):
+        state.lora_names = set()
+    return state.lora_names
+
+
+def check_new_lora_name(state: Any, name: str) -> None:
+    """409 unless ``name`` is new: it must name no served model and no adapter loaded before.
+
+    Serving engines key their prefix caches on the adapter's name (vLLM: its name and integer id), so new weights
+    under a used name would be served from KV computed with the old ones; every update gets a fresh name."""
+    if name in state.routers or name in lora_names(state):
+        where = "a served model" if name in state.routers else "an adapter loaded before"
+        raise APIError(409, f"lora_name {name!r} already names {where}; adapter names are never reused (caches are "
+                       f"keyed on them): load the new weights under a new name, e.g. {name + '-v2'!r}",
+                       param="lora_name", code="lora_name_taken")  # fmt: skip
+
+
 def add_deploy_routes(app: fastapi.FastAPI) -> None:
     """Mount feedback, interactions, adapter, router and metrics endpoints on ``app``."""
     state = app.state
@@ -213,24 +232,30 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
             base_name = next(iter(routers))
         if base_name not in routers:
             raise APIError(404, f"base model {base_name!r} is not served here")
+        if body.model is not None and body.model not in routers:
+            raise APIError(404, f"model {body.model!r} is not served here")
         base_router = routers[base_name]
         path = check_adapter_path(state.config, body.lora_path)
+        check_new_lora_name(state, body.lora_name)
+        lora_names(state).add(body.lora_name)  # reserved now: a concurrent load of the same name is refused
         started = time.perf_counter()
         try:
             policy = await adapter_policy(base_router.policy(base_router.stable), body.lora_name, path)
-        except PolicyError as exc:
-            raise APIError(502, f"upstream could not load the adapter: {exc}", "server_error") from exc
+        except BaseException as exc:
+            lora_names(state).discard(body.lora_name)  # nothing was served under it: the name stays free
+            if isinstance(exc, PolicyError):
+                raise APIError(502, f"upstream could not load the adapter: {exc}", "server_error") from exc
+            raise
         load_s = time.perf_counter() - started
+        adapter = {"name": body.lora_name, "path": path}
         if body.model is None:
-            if body.lora_name in routers:
-                raise APIError(409, f"model {body.lora_name!r} is already served; pick another lora_name")
-            routers[body.lora_name] = Router(body.lora_name, policy, state.router_config, on_decision=_log(state))
+            routers[body.lora_name] = Router(
+                body.lora_name, policy, state.router_config, on_decision=_log(state), adapter=adapter
+            )
             adapters(state).add(body.lora_name)
             return {"model": body.lora_name, "version": policy.version, "load_s": load_s}
-        target = routers.get(body.model)
-        if target is None:
-            raise APIError(404, f"model {body.model!r} is not served here")
-        version = target.add_version(policy)
+        target = routers[body.model]
+        version = target.add_version(policy, adapter)
         try:
             if body.rollout == "canary":
                 target.start_canary(version)

@@ -1,7 +1,7 @@
 """One served assistant turn: validate the request against the policy, sample it, and shape OpenAI's response.
 
 ``plan_turn`` does every check that must happen before a request joins a decode batch (supported fields,
-context room, a forced tool call's prefix), so one bad request never reaches the batch its neighbours share.
+context room, a forced tool call's token budget), so one bad request never reaches the batch its neighbours share.
 ``generate_chat`` samples the turn; ``finish_turn`` trims client stop strings from the returned text (the
 stored tokens stay exactly what was sampled), parses tool calls and refuses non-finite logprobs.
 ``response_body`` is the ``chat.completion`` JSON.
@@ -9,14 +9,13 @@ stored tokens stay exactly what was sampled), parses tool calls and refuses non-
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskrl.deploy.errors import APIError
+from taskrl.deploy.errors import APIError, invalid_param
 from taskrl.deploy.schemas import ChatCompletionRequest
 from taskrl.parsing import parse_hermes
 from taskrl.policies.base import Completion, Policy, PolicyBase, PolicyError, SamplingParams
@@ -38,11 +37,11 @@ class TurnPlan:
     tools: list[dict[str, Any]]
     sampling: SamplingParams
     prompt_ids: list[int] | None = None
-    """Token-mode prompt, the forced tool-call prefix included."""
-    forced: str = ""
-    """Text forced at the start of the turn (``tool_choice`` required or a named function)."""
+    """Token-mode prompt."""
     client_stops: list[str] = field(default_factory=list)
     parse_tools: bool = True
+    forced_call: bool = False
+    """``tool_choice`` forces a call (required or named): the engine constrains the turn to one."""
 
 
 @dataclass
@@ -68,21 +67,19 @@ def context_limit(policy: Policy, override: int | None = None) -> int | None:
 def plan_turn(
     policy: Policy, request: ChatCompletionRequest, default_max_tokens: int, max_context: int | None = None
 ) -> TurnPlan:
-    """Validate ``request`` for ``policy`` and decide prompt, sampling and forced prefix (400s name the field)."""
+    """Validate ``request`` for ``policy``; decide prompt and sampling (forced call names too); 400s name fields."""
     token_mode = policy.chat_format is not None
-    request.check_supported(token_mode=token_mode)
+    constrains = token_mode and isinstance(policy, PolicyBase) and policy.constrains_tool_calls
+    request.check_supported(token_mode=token_mode, constrains=constrains)
     messages = [m.to_message() for m in request.messages]
     tools = request.tool_schemas()
-    forced, extra_stop = "", []
-    name = request.forced_function()
-    if name is not None:
-        forced = f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
-    elif request.tool_choice == "required":
-        forced = '<tool_call>\n{"name": "'
-    if name is not None or (tools and request.parallel_tool_calls is False):
+    forced_names = request.forced_functions()
+    extra_stop = []
+    if tools and request.parallel_tool_calls is False:
         extra_stop = [CALL_CLOSE]  # one call: the turn ends with the first call's closing tag
     sampling = request.sampling(default_max_tokens, extra_stop)
-    plan = TurnPlan(messages, tools, sampling, forced=forced, client_stops=request.client_stops())
+    sampling.force_tool_call = tuple(forced_names)  # the engine decodes the call under a grammar of these names
+    plan = TurnPlan(messages, tools, sampling, client_stops=request.client_stops(), forced_call=bool(forced_names))
     plan.parse_tools = request.tool_choice != "none"
     if not token_mode:
         return plan
@@ -91,25 +88,37 @@ def plan_turn(
         prompt = policy.chat_format.prompt_ids(messages, tools or None)
     except Exception as exc:  # jinja templates raise their own types for e.g. misordered roles
         raise APIError(400, f"cannot render messages with the chat template: {exc}", param="messages") from exc
-    if forced:
-        prompt = prompt + policy.chat_format.encode(forced)
     plan.prompt_ids = prompt
-    limit = context_limit(policy, max_context)
-    if limit is not None:
-        requested = request.requested_max_tokens
-        room = limit - len(prompt)
-        if room < 1 or (requested is not None and requested > room):
-            completion = f"{requested} in the completion" if requested is not None else "no room for a completion"
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt) + (requested or 0)} tokens ({len(prompt)} in the messages, {completion}). "
-                "Please reduce the length of the messages or completion.",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        plan.sampling.max_new_tokens = min(plan.sampling.max_new_tokens, room)
+    check_context(plan, policy, request.requested_max_tokens, max_context)
+    needed = policy.min_tool_call_tokens(forced_names) if forced_names and isinstance(policy, PolicyBase) else 0
+    if plan.sampling.max_new_tokens < needed:
+        room = plan.sampling.max_new_tokens
+        raise invalid_param("max_tokens", f"a forced tool call needs {needed} tokens; this turn may sample {room} "
+                            "(raise max_tokens, or shorten the messages)")  # fmt: skip
     return plan
+
+
+def check_context(
+    plan: TurnPlan, policy: Policy, requested: int | None, max_context: int | None, param: str = "messages"
+) -> None:
+    """400 ``context_length_exceeded`` when the prompt leaves no room (or less than ``requested``); else cut the
+    plan's token budget to the room left."""
+    limit = context_limit(policy, max_context)
+    if limit is None or plan.prompt_ids is None:
+        return
+    prompt = plan.prompt_ids
+    room = limit - len(prompt)
+    if room < 1 or (requested is not None and requested > room):
+        completion = f"{requested} in the completion" if requested is not None else "no room for a completion"
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(prompt) + (requested or 0)} tokens ({len(prompt)} in the {param}, {completion}). "
+            f"Please reduce the length of the {param} or completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    plan.sampling.max_new_tokens = min(plan.sampling.max_new_tokens, room)
 
 
 async def generate_chat(
@@ -156,15 +165,14 @@ def finish_turn(completion: Completion, plan: TurnPlan) -> ChatResult:
     if completion.prompt_token_ids is not None:  # what the backend actually conditioned on wins
         prompt_ids = completion.prompt_token_ids
     text, stopped = trim_stops(completion.text, plan.client_stops)
-    text = plan.forced + text
     if completion.tool_calls is not None:
         content, calls = text, completion.tool_calls
     elif plan.parse_tools:
         if CALL_CLOSE in plan.sampling.stop and text.count("<tool_call>") > text.count(CALL_CLOSE):
             text += CALL_CLOSE  # the closing tag was the turn's stop string (an engine may have cut it)
         content, calls = parse_hermes_tool_calls(text)
-        if plan.forced and not calls:
-            raise PolicyError(f"the model's forced tool call did not parse: {text[:200]!r}")
+        if plan.forced_call and not calls:  # the grammar makes this impossible: an engine bug, not the request's
+            raise PolicyError(f"the constrained tool call did not parse: {text[:200]!r}")
     else:
         content, calls = text, []
     finish_reason = "tool_calls" if calls else "stop"
@@ -218,11 +226,14 @@ def response_body(result: ChatResult, request: ChatCompletionRequest, policy: Po
 
 
 def _logprobs_body(completion: Completion, policy: Policy) -> dict[str, Any]:
-    chat_format = policy.chat_format
-    entries = []
-    for i, logprob in enumerate(completion.logprobs):
-        token = ""
-        if chat_format is not None and i < len(completion.token_ids):
-            token = chat_format.decode([completion.token_ids[i]], skip_special_tokens=False)
-        entries.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []})
-    return {"content": entries}
+    ids = completion.token_ids
+    return {"content": [logprob_entry(policy, ids[i] if i < len(ids) else None, logprob)
+                        for i, logprob in enumerate(completion.logprobs)]}  # fmt: skip
+
+
+def logprob_entry(policy: Policy, token_id: int | None, logprob: float) -> dict[str, Any]:
+    """One entry of OpenAI's ``logprobs.content``: the token's text, its logprob and bytes (no alternatives)."""
+    token = ""
+    if policy.chat_format is not None and token_id is not None:
+        token = policy.chat_format.decode([token_id], skip_special_tokens=False)
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}

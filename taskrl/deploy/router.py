@@ -34,6 +34,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from taskrl.deploy.gate import welch_diff_ci
 from taskrl.deploy.store import Decision
@@ -196,10 +197,14 @@ class Router:
         config: RouterConfig | None = None,
         *,
         on_decision: Callable[[Decision], None] | None = None,
+        adapter: dict[str, str] | None = None,
     ) -> None:
+        """``adapter``: the LoRA adapter (``name``, ``path``) the first version serves, when it is one."""
         self.model = model
         self.config = config or RouterConfig()
         self.versions: dict[int, Policy] = {int(policy.version): policy}
+        self.adapters: dict[int, dict[str, str]] = {int(policy.version): dict(adapter)} if adapter else {}
+        """Version -> the LoRA adapter it serves (``name``, ``path``); versions absent here serve base weights."""
         self.stable = self.previous = int(policy.version)
         self.candidate: int | None = None
         self.shadow: int | None = None
@@ -217,14 +222,23 @@ class Router:
         self._highest = int(policy.version)  # version numbers are never reused, retired or not
 
     # -- versions --------------------------------------------------------------------------------
-    def add_version(self, policy: Policy) -> int:
-        """Register ``policy`` as the next version (its ``version`` attribute is set to match) and return it."""
+    def add_version(self, policy: Policy, adapter: dict[str, str] | None = None) -> int:
+        """Register ``policy`` as the next version (its ``version`` attribute is set to match) and return it.
+
+        ``adapter`` (``name``, ``path``) records the LoRA adapter the version serves, for every row it answers."""
         version = max(self._highest, *self.versions) + 1
         self._highest = version
         policy.version = version
         self.versions[version] = policy
-        self._decide("add_version", None, version, {"name": policy.name})
+        if adapter:
+            self.adapters[version] = dict(adapter)
+        self._decide("add_version", None, version, {"name": policy.name, **({"adapter": adapter} if adapter else {})})
         return version
+
+    def adapter_of(self, version: int) -> dict[str, Any] | None:
+        """``{"name", "path", "version"}`` of the adapter ``version`` serves, or None for base weights."""
+        found = self.adapters.get(version)
+        return None if found is None else {**found, "version": version}
 
     def live_versions(self) -> set[int]:
         """Versions a session can reach now: stable, the holdout's previous, the candidate and the shadow."""

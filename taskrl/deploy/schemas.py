@@ -1,8 +1,8 @@
 """The request schema of ``/v1/chat/completions``: the subset of OpenAI's that taskrl honours (pydantic).
 
-Unknown fields are ignored; known ones taskrl cannot honour are refused by ``check_supported`` (400 naming
-the field); ``ChatMessageIn.to_message`` turns a wire message into a ``Message`` and
-``ChatCompletionRequest.sampling`` into ``SamplingParams``. Shared by the server and the store's dataset reader.
+Unknown fields, and known ones taskrl cannot honour, are refused by ``check_supported`` (400 naming the field);
+``ChatMessageIn.to_message`` turns a wire message into a ``Message`` and ``ChatCompletionRequest.sampling`` into
+``SamplingParams``. Shared by the server and the store's dataset reader.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _check_depth(value: Any, limit: int, what: str) -> Any:
     return value
 
 
-# -- request schema (the subset of OpenAI's that taskrl honours; unknown fields are ignored) ------
+# -- request schema (the subset of OpenAI's that taskrl honours; unknown fields are refused) ------
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
@@ -101,41 +101,66 @@ MAX_TOP_LOGPROBS = 20
 
 ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
 
+NEUTRAL_EXTRAS: dict[str, Any] = {
+    # vLLM's chat-completion extensions taskrl does not implement, each with the value that asks for nothing
+    "add_generation_prompt": True, "add_special_tokens": False, "continue_final_message": False, "echo": False,
+    "ignore_eos": False, "include_stop_str_in_output": False, "length_penalty": 1.0, "min_tokens": 0,
+    "priority": 0, "skip_special_tokens": True, "spaces_between_special_tokens": True, "use_beam_search": False,
+    "stop_token_ids": [], "bad_words": [], "include_reasoning": True, "return_token_offsets": False,
+    "routed_experts_prompt_start": 0, "mm_payload": "tensors", "allowed_token_ids": None, "cache_salt": None,
+    "chat_template": None, "chat_template_kwargs": None, "documents": None, "ec_transfer_params": None,
+    "kv_transfer_params": None, "logprob_token_ids": None, "media_io_kwargs": None, "mm_processor_kwargs": None,
+    "prompt_logprobs": None, "reasoning_effort": None, "repetition_detection": None, "request_id": None,
+    "return_mm_kwargs": None, "return_prompt_text": None, "return_tokens_as_token_ids": None, "session_id": None,
+    "stream_interval": None, "structured_outputs": None, "thinking_token_budget": None,
+    "truncate_prompt_tokens": None, "truncation_side": None, "vllm_xargs": None, "watermarking": None,
+    # OpenAI's own fields beyond the ones modelled below
+    "metadata": None, "store": False, "service_tier": None, "modalities": None, "audio": None, "prediction": None,
+    "web_search_options": None, "verbosity": None, "prompt_cache_key": None, "safety_identifier": None,
+}  # fmt: skip
+"""Request fields vLLM (or OpenAI) accepts that taskrl does not honour: sent with these values (or null) they ask
+for nothing and pass; any other value is refused with a 400 naming the field. Fields in neither list are refused
+as unknown, so a typo (``max_token``) or an unimplemented option is never silently ignored."""
 
-class ChatCompletionRequest(BaseModel):
-    """``/v1/chat/completions``'s body; every numeric field is range-checked (a violation is a 400 naming it)."""
 
-    model_config = {"allow_inf_nan": False}
+def check_extra_fields(extra: dict[str, Any] | None) -> None:
+    """Refuse (400 naming it) an unknown request field, or a known one taskrl cannot honour sent with a real value."""
+    for name, value in (extra or {}).items():
+        if name not in NEUTRAL_EXTRAS:
+            raise invalid_param(name, "unknown parameter; taskrl serves OpenAI's fields and vLLM's top_k, min_p and "
+                                "return_token_ids (remove it)", "unknown_parameter")  # fmt: skip
+        neutral = NEUTRAL_EXTRAS[name]
+        if value is not None and value != neutral:
+            raise invalid_param(name, f"not supported by taskrl's server; omit it or send {json.dumps(neutral)}",
+                                "unsupported_parameter")  # fmt: skip
+
+
+class SamplingRequest(BaseModel):
+    """The fields ``/v1/chat/completions`` and ``/v1/completions`` share; every numeric field is range-checked (a
+    violation is a 400 naming it) and unknown fields are refused by ``check_sampling``."""
+
+    model_config = {"allow_inf_nan": False, "extra": "allow"}  # extras are checked by ``check_extra_fields``
 
     model: str = Field(max_length=256)
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    tools: list[ToolDef] | None = None
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=-1, le=1 << 31)  # vLLM extension; -1 and 0 both disable it
+    min_p: float = Field(default=0.0, ge=0, le=1)  # vLLM extension; 0 disables it
     seed: int | None = Field(default=None, ge=-(2**63), le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)  # one choice per request; ask again for more samples
     stream: bool = False
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0)  # vLLM extension
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
-    functions: list[Any] | None = None  # OpenAI's legacy tool interface: refused, pointing at ``tools``
-    function_call: Any = None
     return_token_ids: bool = False  # vLLM extension: token_ids per choice, prompt_token_ids on top
     stream_options: dict[str, Any] | None = None
     user: str | None = Field(default=None, max_length=256)  # session id when no X-Session-Id header is sent
 
-    @field_validator("messages", "tools", "tool_choice", "logit_bias", "response_format", "functions",
-                     "function_call", "stream_options", mode="before")  # fmt: skip
+    @field_validator("logit_bias", "response_format", "stream_options", mode="before")
     @classmethod
     def _check_nesting(cls, value: Any) -> Any:
         return _check_depth(value, MAX_FIELD_DEPTH, "value")
@@ -150,14 +175,9 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("stop strings must be 1-256 characters")
         return value
 
-    def check_supported(self, *, token_mode: bool) -> None:
-        """Refuse (400 naming the field) what taskrl cannot honour instead of silently ignoring it."""
-        if self.functions is not None or self.function_call is not None:
-            name = "functions" if self.functions is not None else "function_call"
-            raise invalid_param(name, "the legacy function-calling interface is not supported; use tools")
-        if self.top_logprobs:
-            raise invalid_param("top_logprobs", "top_logprobs > 0 is not supported; set logprobs=true for the "
-                                "sampled tokens' logprobs", "unsupported_parameter")  # fmt: skip
+    def check_sampling(self) -> None:
+        """Refuse (400 naming the field) unknown fields and sampling options taskrl cannot honour."""
+        check_extra_fields(self.model_extra)
         penalties = {"presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
         for name, penalty in penalties.items():
             if penalty:
@@ -171,6 +191,62 @@ class ChatCompletionRequest(BaseModel):
         if kind != "text":
             message = f"type {kind!r} needs constrained decoding, which taskrl's engine lacks; only 'text' is served"
             raise invalid_param("response_format", message, "unsupported_parameter")
+
+    def sampling(self, default_max_tokens: int, extra_stop: list[str] | None = None) -> SamplingParams:
+        stop = self.client_stops()
+        greedy = self.temperature < MIN_SAMPLING_TEMPERATURE
+        return SamplingParams(
+            max_new_tokens=self.requested_max_tokens or default_max_tokens,
+            temperature=0.0 if greedy else self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
+            seed=None if self.seed is None else self.seed % 2**63,
+            stop=stop + [s for s in extra_stop or [] if s not in stop],
+        )
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def client_stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """``/v1/chat/completions``'s body."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1 << 20)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    functions: list[Any] | None = None  # OpenAI's legacy tool interface: refused, pointing at ``tools``
+    function_call: Any = None
+
+    @field_validator("messages", "tools", "tool_choice", "functions", "function_call", mode="before")
+    @classmethod
+    def _check_chat_nesting(cls, value: Any) -> Any:
+        return _check_depth(value, MAX_FIELD_DEPTH, "value")
+
+    def check_supported(self, *, token_mode: bool, constrains: bool = False) -> None:
+        """Refuse (400 naming the field) what taskrl cannot honour instead of silently ignoring it.
+
+        ``constrains``: the backend decodes forced tool calls under a grammar (``tool_choice`` required or named)."""
+        self.check_sampling()
+        self.check_tool_messages()
+        if self.functions is not None or self.function_call is not None:
+            name = "functions" if self.functions is not None else "function_call"
+            raise invalid_param(name, "the legacy function-calling interface is not supported; use tools")
+        if self.top_logprobs:
+            raise invalid_param("top_logprobs", "top_logprobs > 0 is not supported; set logprobs=true for the "
+                                "sampled tokens' logprobs", "unsupported_parameter")  # fmt: skip
         choice = self.tool_choice
         forcing = choice == "required" or isinstance(choice, dict)
         if isinstance(choice, dict):
@@ -182,34 +258,34 @@ class ChatCompletionRequest(BaseModel):
                 raise invalid_param("tool_choice", f"function {name!r} is not among the request's tools")
         if forcing and not self.tools:
             raise invalid_param("tool_choice", "forcing a tool call needs tools")
-        if (forcing or self.parallel_tool_calls is False) and not token_mode:
-            param = "tool_choice" if forcing else "parallel_tool_calls"
-            raise invalid_param(param, "this model's backend cannot constrain tool calls", "unsupported_parameter")
+        if forcing and not constrains:
+            raise invalid_param("tool_choice", "this model's backend cannot constrain tool calls (taskrl's own engine "
+                                "can: serve an hf policy)", "unsupported_parameter")  # fmt: skip
+        if self.parallel_tool_calls is False and not token_mode:
+            raise invalid_param("parallel_tool_calls", "this model's backend cannot stop after the first tool call",
+                                "unsupported_parameter")  # fmt: skip
 
-    def forced_function(self) -> str | None:
-        """The function name ``tool_choice`` forces, or None."""
+    def check_tool_messages(self) -> None:
+        """A tool message must answer a call an earlier assistant message made (OpenAI answers 400 otherwise)."""
+        called: set[str] = set()
+        for i, message in enumerate(self.messages):
+            called.update(call.id for call in message.tool_calls or [])
+            if message.role == "tool" and message.tool_call_id not in called:
+                known = ", ".join(sorted(called)[:5]) or "none"
+                raise invalid_param(f"messages[{i}].tool_call_id", f"{message.tool_call_id[:64]!r} answers no call of "
+                                    f"an earlier assistant message (calls so far: {known})")  # fmt: skip
+
+    def forced_functions(self) -> list[str]:
+        """The function names ``tool_choice`` forces a call to (one when named, every tool when required)."""
         if isinstance(self.tool_choice, dict):
-            return str(self.tool_choice["function"]["name"])
-        return None
-
-    def sampling(self, default_max_tokens: int, extra_stop: list[str] | None = None) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        greedy = self.temperature < MIN_SAMPLING_TEMPERATURE
-        return SamplingParams(
-            max_new_tokens=self.requested_max_tokens or default_max_tokens,
-            temperature=0.0 if greedy else self.temperature,
-            top_p=self.top_p,
-            top_k=max(self.top_k, 0),
-            seed=None if self.seed is None else self.seed % 2**63,
-            stop=stop + [s for s in extra_stop or [] if s not in stop],
-        )
+            return [str(self.tool_choice["function"]["name"])]
+        if self.tool_choice == "required":
+            return [t.function.name for t in self.tools or []]
+        return []
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
-
-    def client_stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         if self.tool_choice == "none":  # the model is not offered the tools, so it cannot call them

@@ -1,4 +1,5 @@
-"""taskrl's OpenAI-compatible server: ``/v1/chat/completions`` (tools, streaming) over routed ``Policy`` versions.
+"""taskrl's OpenAI-compatible server: ``/v1/chat/completions`` (tools, streaming) and ``/v1/completions`` over
+routed ``Policy`` versions.
 
 ``create_app({"name": policy}, store=InteractionStore(url), config=ServeConfig(...))`` builds the FastAPI app:
 each model gets a ``Router`` (canary, holdout, shadow), and ``admin.py`` adds feedback, adapter hot-load, router
@@ -6,8 +7,11 @@ control and metrics. A request is validated at the edge (``generation.plan_turn`
 batch; its generation is a task that is cancelled when the client disconnects or the per-request time limit
 passes (nothing is logged then). A served turn is rendered to bytes first, then logged with its exact tokens
 (committed, or spooled during a database outage; when neither is possible the response is refused, never
-delivered unlogged), then sent; a stream that breaks marks its row undelivered. Every error is OpenAI-shaped
-JSON. ``serve`` runs it in the foreground (drained on SIGTERM), ``running_server`` (``thread.py``) in a thread.
+delivered unlogged), then sent; a stream that breaks marks its row undelivered. A chat stream from an engine that
+streams (``HFPolicy``) sends content as it is sampled and only its end (tool calls, finish reason, ``[DONE]``) after
+the turn is logged: a turn that cannot be logged ends with an error event, never ``[DONE]``. Every error is
+OpenAI-shaped JSON. ``serve`` runs it in the foreground (drained on SIGTERM), ``running_server`` (``thread.py``) in a
+thread.
 Responses carry vLLM's extension fields (``token_ids``, ``prompt_token_ids``) when ``return_token_ids`` is set.
 """
 
@@ -18,33 +22,40 @@ import inspect
 import json
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import fastapi
 import uvicorn
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taskrl.deploy.admin import add_deploy_routes
+from taskrl.deploy.completions import CompletionRequest, completion_body, completion_events, plan_completion
 from taskrl.deploy.config import ServeConfig
+from taskrl.deploy.delivery import Admission, ClosingStream, Delivery, LiveTurn, streams_tokens
 from taskrl.deploy.errors import APIError, api_error_response, describe_validation, error_response
 from taskrl.deploy.generation import (
     ChatResult,
     TurnPlan,
+    finish_turn,
     generate_chat,
+    logprob_entry,
     parse_hermes_tool_calls,
     plan_turn,
     response_body,
 )
 from taskrl.deploy.limits import TenantLimiter
 from taskrl.deploy.metrics import ServerMetrics
+from taskrl.deploy.middleware import BodySizeLimit, CatchAll, CloseWhileDraining, RequestId
 from taskrl.deploy.router import Router
-from taskrl.deploy.schemas import ChatCompletionRequest
+from taskrl.deploy.schemas import ChatCompletionRequest, SamplingRequest
 from taskrl.deploy.store import Interaction, InteractionStore, StoreError, new_id
-from taskrl.deploy.streaming import sse_chunks
+from taskrl.deploy.streaming import ContentStream, StreamEvents, sse_chunks
 from taskrl.deploy.thread import KEEP_ALIVE_S, DrainingServer, ServerThread, running_server
-from taskrl.policies.base import Policy, PolicyError, SamplingParams
+from taskrl.policies.base import Completion, InvalidRequestError, Policy, PolicyError, SamplingParams
 
 __all__ = ["ChatResult", "ServerThread", "create_app", "generate_chat", "running_server", "serve"]
 _parse_hermes_tool_calls = parse_hermes_tool_calls  # the name earlier callers imported
@@ -56,67 +67,20 @@ class ClientGone(Exception):
     """The client disconnected before its turn was ready."""
 
 
-# -- app --------------------------------------------------------------------------------------
-class BodySizeLimit:
-    """ASGI middleware: a body over ``max_bytes`` gets 413 before any handler parses it."""
+@dataclass(frozen=True)
+class Endpoint:
+    """What differs between chat and text completions: planning a turn, its response body and its stream."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        declared = int(length) if length and length.isdigit() else None
-        if declared is not None and declared > self.max_bytes:
-            message = f"request body of {declared} bytes exceeds {self.max_bytes}"
-            response = error_response(413, message, "invalid_request_error", code="request_too_large")
-            await response(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted_receive() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:  # chunked bodies declare no length: stop reading past the limit
-                raise APIError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
-            return message
-
-        await self.app(scope, counted_receive, send)
+    plan: Callable[..., TurnPlan]
+    body: Callable[[ChatResult, Any, Policy], dict[str, Any]]
+    events: Callable[..., list[str]]
 
 
-class CatchAll:
-    """ASGI middleware: an unhandled exception becomes a 500 in OpenAI's JSON shape, and the connection stays up
-    (Starlette's own handler answers text/plain and re-raises, which makes uvicorn drop the connection)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as exc:
-            logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if started:
-                return  # a stream already under way cannot change its status; the client sees it cut short
-            response = error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
-            await response(scope, receive, send)
+CHAT = Endpoint(plan_turn, response_body, sse_chunks)
+TEXT = Endpoint(plan_completion, completion_body, completion_events)
 
 
-def _session_of(http: fastapi.Request, request: ChatCompletionRequest, config: ServeConfig) -> str:
+def _session_of(http: fastapi.Request, request: SamplingRequest, config: ServeConfig) -> str:
     return (http.headers.get(config.session_header) or request.user or new_id("session"))[:256]
 
 
@@ -157,7 +121,7 @@ async def _withhold_unapproved(config: ServeConfig, tenant: str, result: ChatRes
 def _interaction(
     body: dict[str, Any],
     result: ChatResult,
-    request: ChatCompletionRequest,
+    request: SamplingRequest,
     *,
     tenant: str,
     session_id: str,
@@ -166,8 +130,10 @@ def _interaction(
     latency_ms: float,
     sampling: SamplingParams,
     shadow: bool = False,
+    adapter: dict[str, Any] | None = None,
 ) -> Interaction:
-    message = body["choices"][0]["message"]
+    choice = body["choices"][0]
+    message = choice.get("message") or {"role": "assistant", "content": choice.get("text", "")}  # text completions
     return Interaction(
         id=body["id"],
         tenant=tenant,
@@ -184,6 +150,7 @@ def _interaction(
         route=route,
         shadow=shadow,
         sampling=_sampling_record(sampling),
+        adapter=adapter,
     )
 
 
@@ -193,6 +160,7 @@ def _sampling_record(sampling: SamplingParams) -> dict[str, Any]:
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
         "seed": sampling.seed,
         "max_new_tokens": sampling.max_new_tokens,
     }
@@ -225,44 +193,6 @@ async def _generate(policy: Policy, plan: TurnPlan, watcher: asyncio.Task, timeo
                    code="timeout")  # fmt: skip
 
 
-class _Delivered:
-    """Sends a pre-rendered response; a stream that does not finish marks its interaction undelivered."""
-
-    def __init__(self, store: InteractionStore | None, interaction_id: str | None, metrics: ServerMetrics) -> None:
-        self.store, self.interaction_id, self.metrics = store, interaction_id, metrics
-
-    def undelivered(self, model: str) -> None:
-        self.metrics.count("undelivered", model)
-        if self.store is not None and self.interaction_id is not None:
-            try:
-                self.store.mark_undelivered(self.interaction_id)
-            except StoreError:
-                logger.error("interaction %s undelivered but could not be marked", self.interaction_id)
-
-    def stream(self, chunks: list[str], headers: dict[str, str], model: str) -> StreamingResponse:
-        owner = self
-
-        class _Stream(StreamingResponse):
-            completed = False
-
-            async def stream_response(self, send: Any) -> None:
-                await super().stream_response(send)
-                self.completed = True
-
-            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-                try:
-                    await super().__call__(scope, receive, send)
-                finally:
-                    if not self.completed:
-                        owner.undelivered(model)
-
-        async def body() -> Any:
-            for chunk in chunks:
-                yield chunk
-
-        return _Stream(body(), media_type="text/event-stream", headers=headers)
-
-
 def create_app(
     policies: dict[str, Policy],
     *,
@@ -282,6 +212,8 @@ def create_app(
     app = fastapi.FastAPI(title="taskrl", version="0.1.0")
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(CatchAll)
+    app.add_middleware(CloseWhileDraining, state=app.state)
+    app.add_middleware(RequestId)  # outermost: 413s and 500s carry the id too
     metrics = ServerMetrics()
     log_decision = (lambda d: store.submit("decisions", d)) if store is not None else None
     router_config = config.router
@@ -333,22 +265,33 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "taskrl", "version": r.stable}
-            for name, r in app.state.routers.items()
-        ]
+        data = [model_card(name, router) for name, router in app.state.routers.items()]
         return {"object": "list", "data": data}
 
-    async def shadow_run(router: Router, request: ChatCompletionRequest, tenant: str, session_id: str) -> None:
+    def model_card(name: str, router: Router) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "taskrl", "version": router.stable}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> dict[str, Any]:
+        router = app.state.routers.get(model_id)
+        if router is None:
+            known = ", ".join(sorted(app.state.routers))
+            raise APIError(404, f"The model {model_id[:256]!r} does not exist; served models: {known}",
+                           param="model", code="model_not_found")  # fmt: skip
+        return model_card(model_id, router)
+
+    async def shadow_run(
+        router: Router, request: SamplingRequest, tenant: str, session_id: str, endpoint: Endpoint
+    ) -> None:
         version = router.shadow
         if version is None:
             return
         started = time.perf_counter()
         policy = router.policy(version)
         try:
-            plan = plan_turn(policy, request, max_tokens, config.max_context_tokens)
+            plan = endpoint.plan(policy, request, max_tokens, config.max_context_tokens)
             result = await asyncio.wait_for(generate_chat(policy, plan), config.generation_timeout_s)
-            body = response_body(result, request, policy)
+            body = endpoint.body(result, request, policy)
             json.dumps(body, allow_nan=False)
         except (PolicyError, APIError, ValueError, TimeoutError) as exc:
             metrics.count("shadow_errors", request.model, version)
@@ -357,6 +300,7 @@ def create_app(
         interaction = _interaction(
             body, result, request, tenant=tenant, session_id=session_id, version=version, route="shadow",
             latency_ms=(time.perf_counter() - started) * 1000, sampling=plan.sampling, shadow=True,
+            adapter=router.adapter_of(version),
         )  # fmt: skip
         if store is not None:
             try:
@@ -367,23 +311,32 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, http: fastapi.Request) -> Any:
+        return await admit(request, http, CHAT)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, http: fastapi.Request) -> Any:
+        return await admit(request, http, TEXT)
+
+    async def admit(request: SamplingRequest, http: fastapi.Request, endpoint: Endpoint) -> Any:
         if app.state.draining:
             raise APIError(503, "server is draining (shutting down); retry", "server_error", code="server_draining",
                            headers={"Retry-After": "1", "Connection": "close"})  # fmt: skip
         tenant = _chat_tenant(config, http.headers.get("authorization"))
-        with app.state.limiter.hold(tenant):
-            app.state.in_flight += 1
-            metrics.in_flight.inc()
-            try:
-                return await serve_chat(request, http, tenant)
-            except APIError as exc:
-                metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
-                raise
-            finally:
-                app.state.in_flight -= 1
-                metrics.in_flight.dec()
+        admission = Admission(app.state, metrics, tenant)
+        response = None
+        try:
+            response = await serve_chat(request, http, tenant, endpoint)
+            return response
+        except APIError as exc:
+            metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
+            raise
+        finally:
+            if isinstance(response, ClosingStream):
+                response.on_close.append(admission.close)  # held until the last chunk is sent
+            else:
+                admission.close()
 
-    async def serve_chat(request: ChatCompletionRequest, http: fastapi.Request, tenant: str) -> Any:
+    async def serve_chat(request: SamplingRequest, http: fastapi.Request, tenant: str, endpoint: Endpoint) -> Any:
         started = time.perf_counter()
         router = app.state.routers.get(request.model)
         if router is None:
@@ -393,13 +346,20 @@ def create_app(
         session_id = _session_of(http, request, config)
         version, arm = router.route(session_id)
         policy = router.policy(version)
-        plan = plan_turn(policy, request, max_tokens, config.max_context_tokens)
+        plan = endpoint.plan(policy, request, max_tokens, config.max_context_tokens)
+        if request.stream and endpoint is CHAT and streams_tokens(policy):
+            assert isinstance(request, ChatCompletionRequest)
+            turn = LiveTurn(request, policy, plan, router, version, arm, tenant, session_id, started)
+            headers = {"x-interaction-id": turn.id, "x-policy-version": str(version)}
+            return ClosingStream(live_events(turn), media_type="text/event-stream", headers=headers)
         watcher = asyncio.ensure_future(_disconnect(http))
         try:
             policy_started = time.perf_counter()
             metrics.queue_depth.inc()
             try:
                 result = await _generate(policy, plan, watcher, config.generation_timeout_s)
+            except InvalidRequestError as exc:
+                raise APIError(400, f"{exc}", code="invalid_request") from exc
             except PolicyError as exc:
                 raise APIError(500, f"policy {request.model!r} failed: {exc}", "server_error",
                                code="policy_error") from exc  # fmt: skip
@@ -408,17 +368,19 @@ def create_app(
             policy_s = time.perf_counter() - policy_started
             if config.sensitive_tools and await _withhold_unapproved(config, tenant, result):
                 metrics.count("withheld_tool_calls", request.model, version)
-            body = response_body(result, request, policy)
+            body = endpoint.body(result, request, policy)
             try:  # rendered before anything is logged: a response that cannot be sent is never stored
                 if request.stream:
-                    include_usage = bool((request.stream_options or {}).get("include_usage"))
-                    rendered: bytes | list[str] = sse_chunks(body, include_usage=include_usage)
+                    rendered: bytes | list[str] = endpoint.events(
+                        body, include_usage=request.include_usage, stops=request.client_stops()
+                    )
                 else:
                     rendered = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
             except ValueError as exc:
                 raise APIError(500, f"response could not be rendered: {exc}", "server_error") from exc
-            logged = await log_turn(body, result, request, tenant, session_id, version, arm, policy_s, plan.sampling)
-            delivery = _Delivered(store, body["id"] if logged != "false" else None, metrics)
+            logged = await log_turn(body, result, request, tenant, session_id, version, arm, policy_s, plan.sampling,
+                                    router.adapter_of(version))  # fmt: skip
+            delivery = Delivery(store, body["id"] if logged != "false" else None, metrics)
             if watcher.done():  # the client left while we logged: its row must not look delivered
                 delivery.undelivered(request.model)
                 raise ClientGone()
@@ -427,17 +389,7 @@ def create_app(
             return Response(status_code=499)
         finally:
             watcher.cancel()
-        if router.shadow is not None and router.shadow != version:
-            task = asyncio.get_running_loop().create_task(shadow_run(router, request, tenant, session_id))
-            app.state.background.add(task)
-            task.add_done_callback(app.state.background.discard)
-        metrics.requests.labels(request.model, str(version), arm).inc()
-        metrics.tokens.labels(request.model, "prompt").inc(len(result.prompt_token_ids or []))
-        metrics.tokens.labels(request.model, "completion").inc(len(result.completion.token_ids))
-        elapsed = time.perf_counter() - started
-        metrics.request_seconds.labels(request.model).observe(elapsed)
-        metrics.policy_seconds.labels(request.model).observe(policy_s)
-        metrics.overhead_seconds.observe(max(0.0, elapsed - policy_s))
+        elapsed = served(router, request, tenant, session_id, endpoint, version, arm, result, started, policy_s)
         headers = {
             "x-interaction-id": body["id"],
             "x-policy-version": str(version),
@@ -448,23 +400,100 @@ def create_app(
             return delivery.stream(rendered, headers, request.model)
         return Response(rendered, media_type="application/json", headers=headers)
 
+    def served(router: Router, request: SamplingRequest, tenant: str, session_id: str, endpoint: Endpoint,
+               version: int, arm: str, result: ChatResult, started: float, policy_s: float) -> float:  # fmt: skip
+        """Count a served turn and mirror it to the shadow version; returns the seconds it took."""
+        if router.shadow is not None and router.shadow != version:
+            task = asyncio.get_running_loop().create_task(shadow_run(router, request, tenant, session_id, endpoint))
+            app.state.background.add(task)
+            task.add_done_callback(app.state.background.discard)
+        metrics.requests.labels(request.model, str(version), arm).inc()
+        metrics.tokens.labels(request.model, "prompt").inc(len(result.prompt_token_ids or []))
+        metrics.tokens.labels(request.model, "completion").inc(len(result.completion.token_ids))
+        elapsed = time.perf_counter() - started
+        metrics.request_seconds.labels(request.model).observe(elapsed)
+        metrics.policy_seconds.labels(request.model).observe(policy_s)
+        metrics.overhead_seconds.observe(max(0.0, elapsed - policy_s))
+        return elapsed
+
+    async def live_events(turn: LiveTurn) -> AsyncIterator[str]:
+        """A chat stream sent as it is sampled: the role at once, each content delta (with its tokens' logprobs)
+        as soon as it cannot be a tool call or stop string, then, once the turn is parsed and logged, the rest.
+        A turn that cannot be logged or fails ends with an error event and no ``[DONE]``; one that does not reach
+        the client in full is marked undelivered."""
+        request, policy, plan = turn.request, turn.policy, turn.plan
+        assert policy.chat_format is not None
+        events = StreamEvents(turn.id, request.model, turn.created)
+        content = ContentStream(policy.chat_format.decode, plan.client_stops)
+        pending: list[dict[str, Any]] = []
+        sent_entries, logged, finished = 0, "false", False
+        tokens = policy.stream(token_ids=plan.prompt_ids, messages=plan.messages, tools=plan.tools or None,
+                               sampling=plan.sampling)  # fmt: skip
+        yield events.role()
+        try:
+            policy_started = time.perf_counter()
+            completion = None
+            async with asyncio.timeout(config.generation_timeout_s):
+                async for item in tokens:
+                    if isinstance(item, Completion):
+                        completion = item
+                        break
+                    ids, logprobs = item
+                    if request.logprobs:
+                        pending += [logprob_entry(policy, t, lp) for t, lp in zip(ids, logprobs, strict=True)]
+                    delta = content.push(ids)
+                    if delta:
+                        yield events.chunk({"content": delta}, logprobs=pending if request.logprobs else None)
+                        sent_entries, pending = sent_entries + len(pending), []
+            if completion is None:
+                raise PolicyError("the stream ended without a completion")
+            policy_s = time.perf_counter() - policy_started
+            result = finish_turn(completion, plan)
+            if config.sensitive_tools and await _withhold_unapproved(config, turn.tenant, result):
+                metrics.count("withheld_tool_calls", request.model, turn.version)
+            body = {**response_body(result, request, policy), "id": turn.id, "created": turn.created}
+            ending = events.ending(body, content.sent_text, sent_entries, include_usage=request.include_usage)
+            logged = await log_turn(body, result, request, turn.tenant, turn.session_id, turn.version, turn.arm,
+                                    policy_s, plan.sampling, turn.router.adapter_of(turn.version))  # fmt: skip
+            for event in ending:
+                yield event
+            finished = True
+            served(turn.router, request, turn.tenant, turn.session_id, CHAT, turn.version, turn.arm, result,
+                   turn.started, policy_s)  # fmt: skip
+        except TimeoutError:
+            yield events.error(504, f"generation exceeded this server's {config.generation_timeout_s:g}s limit per "
+                               "request", code="timeout")  # fmt: skip
+        except APIError as exc:
+            metrics.errors.labels(request.model, exc.code or str(exc.status)).inc()
+            yield events.error(exc.status, exc.message, exc.kind, exc.code)
+        except InvalidRequestError as exc:
+            yield events.error(400, str(exc), "invalid_request_error", "invalid_request")
+        except (PolicyError, ValueError) as exc:  # ValueError: the response could not be rendered (non-finite)
+            metrics.errors.labels(request.model, "policy_error").inc()
+            yield events.error(500, f"policy {request.model!r} failed: {exc}", code="policy_error")
+        finally:
+            await tokens.aclose()  # cancels the generation when the client left mid-stream
+            if not finished and logged != "false":
+                Delivery(store, turn.id, metrics).undelivered(request.model)
+
     async def log_turn(
         body: dict[str, Any],
         result: ChatResult,
-        request: ChatCompletionRequest,
+        request: SamplingRequest,
         tenant: str,
         session_id: str,
         version: int,
         arm: str,
         policy_s: float,
         sampling: SamplingParams,
+        adapter: dict[str, Any] | None,
     ) -> str:
         """"true" (committed), "spooled" (database down, kept locally) or "false" (no store); else 503."""
         if store is None:
             return "false"
         interaction = _interaction(
             body, result, request, tenant=tenant, session_id=session_id, version=version, route=arm,
-            latency_ms=policy_s * 1000, sampling=sampling,
+            latency_ms=policy_s * 1000, sampling=sampling, adapter=adapter,
         )  # fmt: skip
         try:
             status = await store.add("interactions", interaction)

@@ -63,12 +63,13 @@ INTERACTIONS = sa.Table(
     sa.Column("tool_calls", sa.JSON, nullable=False),
     sa.Column("sampling", sa.JSON),
     sa.Column("delivered", sa.Boolean),
+    sa.Column("adapter", sa.JSON),
 )
 _TENANT_PAGE_INDEX = sa.Index(
     "ix_interactions_tenant_page", INTERACTIONS.c.tenant, INTERACTIONS.c.created_at, INTERACTIONS.c.id
 )
 """A tenant's newest-first page is an index range scan, whatever the history's size."""
-_ADDED_COLUMNS = {"interactions": ("sampling", "delivered")}
+_ADDED_COLUMNS = {"interactions": ("sampling", "delivered", "adapter")}
 """Columns newer than the first schema: added to existing databases when they are opened."""
 FEEDBACK = sa.Table(
     "feedback",
@@ -148,6 +149,8 @@ class Interaction:
     """Effective sampling of the turn: temperature (0 = greedy), top_p, top_k, seed, max_new_tokens."""
     delivered: bool = True
     """False when the response never reached the client (the stream broke); never trained on."""
+    adapter: dict[str, Any] | None = None
+    """The LoRA adapter that served the turn (``name``, ``path``, ``version``); None for base weights."""
 
 
 @dataclass

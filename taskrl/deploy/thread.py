@@ -2,10 +2,13 @@
 the foreground) and ``ServerThread`` / ``running_server`` (a background server for tests). A leaf: it knows nothing
 of the app it runs.
 
-On the first SIGTERM ``DrainingServer`` stops admitting requests (chat answers 503 ``server_draining``, ``/ready``
-answers 503 so a load balancer stops routing), lets the requests in flight finish (at most
-``ServeConfig.drain_timeout_s``), then closes the listener and exits normally, so the caller can flush the store.
-A second signal, or SIGINT, exits at once as uvicorn does.
+On the first SIGTERM ``DrainingServer`` stops admitting requests (``/ready`` answers 503 so a load balancer stops
+routing; chat answers 503 ``server_draining`` with ``Retry-After``, and every response closes its connection), lets
+the requests in flight finish (at most ``ServeConfig.drain_timeout_s``), then closes the listener (new connections
+are refused), answers what still arrives on open connections with 503 until they close (at most
+``CLOSE_GRACE_S``), and exits normally, so the caller can flush the store. Closing a kept-alive connection while a
+client sends on it would cut that request; the grace lets each connection end on a response instead. A second
+signal, or SIGINT, exits at once as uvicorn does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ KEEP_ALIVE_S = 75
 server is closing at that very moment (uvicorn's 5 s default races httpx's 5 s: a sporadic ReadError under load)."""
 
 
+CLOSE_GRACE_S = 2.0
+"""After the listener closes, how long open connections get to end on a response before the server exits."""
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with a drain phase on SIGTERM (see the module docstring)."""
 
@@ -36,6 +43,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
         self._drain_deadline: float | None = None
+        self._closed_at: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig == signal.SIGTERM and self._drain_deadline is None:
@@ -52,11 +60,20 @@ class DrainingServer(uvicorn.Server):
         logger.warning("draining: %d requests in flight, exit when done (at most %gs)", self.state.in_flight, timeout)
 
     async def on_tick(self, counter: int) -> bool:
-        draining = self._drain_deadline is not None and not self.should_exit
-        if draining and (self.state.in_flight == 0 or time.monotonic() > self._drain_deadline):
+        if self._drain_deadline is None or self.should_exit:
+            return await super().on_tick(counter)
+        now = time.monotonic()
+        late = now > self._drain_deadline
+        if self._closed_at is None and (self.state.in_flight == 0 or late):
             if self.state.in_flight:
                 logger.error("drain timeout: exiting with %d requests still in flight", self.state.in_flight)
-            self.should_exit = True
+            for server in self.servers:  # new connections are refused from here on
+                server.close()
+            self._closed_at = now
+        if self._closed_at is not None:
+            open_connections = len(self.server_state.connections)
+            if not open_connections or now - self._closed_at > CLOSE_GRACE_S or late:
+                self.should_exit = True
         return await super().on_tick(counter)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -62,6 +62,8 @@ def validate_sampling(sampling: SamplingParams) -> None:
         raise InvalidRequestError(f"{where}.temperature must be a finite number >= 0, got {sampling.temperature!r}")
     if not _is_real(sampling.top_p) or not 0 < sampling.top_p <= 1:  # NaN fails the comparison too
         raise InvalidRequestError(f"{where}.top_p must be in (0, 1], got {sampling.top_p!r}")
+    if not _is_real(sampling.min_p) or not 0 <= sampling.min_p <= 1:
+        raise InvalidRequestError(f"{where}.min_p must be in [0, 1], got {sampling.min_p!r}")
     if not _is_int(sampling.top_k) or sampling.top_k < 0:
         raise InvalidRequestError(f"{where}.top_k must be an integer >= 0, got {sampling.top_k!r}")
     low, high = SEED_RANGE
@@ -69,6 +71,9 @@ def validate_sampling(sampling: SamplingParams) -> None:
         raise InvalidRequestError(f"{where}.seed must be None or an integer in [-2**63, 2**64), got {sampling.seed!r}")
     if not isinstance(sampling.stop, list | tuple) or not all(isinstance(s, str) for s in sampling.stop):
         raise InvalidRequestError(f"{where}.stop must be a list of strings, got {sampling.stop!r}")
+    names = sampling.force_tool_call
+    if not isinstance(names, tuple | list) or not all(isinstance(n, str) and n for n in names):
+        raise InvalidRequestError(f"{where}.force_tool_call must be a tuple of function names, got {names!r}")
 
 
 @dataclass
@@ -83,10 +88,15 @@ class SamplingParams:
     """Nucleus sampling mass; 1.0 disables it."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables it."""
+    min_p: float = 0.0
+    """Keep only tokens at least ``min_p`` times as likely as the most likely one (after temperature); 0 disables it."""
     seed: int | None = None
     """Seed of this request's own random generator, so a sample does not depend on batch neighbours."""
     stop: list[str] = field(default_factory=list)
     """Extra stop strings, on top of the model's end-of-turn token."""
+    force_tool_call: tuple[str, ...] = ()
+    """Function names: when set, the turn is exactly one Hermes tool call to one of them (constrained decoding, see
+    ``taskrl.policies.constrain``); only policies with ``constrains_tool_calls`` accept it."""
 
     def __post_init__(self) -> None:
         validate_sampling(self)  # InvalidRequestError is a ValueError
@@ -143,6 +153,28 @@ class PolicyBase:
 
     max_positions: int | None = None
     """Tokens of context the model has (prompt + completion); None when unknown."""
+    constrains_tool_calls: bool = False
+    """Whether ``generate`` honours ``SamplingParams.force_tool_call`` (constrained decoding of the call)."""
+
+    async def stream(
+        self,
+        *,
+        token_ids: list[int] | None = None,
+        messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingParams,
+    ) -> AsyncIterator[tuple[list[int], list[float]] | Completion]:
+        """``generate``, yielding ``(token_ids, logprobs)`` batches as they are sampled and then the ``Completion``.
+
+        This default samples the whole turn and yields only the Completion; engines that can, stream (``HFPolicy``).
+        """
+        yield await self.generate(  # type: ignore[attr-defined]
+            token_ids=token_ids, messages=messages, tools=tools, sampling=sampling
+        )
+
+    def min_tool_call_tokens(self, names: list[str]) -> int:
+        """Tokens the shortest forced call to one of ``names`` needs (policies that ``constrains_tool_calls``)."""
+        return 0
 
     def run_exclusive(self, work: Callable[[], T]) -> T:
         """Run ``work`` while nothing samples from this policy's weights; without a decode thread, just run it."""

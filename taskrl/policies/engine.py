@@ -522,8 +522,7 @@ class ContinuousEngine:
         """Record a sampled token; True when the row is finished (its Completion, or its error, is delivered)."""
         request = row.request
         try:
-            request.token_ids.append(token)
-            request.logprobs.append(logprob)
+            request.record(token, logprob)
             if token in self.policy.chat_format.stop_token_ids or (request.sampling.stop and self._hit_stop(request)):
                 request.finish_reason = "stop"
             elif len(request.token_ids) >= request.max_new_tokens:

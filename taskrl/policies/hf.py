@@ -21,7 +21,7 @@ import numbers
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +38,7 @@ from taskrl.policies.base import (
     SamplingParams,
     validate_sampling,
 )
+from taskrl.policies.constrain import ToolCallConstraint, tool_call_constraint
 from taskrl.policies.engine import ContinuousEngine
 from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_model_dir, load_smollm2, model_dir, resolve_device
 from taskrl.policies.sampling import Request, sample_row
@@ -58,10 +59,13 @@ __all__ = ["ENGINES", "HFPolicy", "sample_row"]
 class HFPolicy(PolicyBase):
     """A transformers causal LM as a token-mode ``Policy``; trainers update ``model`` in place and bump ``version``.
 
+    ``SamplingParams.force_tool_call`` is honoured by constrained decoding (``taskrl.policies.constrain``).
     Any weight change invalidates the engine's KV (prefix cache and rows in flight): bumping ``version`` (or
     ``set_version``), ``invalidate_kv_cache()``, and any in-place change of a parameter (detected by torch's
     version counters) all do; in-flight requests then restart from scratch under the new weights.
     """
+
+    constrains_tool_calls = True
 
     def __init__(
         self,
@@ -259,6 +263,52 @@ class HFPolicy(PolicyBase):
         ``InvalidRequestError`` before it joins a batch; cancelling the awaiting task removes the request from
         the running batch at the next step.
         """
+        return await self._sample(token_ids, messages, tools, sampling)
+
+    async def stream(
+        self,
+        *,
+        token_ids: list[int] | None = None,
+        messages: list[Message] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingParams,
+    ) -> AsyncIterator[tuple[list[int], list[float]] | Completion]:
+        """``generate``, yielding ``(token_ids, logprobs)`` as the engine samples them, then the ``Completion``.
+
+        Closing the iterator early cancels the request. If the weights change under it, the engine restarts the
+        request from scratch, which a stream cannot take back: it raises ``PolicyError`` once tokens were yielded."""
+        arrived: asyncio.Queue[tuple[int, float] | None | str] = asyncio.Queue()
+        task = asyncio.ensure_future(self._sample(token_ids, messages, tools, sampling, listener=arrived.put_nowait))
+        task.add_done_callback(lambda _: arrived.put_nowait("done"))
+        yielded = False
+        try:
+            while True:
+                items = [await arrived.get()]
+                while not arrived.empty():
+                    items.append(arrived.get_nowait())
+                if None in items:  # a restart: what came before it was sampled under the old weights
+                    if yielded:
+                        raise PolicyError("the weights changed while this turn streamed; it restarted and cannot be "
+                                          "streamed on: retry the request")  # fmt: skip
+                    items = items[len(items) - items[::-1].index(None) :]
+                tokens = [item for item in items if isinstance(item, tuple)]
+                if tokens:
+                    yielded = True
+                    yield [t for t, _ in tokens], [lp for _, lp in tokens]
+                if "done" in items:
+                    break
+            yield task.result()
+        finally:
+            task.cancel()
+
+    async def _sample(
+        self,
+        token_ids: list[int] | None,
+        messages: list[Message] | None,
+        tools: list[dict[str, Any]] | None,
+        sampling: SamplingParams,
+        listener: Callable[[tuple[int, float] | None], None] | None = None,
+    ) -> Completion:
         if self._closed:
             raise PolicyError("HFPolicy is closed")
         if token_ids is None:
@@ -267,15 +317,19 @@ class HFPolicy(PolicyBase):
             token_ids = self.chat_format.prompt_ids(messages, tools)
         prompt = self._check_prompt(token_ids)
         validate_sampling(sampling)
+        budget = self._room_for(prompt, sampling)
+        constraint = self._tool_call_constraint(sampling, budget)
         loop = asyncio.get_running_loop()
         request = Request(
             prompt_ids=prompt,
             sampling=sampling,
             # An unseeded request still gets a recorded seed, so any sample can be replayed.
             seed=sampling.seed if sampling.seed is not None else secrets.randbits(63),
-            max_new_tokens=self._room_for(prompt, sampling),
+            max_new_tokens=budget,
             future=loop.create_future(),
             loop=loop,
+            constraint=constraint,
+            listener=listener,
         )
         if self.engine == "static":
             self._static_batcher(loop).submit(request)
@@ -288,6 +342,21 @@ class HFPolicy(PolicyBase):
         request.future.add_done_callback(on_done)
         self._engine.submit(request)
         return await request.future
+
+    def _tool_call_constraint(self, sampling: SamplingParams, budget: int) -> ToolCallConstraint | None:
+        """The automaton that forces ``sampling.force_tool_call`` (None when nothing is forced)."""
+        names = list(sampling.force_tool_call)
+        if not names:
+            return None
+        constraint = tool_call_constraint(self.tokenizer, self.chat_format.stop_token_ids, names)
+        if budget < constraint.min_tokens():
+            raise InvalidRequestError(f"a forced tool call needs {constraint.min_tokens()} tokens, but the turn may "
+                                      f"sample only {budget}; raise max_new_tokens or shorten the prompt")  # fmt: skip
+        return constraint
+
+    def min_tool_call_tokens(self, names: list[str]) -> int:
+        """Tokens the shortest forced call to one of ``names`` needs (``SamplingParams.force_tool_call``)."""
+        return tool_call_constraint(self.tokenizer, self.chat_format.stop_token_ids, names).min_tokens()
 
     def _static_batcher(self, loop: asyncio.AbstractEventLoop) -> StaticBatcher:
         batcher = self._batchers.get(id(loop))

@@ -121,6 +121,8 @@ class OpenAIPolicy(PolicyBase):
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
+        if sampling.min_p > 0:
+            body["min_p"] = sampling.min_p  # vLLM/SGLang extension, like top_k
         if sampling.top_k > 0:
             body["top_k"] = sampling.top_k  # vLLM/SGLang extension; only sent when asked for
         return body

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,15 +40,36 @@ class Request:
     submitted: float = field(default_factory=time.perf_counter)
     prompt_tensor: torch.Tensor = field(init=False)
     info: dict[str, Any] = field(default_factory=dict)
+    constraint: Any = None
+    """A ``ToolCallConstraint`` (``taskrl.policies.constrain``) the sampler obeys, or None."""
+    listener: Callable[[tuple[int, float] | None], None] | None = None
+    """Called on the caller's event loop with each ``(token, logprob)`` as it is sampled (``HFPolicy.stream``), and
+    with None when sampling restarts from scratch (the weights changed under the request)."""
 
     def __post_init__(self) -> None:
         self.prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
 
     def start(self, device: torch.device) -> None:
         """(Re)start sampling from scratch: a fresh generator at the seed, nothing sampled yet."""
+        if self.token_ids and self.listener is not None:
+            self._notify(None)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.seed)
         self.token_ids, self.logprobs, self.finish_reason, self.stop = [], [], None, None
+        if self.constraint is not None:
+            self.constraint.reset()
+
+    def record(self, token: int, logprob: float) -> None:
+        """Append a sampled token (decode thread) and tell the listener, if any."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        if self.listener is not None:
+            self._notify((token, logprob))
+
+    def _notify(self, item: tuple[int, float] | None) -> None:
+        assert self.listener is not None
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens
+            self.loop.call_soon_threadsafe(self.listener, item)
 
     def deliver(self, outcome: Completion | BaseException) -> None:
         """Hand the result to the awaiting caller; safe from any thread, a no-op once the caller is gone."""
@@ -64,19 +87,40 @@ class Request:
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row with each request's own generator; logprobs before top-p/top-k truncation."""
+    """One token per row with each request's own generator; logprobs before top-p/top-k truncation.
+
+    A row with a ``constraint`` picks among the tokens it allows (its logprob is still the unconstrained one, as
+    ``logprobs_of`` scores it) and the constraint advances past the token: every sampled token is accepted."""
     temperatures = torch.tensor(
         [r.sampling.temperature if r.sampling.temperature > 0 else 1.0 for r in requests],
         dtype=logits.dtype,
         device=logits.device,
     )
     logp = torch.log_softmax(logits / temperatures[:, None], dim=-1)
-    picks = [
-        logits[row].argmax().view(1) if r.sampling.temperature == 0 else sample_row(logp[row], r)
-        for row, r in enumerate(requests)
-    ]
+    picks = []
+    for row, r in enumerate(requests):
+        if r.constraint is not None:
+            picks.append(_constrained(logits[row], temperatures[row], r))
+        elif r.sampling.temperature == 0:
+            picks.append(logits[row].argmax().view(1))
+        else:
+            picks.append(sample_row(logp[row], r))
     tokens = torch.cat(picks)
+    for r, token in zip(requests, tokens.tolist(), strict=True):
+        if r.constraint is not None:
+            r.constraint.advance(token)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _constrained(logits: torch.Tensor, temperature: torch.Tensor, request: Request) -> torch.Tensor:
+    allowed = request.constraint.allowed(request.max_new_tokens - len(request.token_ids)).to(logits.device)
+    if allowed.numel() == 0:
+        raise ValueError("the tool-call constraint allows no token of this vocabulary")
+    masked = torch.full_like(logits, float("-inf"))
+    masked[allowed] = logits[allowed]
+    if request.sampling.temperature == 0:
+        return masked.argmax().view(1)
+    return sample_row(torch.log_softmax(masked / temperature, dim=-1), request)
 
 
 def sample_row(logp: torch.Tensor, request: Any) -> torch.Tensor:
@@ -95,6 +139,18 @@ def sample_row(logp: torch.Tensor, request: Any) -> torch.Tensor:
 
 
 def _support(logp: torch.Tensor, sampling: SamplingParams) -> torch.Tensor | None:
+    """Token ids kept by top-k, top-p and min-p (most likely first), or None when none truncates."""
+    support = _top_support(logp, sampling)
+    if sampling.min_p <= 0:
+        return support
+    floor = logp.max() + math.log(sampling.min_p)  # p >= min_p * p_max, in log space (the top token always stays)
+    if support is None:
+        kept = (logp >= floor).nonzero().squeeze(-1)
+        return kept[logp[kept].argsort(descending=True)]
+    return support[logp[support] >= floor]
+
+
+def _top_support(logp: torch.Tensor, sampling: SamplingParams) -> torch.Tensor | None:
     """Token ids kept by top-k then top-p (most likely first), or None when neither truncates.
 
     A full-vocabulary sort costs milliseconds per token on CPU and a trained model's nucleus is small,

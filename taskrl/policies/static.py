@@ -110,8 +110,7 @@ def decode_batch(policy: HFPolicy, requests: list[Request]) -> list[Completion]:
         tokens, logprobs = sample(logits, rows)
         keep: list[int] = []
         for row, (r, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
-            r.token_ids.append(token)
-            r.logprobs.append(logprob)
+            r.record(token, logprob)
             if token in stop_ids or (r.sampling.stop and _hit_stop_string(policy, r)):
                 r.finish_reason = "stop"
             elif len(r.token_ids) >= r.max_new_tokens:

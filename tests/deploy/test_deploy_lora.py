@@ -82,7 +82,7 @@ async def test_hot_load_switches_versions_without_dropping_requests(tmp_path: Pa
                 t.join(60)
             bad = httpx.post(
                 base_url + "/load_lora_adapter",
-                json={**load, "lora_path": str(tmp_path / "missing")},
+                json={**load, "lora_name": "tiny-v2", "lora_path": str(tmp_path / "missing")},  # a used name is 409
                 headers={"Authorization": "Bearer admin"},
                 timeout=60,
             )

@@ -31,8 +31,6 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 
 def agent_rule(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
     last = messages[-1].content
-    if "continue" in last:  # as a model would continue after the forced '<tool_call>\n{"name": "get_weather", ...'
-        return '{"city": "Paris"}}\n</tool_call>'
     if tools and "two" in last:
         return ScriptedPolicy.call("get_weather", city="Rome") + "\n" + ScriptedPolicy.call("get_time")
     if tools and "nest" in last:  # a model emitting absurdly nested arguments
@@ -121,30 +119,22 @@ def test_stop_strings_are_trimmed_from_text_but_stored_tokens_stay_exact(server:
     assert stop in decoded and row.response["message"]["content"] == content
 
 
-def test_forcing_a_named_function_and_tool_choice_none(server: tuple) -> None:
-    url, store, policies = server
+def test_forcing_needs_a_constraining_backend_and_tool_choice_none(server: tuple) -> None:
+    url, _, _ = server
     client = oa(url)
-    forced = client.chat.completions.create(
-        model="agent", messages=[{"role": "user", "content": "continue"}], tools=[WEATHER, TIME],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    )  # fmt: skip
-    call = forced.choices[0].message.tool_calls[0]
-    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
-    assert forced.choices[0].finish_reason == "tool_calls"
-    row = store.interactions(ids=[forced.id])[0]
-    prefix = policies["agent"].chat_format.encode('<tool_call>\n{"name": "get_weather", "arguments": ')
-    assert row.prompt_token_ids[-len(prefix) :] == prefix  # the forced text is prompt (mask 0), not sampled
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for model, choice in (("agent", named), ("agent", "required"), ("message-mode", "required")):
+        with pytest.raises(openai.BadRequestError) as refused:  # rules cannot be constrained: say so, never a 500
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "continue"}],
+                                           tools=[WEATHER, TIME], tool_choice=choice)  # fmt: skip
+        assert refused.value.param == "tool_choice"
     none = client.chat.completions.create(
         model="agent", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER], tool_choice="none"
     )
     assert none.choices[0].message.content == "plain answer" and not none.choices[0].message.tool_calls
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "x"}], tools=[WEATHER],
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tools=[WEATHER],
                                        tool_choice={"type": "function", "function": {"name": "rm_rf"}})  # fmt: skip
-    assert refused.value.param == "tool_choice"
-    with pytest.raises(openai.BadRequestError) as refused:  # a message-mode backend cannot be forced: say so
-        client.chat.completions.create(model="message-mode", messages=[{"role": "user", "content": "x"}],
-                                       tools=[WEATHER], tool_choice="required")  # fmt: skip
     assert refused.value.param == "tool_choice"
 
 
