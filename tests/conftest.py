@@ -1,0 +1,45 @@
+"""Session-wide fixtures: ONE real vLLM CPU server over SmolLM2 per test session (``vllm_server``), on loopback.
+
+It is a supervised ``taskrl.policies.vllm_server.VLLMServer`` (started once, stopped at the end of the session;
+a test that kills it leaves it restarted on the same URL). vLLM runs from its own virtualenv: ``$TASKRL_VLLM_PYTHON``
+or ``<repo>/.venv-vllm/bin/python`` (``make vllm-setup``). Without one the tests that need it skip, naming both,
+unless ``TASKRL_REQUIRE_VLLM=1`` (``make test`` sets it): then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from taskrl.policies.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError, vllm_python
+
+VLLM_START_TIMEOUT_S = 900.0  # about a minute on a quiet 2-core machine; several when it is shared
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VLLMServer]:
+    """A vLLM CPU server over SmolLM2 (bf16, served as "base", runtime LoRA loading, processed logprobs)."""
+    try:
+        vllm_python()
+    except VLLMServerError as exc:
+        if os.environ.get("TASKRL_REQUIRE_VLLM") == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    from taskrl.policies.models import smollm2_cache_path
+
+    config = VLLMServerConfig(
+        model=str(smollm2_cache_path()), served_name="base", dtype="bfloat16", max_model_len=2048,
+        kv_cache_gib=2, max_lora_rank=16, max_loras=4, startup_timeout_s=VLLM_START_TIMEOUT_S,
+    )  # fmt: skip
+    server = VLLMServer(config)
+    try:
+        server.start()
+        yield server
+    finally:
+        pid = server.pid
+        server.stop()
+        if pid is not None:  # the whole process group is gone, the engine core included
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)
