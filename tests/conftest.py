@@ -18,9 +18,17 @@ from taskrl.policies.vllm_server import VLLMServer, VLLMServerConfig, VLLMServer
 VLLM_START_TIMEOUT_S = 900.0  # about a minute on a quiet 2-core machine; several when it is shared
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the server may be the one that waits for its start: its time limit covers one."""
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(VLLM_START_TIMEOUT_S + 300))
+
+
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VLLMServer]:
-    """A vLLM CPU server over SmolLM2 (bf16, served as "base", runtime LoRA loading, processed logprobs)."""
+    """A vLLM CPU server over SmolLM2 (served as "base", runtime LoRA loading, processed logprobs); the attributes
+    tests read: ``base_url``, ``served_model``, ``model_dir``, ``dtype``, ``max_model_len``, ``log_path``."""
     try:
         vllm_python()
     except VLLMServerError as exc:
@@ -29,8 +37,11 @@ def vllm_server() -> Iterator[VLLMServer]:
         pytest.skip(str(exc))
     from taskrl.policies.models import smollm2_cache_path
 
+    # float32 by default: vLLM's logprobs then equal the fp32 learner's to ~1e-5, so any token or convention slip
+    # shows; bfloat16 (what GPUs run) via TASKRL_VLLM_DTYPE.
     config = VLLMServerConfig(
-        model=str(smollm2_cache_path()), served_name="base", dtype="bfloat16", max_model_len=2048,
+        model=str(smollm2_cache_path()), served_name="base", dtype=os.environ.get("TASKRL_VLLM_DTYPE", "float32"),
+        max_model_len=2048,
         kv_cache_gib=2, max_lora_rank=16, max_loras=4, startup_timeout_s=VLLM_START_TIMEOUT_S,
     )  # fmt: skip
     server = VLLMServer(config)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -29,6 +30,8 @@ from typing import Any
 import httpx
 
 from taskrl.validate import finite_at_least, integer_at_least, require
+
+logger = logging.getLogger(__name__)
 
 PYTHON_ENV = "TASKRL_VLLM_PYTHON"
 """Environment variable naming the python of the vLLM virtualenv (overrides ``<repo>/.venv-vllm/bin/python``)."""
@@ -471,11 +474,20 @@ class VLLMServer:
                 os.killpg(process.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(STOP_GRACE_S)
-        # The group may outlive its leader (an engine-core child): SIGKILL whatever is left of it.
+        # The group may outlive its leader (an engine-core child): SIGKILL whatever is left of it, and wait until
+        # the group is gone, so a restart never meets the old server's port or memory.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5.0)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+        logger.warning("processes of the vLLM server's group %d are still there after SIGKILL", process.pid)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the server's log ("" before a start)."""
