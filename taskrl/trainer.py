@@ -20,10 +20,10 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -56,6 +56,10 @@ from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: 
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
 
+if TYPE_CHECKING:
+    from taskrl.policies.vllm_server import VLLMServer
+    from taskrl.training.vllm_rollout import VLLMEngine
+
 ScoreFn = Callable[[int, list[Trajectory]], None]
 """Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.rewards`` (or
 ``trajectory.terms``) in place (reward models, ``taskrl.monitors.shape_rewards``); they are scored with the
@@ -76,9 +80,11 @@ class Trainer:
         monitors: Monitors | None = None,
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
+        rollout_server: VLLMServer | None = None,
     ) -> None:
         """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``make(config.env)``;
-        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
+        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``. ``rollout_server``: with
+        rollout_policy='vllm', a ``VLLMServer`` the caller started and stops (default: the trainer starts one)."""
         self.config = cfg = config
         self.console = console or Console()
         random.seed(cfg.seed)
@@ -114,6 +120,12 @@ class Trainer:
         self.run = RunLog(cfg.run_dir, backends=cfg.log_backends if self.group.is_main else [])
         # A rollout server is checked before the model loads: a wrong URL or model name fails in seconds.
         server = connect_server(cfg) if cfg.rollout_policy == "server" else None
+        self.vllm: VLLMEngine | None = None  # rollout_policy="vllm": the supervised server, started before the model
+        if cfg.rollout_policy == "vllm":
+            from taskrl.training.vllm_rollout import VLLMEngine
+
+            self.vllm = VLLMEngine.start(cfg, rollout_server)
+        self.rollouts = RolloutLoop()  # every rollout and evaluation of the run plays on this loop's thread
         self._owns_policy = policy is None
         if policy is None:
             # rollouts want the batch done soonest, not each row's pace: full prefill chunks
@@ -134,15 +146,19 @@ class Trainer:
         self.console.print(f"precision: {', '.join(filter(None, [self.learner.precision_note, rollout_note]))}")
         # ``self.policy`` samples the rollouts: the learner's own policy, a synced copy, or a served model.
         self.policy: HFPolicy | OpenAIPolicy
-        self.policy, default_sync = rollout_setup(
-            cfg, self.learner, policy, self.run.dir, server_policy=server, copy_policy=early_copy
-        )
+        if self.vllm is not None:
+            self.policy, default_sync = self.vllm.attach(self.learner, policy, self.run.dir, run=self.rollouts.run)
+        else:
+            self.policy, default_sync = rollout_setup(
+                cfg, self.learner, policy, self.run.dir, server_policy=server, copy_policy=early_copy
+            )
         self.weight_sync: WeightSync = weight_sync or default_sync
         self.ray_rollout: Any = None
         if cfg.ray:  # rollout actors with their own policy copies; the local policy still serves evaluation
             from taskrl.distributed.ray_rollout import RayRollout, RaySync
 
-            self.ray_rollout = RayRollout(cfg, env_factory=env_factory)
+            factory = self.vllm.remote_policy_factory() if self.vllm is not None else None
+            self.ray_rollout = RayRollout(cfg, env_factory=env_factory, policy_factory=factory)
             self.ray_rollout.check_weights(policy.model)
             self.weight_sync = RaySync(
                 self.ray_rollout, self.learner, local=self.weight_sync, rollout_policy=self.policy
@@ -151,7 +167,6 @@ class Trainer:
         use_expert = cfg.phases[0] and cfg.sft_data == "expert"
         self.expert = ScriptedPolicy(rule, name="expert", chat_format=policy.chat_format) if use_expert else None
         self.completed: int | None = None  # steps done once ``train`` has resumed; None before
-        self.rollouts = RolloutLoop()  # every rollout and evaluation of the run plays on this loop's thread
         self._ahead: tuple[int, Future[list[Trajectory]]] | None = None  # async_rollout: next step in flight
         self._sync_due = False  # async_rollout: an update waits to be synced when the in-flight rollouts end
         self._data_state: dict[str, Any] | None = None  # sampler state to checkpoint once the next step is drawn
@@ -203,13 +218,22 @@ class Trainer:
         self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
     ) -> list[Trajectory]:
         started = time.monotonic()
+        factory = self.env_factory_at(step, epoch)
         if self.ray_rollout is not None and not expert:
             # ray.get blocks: a worker thread keeps the rollout loop free (evaluations may share it).
-            trajectories = await asyncio.to_thread(self.ray_rollout.collect, tasks, rollout, step=step, epoch=epoch)
+            def play() -> Awaitable[list[Trajectory]]:
+                return asyncio.to_thread(self.ray_rollout.collect, tasks, rollout, step=step, epoch=epoch)
         else:
             policy = self.expert if expert else self.policy
-            factory = self.env_factory_at(step, epoch)
-            trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
+
+            def play() -> Awaitable[list[Trajectory]]:
+                return run_episodes(factory, policy, tasks, rollout, task_indices=indices)
+
+        if self.vllm is not None and not expert:  # a server that dies under the step is restarted, the step replayed
+            trajectories = await self.vllm.play(play, step=step, episodes=len(tasks) * rollout.group_size,
+                                                tasks=tasks, rollout=rollout, env_factory=factory)  # fmt: skip
+        else:
+            trajectories = await play()
         self._rollout_times[step] = (started, time.monotonic())
         return trajectories
 
@@ -243,6 +267,7 @@ class Trainer:
         metrics = self._on_model_thread(lambda: self.learner.update(own, step=step, sft_mode=sft_step))
         updated = time.perf_counter()
         metrics.update(sync_metrics)
+        metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._sync_after_update(step + 1))
         metrics.update(_staleness_metrics(own, version))
         metrics.update(self._timeline(step, update_started, updated))
@@ -459,6 +484,8 @@ class Trainer:
             self.policy.close()
         if self._owns_policy:
             self.learner_policy.close()
+        if self.vllm is not None:
+            self.vllm.close()
 
     def _progress(self) -> Progress:
         columns = (
