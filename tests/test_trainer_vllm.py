@@ -44,6 +44,7 @@ def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
         ({"vllm": {"max_loras": 1}, "max_staleness": 2}, r"max_loras \(1\) must be >= max_staleness \+ 1"),
         ({"rollout_url": "http://127.0.0.1:1/v1"}, "rollout_model must name the served base model"),
         ({"rollout_restarts": -1}, "rollout_restarts must be an integer >= 0"),
+        ({"rollout_policy": "copy", "vllm": {"threads": "0-1"}}, "vllm is the vLLM server's table"),
     ],
 )
 def test_vllm_config_is_checked_by_field(tmp_path: Path, changes: dict, message: str) -> None:

@@ -283,6 +283,8 @@ class TrainConfig:
              rollout_policy=self.rollout_policy)  # fmt: skip
         if self.rollout_policy == "vllm":
             self._check_vllm(need)
+        need(not self.vllm or self.rollout_policy == "vllm", "is the vLLM server's table: set rollout_policy='vllm'",
+             vllm=self.vllm)  # fmt: skip
         need(self.learner_backend in LEARNER_BACKENDS,
              f"must be one of {', '.join(LEARNER_BACKENDS)}", learner_backend=self.learner_backend)  # fmt: skip
         need(self.learner_precision in LEARNER_PRECISIONS,
