@@ -134,7 +134,7 @@ class Proxy:
     def __init__(self, target: int) -> None:
         self.target, self.port = target, free_port()
         self.conns: list[socket.socket] = []
-        self.listener: socket.socket | None = None
+        self.serving: tuple[threading.Event, threading.Thread] | None = None
         self.on()
 
     def on(self) -> None:
@@ -142,29 +142,35 @@ class Proxy:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
         listener.listen(64)
-        self.listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        listener.settimeout(0.05)  # a blocked accept() would not notice the socket being closed
+        stop = threading.Event()
+        thread = threading.Thread(target=self._accept, args=(listener, stop), daemon=True)
+        thread.start()
+        self.serving = (stop, thread)
 
     def off(self) -> None:
-        listener, self.listener = self.listener, None
-        if listener is not None:
-            listener.close()
+        serving, self.serving = self.serving, None
+        if serving is not None:
+            serving[0].set()
+            serving[1].join()  # the listener is closed: connections are refused from now on
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
         self.conns.clear()
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+    def _accept(self, listener: socket.socket, stop: threading.Event) -> None:
+        with listener:
+            while not stop.is_set():
+                try:
+                    client, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                client.settimeout(None)
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                self.conns += [client, upstream]
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     @staticmethod
     def _pump(source: socket.socket, sink: socket.socket) -> None:
