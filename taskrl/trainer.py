@@ -20,7 +20,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,11 +80,10 @@ class Trainer:
         monitors: Monitors | None = None,
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
-        rollout_server: VLLMServer | None = None,
+        rollout_server: VLLMServer | None = None,  # rollout_policy="vllm": a server the caller started (and stops)
     ) -> None:
         """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``make(config.env)``;
-        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``. ``rollout_server``: with
-        rollout_policy='vllm', a ``VLLMServer`` the caller started and stops (default: the trainer starts one)."""
+        ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
         self.config = cfg = config
         self.console = console or Console()
         random.seed(cfg.seed)
@@ -217,23 +216,26 @@ class Trainer:
     async def _play(
         self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
     ) -> list[Trajectory]:
+        if self.vllm is None or expert:
+            return await self._play_once(step, epoch, tasks, rollout, expert, indices)
+        # rollout_policy="vllm": a server that dies under the step is restarted and the step's episodes replayed
+        return await self.vllm.play(
+            lambda: self._play_once(step, epoch, tasks, rollout, expert, indices), step=step,
+            episodes=len(tasks) * rollout.group_size, tasks=tasks, rollout=rollout,
+            env_factory=self.env_factory_at(step, epoch),
+        )  # fmt: skip
+
+    async def _play_once(
+        self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
+    ) -> list[Trajectory]:
         started = time.monotonic()
-        factory = self.env_factory_at(step, epoch)
         if self.ray_rollout is not None and not expert:
             # ray.get blocks: a worker thread keeps the rollout loop free (evaluations may share it).
-            def play() -> Awaitable[list[Trajectory]]:
-                return asyncio.to_thread(self.ray_rollout.collect, tasks, rollout, step=step, epoch=epoch)
+            trajectories = await asyncio.to_thread(self.ray_rollout.collect, tasks, rollout, step=step, epoch=epoch)
         else:
             policy = self.expert if expert else self.policy
-
-            def play() -> Awaitable[list[Trajectory]]:
-                return run_episodes(factory, policy, tasks, rollout, task_indices=indices)
-
-        if self.vllm is not None and not expert:  # a server that dies under the step is restarted, the step replayed
-            trajectories = await self.vllm.play(play, step=step, episodes=len(tasks) * rollout.group_size,
-                                                tasks=tasks, rollout=rollout, env_factory=factory)  # fmt: skip
-        else:
-            trajectories = await play()
+            factory = self.env_factory_at(step, epoch)
+            trajectories = await run_episodes(factory, policy, tasks, rollout, task_indices=indices)
         self._rollout_times[step] = (started, time.monotonic())
         return trajectories
 
@@ -267,9 +269,9 @@ class Trainer:
         metrics = self._on_model_thread(lambda: self.learner.update(own, step=step, sft_mode=sft_step))
         updated = time.perf_counter()
         metrics.update(sync_metrics)
-        metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._sync_after_update(step + 1))
         metrics.update(_staleness_metrics(own, version))
+        metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._timeline(step, update_started, updated))
         metrics.update(batch_metrics(trajectories))
         monitor_metrics, alerts = self.monitors.check(step + 1, trajectories)

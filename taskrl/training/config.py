@@ -249,8 +249,7 @@ class TrainConfig:
                 nproc=self.nproc)  # fmt: skip
         require("TrainConfig", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
                 checkpoint_every=self.checkpoint_every, sft_warmup_steps=self.sft_warmup_steps,
-                eval_every=self.eval_every, max_staleness=self.max_staleness,
-                rollout_restarts=self.rollout_restarts)  # fmt: skip
+                eval_every=self.eval_every, max_staleness=self.max_staleness)  # fmt: skip
         require("TrainConfig", "must be >= 0", finite_at_least(0), error=ConfigError,
                 weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm, clip_eps_low=self.clip_eps_low,
                 clip_eps_high=self.clip_eps_high, cispo_eps_low=self.cispo_eps_low,
@@ -281,6 +280,8 @@ class TrainConfig:
              "must not be 'server' with finetune='full': only LoRA adapters can be loaded into a running server "
              "(/v1/load_lora_adapter), full weights would need a restart; use rollout_policy='copy'",
              rollout_policy=self.rollout_policy)  # fmt: skip
+        require("TrainConfig", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
+                rollout_restarts=self.rollout_restarts)  # fmt: skip
         if self.rollout_policy == "vllm":
             self._check_vllm(need)
         need(not self.vllm or self.rollout_policy == "vllm", "is the vLLM server's table: set rollout_policy='vllm'",
