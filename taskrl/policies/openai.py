@@ -170,8 +170,6 @@ class OpenAIPolicy(PolicyBase):
                     try:
                         return response.json()
                     except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the decoder
-                        if path.endswith("_lora_adapter"):  # vLLM answers adapter (un)loads in plain text
-                            return response.text
                         raise PolicyError(f"{url} returned a non-JSON body: {_one_line(response.text[:200])}") from exc
                 if response.status_code not in _RETRY_STATUSES or last_try:
                     raise PolicyError(f"{url} returned HTTP {response.status_code}: {_error_message(response)}")
