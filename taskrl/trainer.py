@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -60,6 +60,10 @@ from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: 
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
 
+if TYPE_CHECKING:
+    from taskrl.policies.vllm_server import VLLMServer
+    from taskrl.training.vllm_rollout import VLLMEngine
+
 ScoreFn = Callable[[int, list[Trajectory]], None]
 """Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.rewards`` (or
 ``trajectory.terms``) in place (reward models, ``taskrl.monitors.shape_rewards``); they are scored with the
@@ -80,6 +84,7 @@ class Trainer:
         monitors: Monitors | None = None,
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
+        rollout_server: VLLMServer | None = None,  # rollout_policy="vllm": a server the caller started (and stops)
     ) -> None:
         """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``build_env``
         (``make(config.env)``, its tasks from ``config.tasks`` when set); ``task_sampler`` (a
@@ -124,6 +129,12 @@ class Trainer:
         self.run = RunLog(cfg.run_dir, backends=cfg.log_backends if self.group.is_main else [])
         # A rollout server is checked before the model loads: a wrong URL or model name fails in seconds.
         server = connect_server(cfg) if cfg.rollout_policy == "server" else None
+        self.vllm: VLLMEngine | None = None  # rollout_policy="vllm": the supervised server, started before the model
+        if cfg.rollout_policy == "vllm":
+            from taskrl.training.vllm_rollout import VLLMEngine
+
+            self.vllm = VLLMEngine.start(cfg, rollout_server)
+        self.rollouts = RolloutLoop()  # every rollout and evaluation of the run plays on this loop's thread
         self._owns_policy = policy is None
         if policy is None:
             # rollouts want the batch done soonest, not each row's pace: full prefill chunks
@@ -144,15 +155,19 @@ class Trainer:
         self.console.print(f"precision: {', '.join(filter(None, [self.learner.precision_note, rollout_note]))}")
         # ``self.policy`` samples the rollouts: the learner's own policy, a synced copy, or a served model.
         self.policy: HFPolicy | OpenAIPolicy
-        self.policy, default_sync = rollout_setup(
-            cfg, self.learner, policy, self.run.dir, server_policy=server, copy_policy=early_copy
-        )
+        if self.vllm is not None:
+            self.policy, default_sync = self.vllm.attach(self.learner, policy, self.run.dir, run=self.rollouts.run)
+        else:
+            self.policy, default_sync = rollout_setup(
+                cfg, self.learner, policy, self.run.dir, server_policy=server, copy_policy=early_copy
+            )
         self.weight_sync: WeightSync = weight_sync or default_sync
         self.ray_rollout: Any = None
         if cfg.ray:  # rollout actors with their own policy copies; the local policy still serves evaluation
             from taskrl.distributed.ray_rollout import RayRollout, RaySync
 
-            self.ray_rollout = RayRollout(cfg, env_factory=env_factory)
+            factory = self.vllm.remote_policy_factory() if self.vllm is not None else None
+            self.ray_rollout = RayRollout(cfg, env_factory=env_factory, policy_factory=factory)
             self.ray_rollout.check_weights(policy.model)
             self.weight_sync = RaySync(
                 self.ray_rollout, self.learner, local=self.weight_sync, rollout_policy=self.policy
@@ -161,7 +176,6 @@ class Trainer:
         use_expert = cfg.phases[0] and cfg.sft_data == "expert"
         self.expert = ScriptedPolicy(rule, name="expert", chat_format=policy.chat_format) if use_expert else None
         self.completed: int | None = None  # steps done once ``train`` has resumed; None before
-        self.rollouts = RolloutLoop()  # every rollout and evaluation of the run plays on this loop's thread
         self._ahead: tuple[int, Future[list[Trajectory]]] | None = None  # async_rollout: next step in flight
         self._sync_due = False  # async_rollout: an update waits to be synced when the in-flight rollouts end
         self._data_state: dict[str, Any] | None = None  # sampler state to checkpoint once the next step is drawn
@@ -215,6 +229,18 @@ class Trainer:
         )
 
     async def _play(
+        self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
+    ) -> list[Trajectory]:
+        if self.vllm is None or expert:
+            return await self._play_once(step, epoch, tasks, rollout, expert, indices)
+        # rollout_policy="vllm": a server that dies under the step is restarted and the step's episodes replayed
+        return await self.vllm.play(
+            lambda: self._play_once(step, epoch, tasks, rollout, expert, indices), step=step,
+            episodes=len(tasks) * rollout.group_size, tasks=tasks, rollout=rollout,
+            env_factory=self.env_factory_at(step, epoch),
+        )  # fmt: skip
+
+    async def _play_once(
         self, step: int, epoch: int, tasks: list[Task], rollout: RolloutConfig, expert: bool, indices: list[int]
     ) -> list[Trajectory]:
         started = time.monotonic()
@@ -279,6 +305,7 @@ class Trainer:
         metrics.update(dynamic)
         metrics.update(self._sync_after_update(step + 1))
         metrics.update(_staleness_metrics(own, version))
+        metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._timeline(step, update_started, updated))
         metrics.update(batch_metrics(trajectories))
         monitor_metrics, alerts = self.monitors.check(step + 1, trajectories)
@@ -504,6 +531,8 @@ class Trainer:
             self.policy.close()
         if self._owns_policy:
             self.learner_policy.close()
+        if self.vllm is not None:
+            self.vllm.close()
 
     def _progress(self) -> Progress:
         columns = (

@@ -62,6 +62,10 @@ async def adapter_policy(base: Policy, name: str, path: str) -> Policy:
     from taskrl.policies.hf import HFPolicy
     from taskrl.policies.openai import OpenAIPolicy
 
+    if _is_vllm(base):  # --backend vllm: the adapter is loaded into the same vLLM, sampled token in, token out
+        from taskrl.deploy import vllm_backend
+
+        return await vllm_backend.adapter_policy(base, name, path)
     if isinstance(base, OpenAIPolicy):  # proxying vLLM & co: the upstream loads it, we select it by name
         upstream = OpenAIPolicy(base.base_url, base.model, name=name, api_key=base.api_key, timeout_s=base.timeout_s)
         await upstream.load_lora_adapter(name, path)
@@ -83,6 +87,16 @@ async def adapter_policy(base: Policy, name: str, path: str) -> Policy:
         return await asyncio.to_thread(build)
     except (OSError, ValueError) as exc:
         raise APIError(400, f"cannot load LoRA adapter from {path!r}: {exc}") from exc
+
+
+def _is_vllm(policy: Any) -> bool:
+    from taskrl.policies.openai import OpenAIPolicy
+
+    if not isinstance(policy, OpenAIPolicy) or policy.chat_format is None:
+        return False
+    from taskrl.policies.vllm import VLLMPolicy
+
+    return isinstance(policy, VLLMPolicy)
 
 
 def non_finite_parameters(model: Any) -> list[str]:
@@ -282,7 +296,12 @@ def add_deploy_routes(app: fastapi.FastAPI) -> None:
         policy = router.policy(router.stable)
         if isinstance(policy, OpenAIPolicy):
             try:
-                await policy.unload_lora_adapter(body.lora_name)
+                if _is_vllm(policy):
+                    from taskrl.deploy.vllm_backend import unload_adapter
+
+                    await unload_adapter(policy, body.lora_name)
+                else:
+                    await policy.unload_lora_adapter(body.lora_name)
             except PolicyError as exc:
                 raise APIError(502, f"upstream could not unload the adapter: {exc}", "server_error") from exc
         return {"model": body.lora_name, "unloaded": True}

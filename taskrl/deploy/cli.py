@@ -163,11 +163,21 @@ def serve_command(
     drain_s: Annotated[float, typer.Option(help="on SIGTERM, seconds in-flight requests get to finish")] = 30.0,
     allow_runtime_lora: Annotated[bool, typer.Option(help="enable /v1/load_lora_adapter (admin key needed)")] = False,
     adapter_root: Annotated[Path | None, typer.Option(help="adapters load only from below this directory")] = None,
+    backend: Annotated[
+        str, typer.Option(help="taskrl (the --policy engine) or vllm (vLLM samples --model, token in/out)")
+    ] = "taskrl",
+    vllm: Annotated[
+        list[str] | None,
+        typer.Option("--vllm", help="--backend vllm: a VLLMServerConfig field=value (repeat), e.g. threads=0-1"),
+    ] = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     device: str = "auto",
 ) -> None:
-    """Serve a policy OpenAI-compatibly, log every interaction, accept feedback, route versions."""
+    """Serve a policy OpenAI-compatibly, log every interaction, accept feedback, route versions.
+
+    ``--backend vllm`` starts a supervised local vLLM over ``--model`` (or uses the vLLM at ``--base-url``) and
+    samples from it; canary versions loaded with ``/v1/load_lora_adapter`` become adapters in that vLLM."""
     from taskrl.deploy.server import serve
     from taskrl.env import make
     from taskrl.policies import make_policy
@@ -181,12 +191,43 @@ def serve_command(
         drain_timeout_s=drain_s, allow_runtime_lora=allow_runtime_lora,
         adapter_root=str(adapter_root) if adapter_root is not None else None,
     )  # fmt: skip
-    served = make_policy(policy, model=model, base_url=base_url, device=device, env=make(env) if env else None)
+    engine = None
+    if backend == "vllm":
+        engine, served = _vllm_backend(policy, model, base_url, vllm)
+    elif backend == "taskrl":
+        served = make_policy(policy, model=model, base_url=base_url, device=device, env=make(env) if env else None)
+    else:
+        raise typer.BadParameter(f"--backend must be taskrl or vllm, got {backend!r}")
     spool_path = None if fail_closed else (spool or default_spool(store))
-    with InteractionStore(store, spool_path=spool_path, spool_max_rows=spool_max_rows) as interactions:
-        durability = "fail closed on store errors" if fail_closed else f"outage spool {spool} ({spool_max_rows} rows)"
-        Console(stderr=True).print(f"serving {name!r} on http://{host}:{port}/v1, logging to {store}; {durability}")
-        serve({name: served}, host, port, store=interactions, config=config)
+    durability = "fail closed on store errors" if fail_closed else f"outage spool {spool} ({spool_max_rows} rows)"
+    try:
+        with InteractionStore(store, spool_path=spool_path, spool_max_rows=spool_max_rows) as interactions:
+            Console(stderr=True).print(f"serving {name!r} on http://{host}:{port}/v1, logging to {store}; {durability}")
+            serve({name: served}, host, port, store=interactions, config=config)
+    finally:
+        if engine is not None:
+            engine.stop()
+
+
+def _vllm_backend(policy: str, model: str, base_url: str | None, settings: list[str] | None) -> tuple[Any, Any]:
+    """``--backend vllm``: the vLLM server (started here, or the one at --base-url) and the policy it samples."""
+    from taskrl.deploy.vllm_backend import start_vllm_backend
+    from taskrl.policies.vllm_server import VLLMServerError
+    from taskrl.training.config import ConfigError, parse_overrides
+
+    if policy != "hf":
+        raise typer.BadParameter(f"--policy {policy} cannot go with --backend vllm: vLLM samples --model itself")
+    try:
+        table = parse_overrides(list(settings or []))
+    except ConfigError as exc:
+        raise typer.BadParameter(f"--vllm: {exc}") from exc
+    served_name = str(table.pop("served_name", "base"))
+    try:
+        return start_vllm_backend(model, base_url=base_url, served_name=served_name, settings=table)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--vllm: {exc}") from exc
+    except VLLMServerError as exc:
+        raise typer.BadParameter(f"--backend vllm: {exc}") from exc
 
 
 def cycle_command(

@@ -24,7 +24,7 @@ from taskrl.validate import did_you_mean, finite_at_least, integer_at_least, req
 KL_MODES = ("none", "k1_reward", "k3_loss")
 FINETUNE_MODES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
-ROLLOUT_POLICIES = ("inprocess", "copy", "server")
+ROLLOUT_POLICIES = ("inprocess", "copy", "server", "vllm")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 LEARNER_BACKENDS = ("ddp", "fsdp2")
 LEARNER_PRECISIONS = ("float32", "bfloat16", "auto")
@@ -148,16 +148,26 @@ class TrainConfig:
     ray_num_gpus_per_worker: float = 0.0
     """GPUs Ray reserves for each rollout actor (fractions share one); device=auto uses CUDA only when one is held."""
     rollout_policy: str = "inprocess"
-    """Who samples: inprocess (the learner's model), copy (its own model copy, synced after each update) or server
-    (an OpenAI-compatible server at rollout_url; each update's LoRA adapter is pushed to it)."""
+    """Who samples: inprocess (the learner's model), copy (its own model copy, synced after each update), server
+    (an OpenAI-compatible server at rollout_url; each update's LoRA adapter is pushed to it) or vllm (vLLM, token
+    in and token out: a local server taskrl starts and supervises from ``model``, or the vLLM at rollout_url; each
+    update's LoRA adapter is hot-loaded as a new version; a server that dies mid-step is restarted and the step's
+    episodes played again, never scored as failures)."""
     rollout_url: str = ""
-    """rollout_policy=server: the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1."""
+    """rollout_policy=server: the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1; rollout_policy=vllm:
+    a vLLM started elsewhere (a cluster's; health-checked, not restarted), "" = start a local one."""
     rollout_model: str = ""
-    """rollout_policy=server: the served base model's name; the pushed adapters apply to it."""
+    """rollout_policy=server, or vllm with rollout_url: the served base model's name; the adapters apply to it."""
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """rollout_policy=vllm: the local server's settings, a table of ``taskrl.policies.vllm_server.VLLMServerConfig``
+    fields, e.g. ``{threads = "0-1", kv_cache_gib = 2, max_model_len = 2048, port = 0}`` (its model is ``model``,
+    its LoRA rank limit follows ``lora_rank``); the vLLM virtualenv is ``make vllm-setup``'s ``.venv-vllm``."""
+    rollout_restarts: int = 2
+    """rollout_policy=vllm: restarts of a dead server within one step before the step fails (0: fail at once)."""
     rollout_api_key_env: str = "TASKRL_ROLLOUT_API_KEY"
     """rollout_policy=server: environment variable holding the server's API key (admin rights load adapters)."""
     async_rollout: bool = False
-    """Play step k+1's episodes while the learner updates on step k's (needs rollout_policy copy or server)."""
+    """Play step k+1's episodes while the learner updates on step k's (needs rollout_policy copy, server or vllm)."""
 
     # -- algorithm -----------------------------------------------------------------------------------
     algo: str = "grpo"
@@ -276,7 +286,7 @@ class TrainConfig:
         need(self.rollout_policy in ROLLOUT_POLICIES, f"must be one of {', '.join(ROLLOUT_POLICIES)}",
              rollout_policy=self.rollout_policy)  # fmt: skip
         need(not self.async_rollout or self.rollout_policy != "inprocess" or self.ray,
-             "needs rollout_policy copy or server, or ray (rollouts must not sample weights mid-update)",
+             "needs rollout_policy copy, server or vllm, or ray (rollouts must not sample weights mid-update)",
              async_rollout=self.async_rollout)  # fmt: skip
         need(not (self.ray and self.rollout_policy == "copy"),
              "must not be 'copy' with ray=true: the Ray actors already sample from their own copies",
@@ -291,6 +301,12 @@ class TrainConfig:
              "must not be 'server' with finetune='full': only LoRA adapters can be loaded into a running server "
              "(/v1/load_lora_adapter), full weights would need a restart; use rollout_policy='copy'",
              rollout_policy=self.rollout_policy)  # fmt: skip
+        require("TrainConfig", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
+                rollout_restarts=self.rollout_restarts)  # fmt: skip
+        if self.rollout_policy == "vllm":
+            self._check_vllm(need)
+        need(not self.vllm or self.rollout_policy == "vllm", "is the vLLM server's table: set rollout_policy='vllm'",
+             vllm=self.vllm)  # fmt: skip
         need(self.learner_backend in LEARNER_BACKENDS,
              f"must be one of {', '.join(LEARNER_BACKENDS)}", learner_backend=self.learner_backend)  # fmt: skip
         need(self.learner_precision in LEARNER_PRECISIONS,
@@ -358,6 +374,28 @@ class TrainConfig:
                 make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+    def _check_vllm(self, need: Any) -> None:
+        """rollout_policy='vllm': LoRA on one learner, logprobs the learner can match, a valid server table."""
+        from taskrl.policies.vllm_server import vllm_server_config
+
+        need(self.finetune == "lora",
+             "must not be 'vllm' with finetune='full': updates reach vLLM as hot-loaded LoRA adapters; "
+             "use rollout_policy='copy' for full fine-tuning", rollout_policy=self.rollout_policy)  # fmt: skip
+        need(self.nproc == 1, "must be 1 with rollout_policy='vllm' (every rank would load the same adapter)",
+             nproc=self.nproc)  # fmt: skip
+        need(self.top_p == 1.0,
+             "must be 1 with rollout_policy='vllm': vLLM renormalises logprobs after top-p truncation, which the "
+             "learner cannot match", top_p=self.top_p)  # fmt: skip
+        need(not self.rollout_url or self.rollout_url.startswith(("http://", "https://")),
+             "must be a vLLM's http(s) base URL, or \"\" to start a local one", rollout_url=self.rollout_url)
+        need(not self.rollout_url or bool(self.rollout_model),
+             "must name the served base model when rollout_url points at a vLLM", rollout_model=self.rollout_model)
+        try:
+            vllm_server_config(self.vllm, model="(model)", lora_rank=self.lora_rank,
+                               max_staleness=self.max_staleness)  # fmt: skip
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"TrainConfig.vllm: {e}") from None
 
     @property
     def phases(self) -> tuple[int, int]:

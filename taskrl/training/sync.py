@@ -222,22 +222,7 @@ class ServerLoRASync:
                 logger.warning("%s", exc)  # the switch to the new adapter succeeded: only memory is at stake
 
     def _save(self, version: int) -> Path:
-        """The adapter of ``version``, written atomically (a killed run never leaves half an adapter to load)."""
-        from taskrl.training.checkpoint import NonFiniteWeightsError, check_finite
-
-        try:
-            check_finite(self.learner, f"adapter v{version} for the rollout server")
-        except NonFiniteWeightsError as exc:
-            raise WeightSyncError(f"{exc}; rollouts keep the previous adapter") from exc
-        self.adapters_dir.mkdir(parents=True, exist_ok=True)
-        final = self.adapters_dir / f"v{version}"
-        tmp = self.adapters_dir / f".tmp-v{version}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.learner.model.save_pretrained(str(tmp))
-        if final.exists():  # a resumed run re-saves the version it restored
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return final
+        return save_adapter(self.learner, self.adapters_dir, version)
 
     def _post(
         self,
@@ -261,12 +246,35 @@ class ServerLoRASync:
             )
 
     def _prune(self, current: Path) -> None:
-        versions = sorted(
-            (int(p.name[1:]) for p in self.adapters_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
-        )
-        for old in versions[: -self.keep]:
-            if self.adapters_dir / f"v{old}" != current:
-                shutil.rmtree(self.adapters_dir / f"v{old}", ignore_errors=True)
+        prune_adapters(self.adapters_dir, self.keep, current)
+
+
+def save_adapter(learner: Learner, adapters_dir: Path, version: int) -> Path:
+    """The learner's LoRA adapter as ``adapters_dir/v{version}``, written atomically (a killed run never leaves half
+    an adapter to load); non-finite weights are refused with ``WeightSyncError``."""
+    from taskrl.training.checkpoint import NonFiniteWeightsError, check_finite
+
+    try:
+        check_finite(learner, f"adapter v{version} for the rollout server")
+    except NonFiniteWeightsError as exc:
+        raise WeightSyncError(f"{exc}; rollouts keep the previous adapter") from exc
+    adapters_dir.mkdir(parents=True, exist_ok=True)
+    final = adapters_dir / f"v{version}"
+    tmp = adapters_dir / f".tmp-v{version}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    learner.model.save_pretrained(str(tmp))
+    if final.exists():  # a resumed run re-saves the version it restored
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def prune_adapters(adapters_dir: Path, keep: int, current: Path) -> None:
+    """Delete all but the newest ``keep`` adapter directories (never ``current``)."""
+    versions = sorted(int(p.name[1:]) for p in adapters_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit())
+    for old in versions[:-keep]:
+        if adapters_dir / f"v{old}" != current:
+            shutil.rmtree(adapters_dir / f"v{old}", ignore_errors=True)
 
 
 def connect_server(config: TrainConfig, *, timeout_s: float = 10.0) -> OpenAIPolicy:

@@ -245,3 +245,32 @@ def test_ray_actors_sample_from_a_server_and_follow_its_adapters(
         trainer.close()
         server.stop()
         served.close()
+
+
+def test_ray_actors_sample_from_the_trainers_vllm(tmp_path: Path, vllm_server: Any) -> None:
+    """rollout_policy=vllm with ray=true: the actors are token-mode VLLMPolicy clients of the trainer's vLLM (the
+    session's server); after an update the trainer hot-loads the adapter once and every actor switches to it."""
+    config = TrainConfig(run_dir=str(tmp_path / "run"), model="smollm2", env="price", lora_rank=4, lr=1e-3, steps=2,
+                         tasks_per_step=2, group_size=2, max_turns=1, max_new_tokens=8, ray=True, ray_workers=2,
+                         ray_num_cpus_per_worker=0.5, rollout_policy="vllm", checkpoint_every=0,
+                         progress=False)  # fmt: skip
+
+    def spread(step: int, trajectories: list[Trajectory]) -> None:  # a reward spread: every step updates
+        for i, t in enumerate(trajectories):
+            t.rewards["spread"] = 0.25 * (i % 2)
+
+    trainer = Trainer(config, rollout_server=vllm_server, score_fn=spread)
+    try:
+        trainer.train()
+        trajectories = read_trajectories(Path(config.run_dir))
+        for step, version in ((1, 0), (2, 1)):
+            assert len(trajectories[step]) == 4
+            for t in trajectories[step]:
+                assert t.error is None and t.trainable and t.num_sampled_tokens > 0
+                assert {s.policy_version for s in t.segments if s.num_sampled} == {version}
+        assert trainer.learner.version == 2 and trainer.ray_rollout.version == 2
+        served = {m["id"] for m in httpx.get(vllm_server.base_url + "/models", trust_env=False).json()["data"]}
+        assert trainer.policy.model in served and trainer.policy.model.endswith("-v2")
+    finally:
+        trainer.close()
+    assert vllm_server.alive()  # the trainer leaves a server it did not start running
