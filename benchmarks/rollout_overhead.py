@@ -8,7 +8,7 @@ The bare token-mode baseline tokenises the same observation text once per step, 
 
     .venv/bin/python benchmarks/rollout_overhead.py [--episodes 64] [--calls 16]
 
-Target (DESIGN/issue 2): overhead <= 100 us per step on the 2-core CI machine.
+Target (docs/design/index.md, issue 2): overhead <= 100 us per step on the 2-core CI machine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Verified multi-hop search tasks over a corpus, in Chroma's order (DESIGN.md §9).
+"""Verified multi-hop search tasks over a corpus, in Chroma's order (docs/design/index.md §9).
 
 Gather documents -> extract a clue (a quoted sentence with one term masked), question and answer -> verify
 (the quote is string-matched in the stored chunks; the answer is in the quote, not in the question) -> add

@@ -1,4 +1,4 @@
-"""Wide- and deep-search task sets for the agent swarm (DESIGN.md §7, §9) over a search corpus.
+"""Wide- and deep-search task sets for the agent swarm (docs/design/index.md §7, §9) over a search corpus.
 
 A wide task is ``rows`` independent look-ups (single-hop verified clues) answered as a table and scored by item
 F1; a deep task is ``rows`` multi-hop branches whose answers combine (right only when every branch is). Rows come

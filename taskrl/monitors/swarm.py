@@ -1,4 +1,4 @@
-"""Swarm monitors (DESIGN §7): serial collapse and spurious parallelism, on the step clock of
+"""Swarm monitors (docs/design/index.md §7): serial collapse and spurious parallelism, on the step clock of
 ``taskrl.rewards.parl`` so a helper's latency never decides them."""
 
 from __future__ import annotations

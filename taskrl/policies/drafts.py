@@ -40,7 +40,7 @@ DECODE_TOKEN_BUDGETS = {("cpu", "latency"): 16, ("cpu", "throughput"): 32, ("acc
                         ("accelerator", "throughput"): 256}  # fmt: skip
 """Default ``decode_token_budget`` (the most padded positions of a decode forward that drafts may fill) by device
 and schedule: on CPU rollouts (``throughput``) verify one draft per row on a full 16-row batch, serving
-(``latency``) keeps forwards short (docs/DECISIONS.md, "the decode budget depends on the schedule")."""
+(``latency``) keeps forwards short (docs/design/rollout-engine.md, "The decode budget depends on the schedule")."""
 
 
 def default_decode_budget(device_type: str, schedule: str) -> int:

@@ -20,7 +20,7 @@ from taskrl.monitor import MONITORS, MonitorConfig, Monitors
 from taskrl.runlog import read_alerts, read_metrics
 from taskrl.types import Message, Trajectory, read_jsonl
 
-# A chunk in tool output starts at a header line "[chunk ID]" and runs to the next header (docs/DECISIONS.md).
+# A chunk in tool output starts at a header line "[chunk ID]" and runs to the next header (docs/design/search.md).
 CHUNK_HEADER_RE = re.compile(r"^\[chunk ([^\]\s]+)\][^\n]*$", re.M)
 _SHOWN_INFO = ("final_answer", "truncation", "pruned_chunk_ids", "summaries", "first_tool_hint", "untrainable_reason")
 
@@ -102,7 +102,7 @@ def critical_path(spans: list[tuple[float, float]]) -> list[bool]:
     """Which sub-agents bound the episode's wall time: in each wave of overlapping runs, the one ending last.
 
     Sub-agents assigned in one orchestrator turn run concurrently and the turn waits for the slowest, so the
-    path through the waves' slowest members is the critical path (DESIGN §7, critical steps).
+    path through the waves' slowest members is the critical path (docs/design/index.md §7, critical steps).
     """
     order = sorted(range(len(spans)), key=lambda i: spans[i])
     critical = [False] * len(spans)

@@ -1,7 +1,7 @@
 """Anti-cheating terms: grounding (no fabricated answers), busy-work, trivial tests, fake parallelism, and
 PARL's finish credit over sub-agents.
 
-Contracts other components write (documented in docs/DECISIONS.md): ``trajectory.info["test_coverage"]``
+Contracts other components write (documented in docs/design/monitors-and-eval.md): ``trajectory.info["test_coverage"]``
 (code env), sub-agent ``child.info["started_at"]``/``["ended_at"]`` and ``info["subagents_created"]`` (swarm env).
 """
 

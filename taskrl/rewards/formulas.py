@@ -139,7 +139,7 @@ def turn_penalty(turns: int, *, start: int = 64, end: int = 128, max_penalty: fl
 def context1_clamp(total: float, pre_penalty: float, *, epsilon: float, completed: bool) -> float:
     """Context-1's clamp(total, ε, r_pre): capped at the pre-penalty reward r_pre, then floored at ε for an
     episode that completed (final answer, no error) and at 0 otherwise. The floor wins when r_pre < ε, so a
-    completed episode always beats a failed one (the search env's reward reads DESIGN §6 the same way)."""
+    completed episode always beats a failed one (the search env's reward reads docs/design/index.md §6 the same way)."""
     return max(epsilon if completed else 0.0, min(total, pre_penalty))
 
 

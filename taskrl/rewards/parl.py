@@ -1,4 +1,4 @@
-"""PARL credit for useful parallelism only (DESIGN §7, docs/DECISIONS.md "Issue 18 (swarm)"): what each sub-task
+"""PARL credit for useful parallelism only (docs/design/index.md §7, docs/design/swarm.md): what each sub-task
 of a swarm episode was worth, its place on a step clock, and the reward terms built on that.
 
 ``subtasks(trajectory)`` reads the children a swarm env attached. Per child it takes what the env judged
@@ -74,7 +74,7 @@ def step_schedule(turns: Sequence[Sequence[tuple[Hashable, int]]], main_steps: i
 
     Turn t starts when turn t-1 ended; its own ``main_steps`` come first, then its sub-tasks run: tasks of
     different agents at once, tasks of one agent one after the other (an agent works on one task at a time).
-    The turn ends with its slowest agent (``schedule_length``: the episode's critical steps, DESIGN §7).
+    The turn ends with its slowest agent (``schedule_length``: the episode's critical steps, docs/design/index.md §7).
     """
     return _run(turns, main_steps)[0]
 

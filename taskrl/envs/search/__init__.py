@@ -1,4 +1,4 @@
-"""Context-1 agentic search (DESIGN.md §6): corpus ingest and store, hybrid search, tools with token budgets,
+"""Context-1 agentic search (docs/design/index.md §6): corpus ingest and store, hybrid search, tools with token budgets,
 the F-beta reward. Importing this package is cheap; ``make_search_env`` imports chromadb, bm25s and the
 embedder only when an env is built.
 """

@@ -104,7 +104,7 @@ class UnknownDocumentError(KeyError):
 
 @dataclass
 class SearchEnvConfig:
-    """Corpus, tasks, budgets and reward of the search env (defaults: Context-1 as in DESIGN.md §6)."""
+    """Corpus, tasks, budgets and reward of the search env (defaults: Context-1 as in docs/design/index.md §6)."""
 
     corpus: str = "default"
     """Corpus directory from `taskrl corpus build`, or "default": the stdlib docs, built once into the cache."""

@@ -1,4 +1,4 @@
-"""Context-1's reward configuration, ground truth and metrics for the search env (DESIGN.md §6).
+"""Context-1's reward configuration, ground truth and metrics for the search env (docs/design/index.md §6).
 
 The reward itself is the ``context1`` preset (``taskrl.rewards.presets``), one formula: ``SearchEnv`` builds it
 from ``RewardConfig`` (``context1_reward``), measures every term unweighted with it and declares its rubric, and
@@ -50,7 +50,7 @@ def check_field_types(config: Any) -> None:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Weights and shapes of the Context-1 reward (defaults: DESIGN.md §6)."""
+    """Weights and shapes of the Context-1 reward (defaults: docs/design/index.md §6)."""
 
     f_beta_weight: float = 0.7
     """Weight of F_β on the final answer's documents."""

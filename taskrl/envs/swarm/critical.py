@@ -1,4 +1,4 @@
-"""Critical steps (DESIGN.md §7): the length of the swarm episode's longest dependent chain of model steps.
+"""Critical steps (docs/design/index.md §7): the length of the swarm episode's longest dependent chain of model steps.
 
 critical_steps = Σ over orchestrator turns t of (S_main(t) + max_i S_sub,i(t)): sub-agents launched in one turn
 run concurrently, so a turn costs its own step plus its slowest sub-agent. ``total_steps`` counts every step of
