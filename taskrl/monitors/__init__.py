@@ -5,7 +5,8 @@
 spurious parallelism, invalid calls, early termination, clarifying questions, no-edit episodes, tool-call collapse
 and unparsed tool calls) and raises an
 ``Alert`` (also a logged warning) when one crosses its threshold. ``shape_rewards`` adds the reward-shaping
-mitigations; the trajectory keys the monitors read are listed in docs/design/monitors-and-eval.md and docs/design/swarm.md.
+mitigations; the trajectory keys the monitors read are listed in docs/design/monitors-and-eval.md and
+docs/design/swarm.md.
 Modules: ``config`` (thresholds, Alert), ``episode`` (per-trajectory readings), ``checks`` and ``swarm`` (the
 monitors), ``runner`` (registry, ``Monitors``), ``mitigations``. ``taskrl.monitor`` re-exports all of it.
 """

@@ -243,7 +243,8 @@ def context1(
     clock: RewardClock | None = None,
 ) -> ComposedReward:
     """Chroma Context-1 (Chroma's Context-1 technical report): r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune −
-    p_turn, ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See docs/design/index.md §6.
+    p_turn, ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See
+    docs/design/index.md §6.
     ``answer_weight`` > 0 adds ``answer_correct`` (the ANSWER line equals the task's answer; off = pure Context-1).
 
     This is the search env's reward: ``SearchEnv`` builds it from its ``RewardConfig``, measures with its terms
@@ -294,8 +295,8 @@ def parl(
     """Kimi K2.5 PARL (Moonshot AI's Kimi K2.5 technical report, Agent Swarm): r = r_perf + λ1·r_parallel +
     λ2·r_finish, λ1 and λ2 annealed to 0 over ``anneal_steps`` trainer steps, plus our unannealed λ3·r_efficiency.
 
-    Kimi published no closed forms; ours pay for useful parallelism only (``taskrl.rewards.parl``, docs/design/swarm.md
-    ): r_parallel = min(1, distinct useful sub-tasks running at one step / min(K, task size));
+    Kimi published no closed forms; ours pay for useful parallelism only (``taskrl.rewards.parl``,
+    docs/design/swarm.md): r_parallel = min(1, distinct useful sub-tasks running at one step / min(K, task size));
     r_finish = distinct useful sub-tasks / max(assignments, sub-agents created); r_efficiency = r_perf · (1 −
     critical steps / budget) · useful share (critical steps enter the reward, as Kimi trains under a critical-step
     budget). Truncated episodes earn no auxiliary credit. ``perf`` defaults to exact match.

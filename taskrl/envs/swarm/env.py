@@ -1,4 +1,5 @@
-"""The Agent Swarm orchestrator env (Kimi K2.5 PARL, docs/design/index.md §7): the trainable orchestrator's tools and episode.
+"""The Agent Swarm orchestrator env (Kimi K2.5 PARL, docs/design/index.md §7): the trainable orchestrator's tools
+and episode.
 
 ``SwarmEnv`` gives the orchestrator ``create_subagent(name, system_prompt)`` and ``assign_task(agent_id, task)``.
 The assignments of one turn run concurrently (asyncio, or Ray actors with ``subagent_backend="ray"``); each

@@ -1,4 +1,5 @@
-"""The swarm reward: r = r_perf + λ1·r_parallel + λ2·r_finish + λ3·r_efficiency (docs/design/index.md §7), λ1, λ2 annealed to 0.
+"""The swarm reward: r = r_perf + λ1·r_parallel + λ2·r_finish + λ3·r_efficiency (docs/design/index.md §7), λ1, λ2
+annealed to 0.
 
 Built on the reward toolkit's ``parl`` preset, which pays for useful parallelism only (``taskrl.rewards.parl``:
 distinct sub-tasks whose answers fill a correct row, overlapping on the step clock; critical steps in the

@@ -1,4 +1,5 @@
-"""Golden values for every term of the Context-1 reward (docs/design/index.md §6), the clamp, the floor and the streak rule,
+"""Golden values for every term of the Context-1 reward (docs/design/index.md §6), the clamp, the floor and the streak
+rule,
 measured by the search env's reward (the ``context1`` preset built from ``RewardConfig``) and scored by its rubric
 through ``taskrl.scoring.score``: the numbers the env's own formula used to give, from the one formula now."""
 
