@@ -52,7 +52,7 @@ test: setup
 	TASKRL_REQUIRE_VLLM=1 $(BIN)/pytest -q -p no:cacheprovider
 
 lint: setup
-	$(BIN)/ruff check taskrl tests benchmarks
+	$(BIN)/ruff check taskrl tests benchmarks experiments
 
 # The documentation site, built offline into site/ (README as the home page, API pages from docstrings).
 docs: $(STAMP)

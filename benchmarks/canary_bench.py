@@ -6,7 +6,7 @@ so a candidate equal to stable was rolled back far more often than the 2.5% a on
 Rules: ``old`` (that; reproduced here by a subclass), ``peeking`` (today's interval, Welch's t with a pooled
 floor, still after every session: ``sequential_rollback=False``) and ``sequential`` (the default: today's
 interval only at doubling session counts, the error rate split over the looks; ``taskrl.deploy.router``). The
-real ``Router`` runs on simulated sessions with the canary rule of benchmarks/learning/production.py (stages
+real ``Router`` runs on simulated sessions with the canary rule of experiments/production.py (stages
 0.2/0.5/1.0, 16 sessions per stage, first rollback look at 8 sessions, 30% of sessions on the candidate, a
 160-session stage limit; stable's evidence restarts with the canary, as in the router):
 

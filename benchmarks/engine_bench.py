@@ -381,10 +381,13 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
         for engine in [e for e in args.engines if e != "generate"]:
             fields = {**rl_recipe, "model": str(start_dir), "run_dir": str(Path(tmp) / engine)}
             fields["steps"] = args.demo_grpo_steps
+            if engine == "vllm":  # the trainer starts and supervises its own vLLM server on the warm start
+                fields.update(rollout_policy="vllm", vllm={"dtype": args.vllm_dtype, "threads": args.vllm_threads})
             config = config_from_dict(fields)
             dtype = getattr(torch, config.dtype)
             policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype)
-            use_engine(policy, engine, "throughput")  # as the Trainer builds its own policy
+            if engine != "vllm":
+                use_engine(policy, engine, "throughput")  # as the Trainer builds its own policy
             trainer = Trainer(config, policy=policy)
             if engine == "static_before":  # the learner before issue 13: each micro-batch runs its own prompt
                 trainer.learner.step_prefix = False

@@ -37,7 +37,7 @@ def vllm_engine(model_dir: Path, chat_format: Any, *, dtype: str, threads: str, 
     started = time.perf_counter()
     with VLLMServer(config) as server:
         print(f"vLLM server up in {time.perf_counter() - started:.0f} s ({dtype}, threads {threads})", flush=True)
-        policy = VLLMPolicy(server.base_url, server.served_name, chat_format, max_positions=max_model_len)
+        policy = VLLMPolicy(server.base_url, server.served_model, chat_format, max_positions=max_model_len)
         try:
             yield policy
         finally:

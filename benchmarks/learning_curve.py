@@ -5,7 +5,7 @@ greedily before training (and after the SFT warm start, if any), trains until it
 them again. Arms run concurrently as child processes (the CPU threads split between them), so one invocation
 takes the budget plus the evaluations. Writes the plot to docs/learning_curve.png and the numbers next to it.
 
-    .venv/bin/python benchmarks/learning_curve.py [--minutes 30] [--arms grpo,sft+grpo] [--device auto]
+    .venv/bin/python experiments_curve.py [--minutes 30] [--arms grpo,sft+grpo] [--device auto]
 
 Arms: ``grpo`` starts from the bare model (the honest "RL learns" evidence); ``sft+grpo`` first takes
 ``--sft-steps`` behaviour-cloning steps on the env's expert (the demo's recipe), then GRPO.
@@ -208,7 +208,7 @@ def main() -> None:
     records = [json.loads(path.read_text()) for _, path, _, _ in children]
     plot(records, out, args.minutes)
     data = {
-        "command": " ".join(["python", "benchmarks/learning_curve.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "experiments_curve.py", *sys.argv[1:]]),
         "load_average_at_end": os.getloadavg(),
         "arms": records,
     }

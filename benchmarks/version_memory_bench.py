@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.learning.tool_use import cpu_model  # noqa: E402
+from experiments.tool_use import cpu_model  # noqa: E402
 
 
 def rss_gb() -> float:

@@ -12,7 +12,7 @@ difference from the start. Results go to ``RUN_DIR/eval/{start,sft_only,sft_grpo
 
 The verdict says only what one run can: one seed, an interval over the held-out tasks (not over training runs),
 arms that train on different task shapes, and no rejection-sampling (RFT) control; the seed-level comparisons of
-GRPO, RFT and SFT are the studies in ``benchmarks/learning/``.
+GRPO, RFT and SFT are the studies in ``experiments/``.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def paired_difference(sft_only: dict[str, Any], grpo: dict[str, Any], seed: int,
         )
     limits.append(
         "GRPO vs rejection-sampling fine-tuning (SFT on the policy's own verified samples, the same prompts and "
-        "sample budget: the control for an RL claim) is not measured by the demo; see benchmarks/learning/"
+        "sample budget: the control for an RL claim) is not measured by the demo; see experiments/"
     )
     return {**delta, "tasks": tasks, "verdict": verdict, "limits": limits}
 

@@ -1,4 +1,4 @@
-"""benchmarks/learning_curve.py: its arms are valid `price`-recipe configs and its plot renders from a record."""
+"""experiments_curve.py: its arms are valid `price`-recipe configs and its plot renders from a record."""
 
 from __future__ import annotations
 

@@ -288,7 +288,7 @@ async def test_the_pinpointed_expert_replaces_the_named_lines_in_two_turns(confi
         assert [calls[1].arguments["start_line"], calls[1].arguments["end_line"]] == task.info["fix_lines"]
 
 
-MINED = sorted((Path(__file__).parents[3] / "benchmarks/learning/data/code").glob("*.json"))
+MINED = sorted((Path(__file__).parents[3] / "experiments/data/code").glob("*.json"))
 
 
 @pytest.mark.parametrize("path", MINED, ids=lambda p: p.stem)

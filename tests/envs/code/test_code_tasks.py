@@ -14,7 +14,7 @@ from taskrl.envs.code.tools import numbered, replace_line_range, split_lines
 from taskrl.parsing import parse_hermes
 from taskrl.types import Message
 
-SETS = sorted((Path(__file__).parents[3] / "benchmarks/learning/data/code").glob("*.json"))
+SETS = sorted((Path(__file__).parents[3] / "experiments/data/code").glob("*.json"))
 
 
 def test_a_one_line_fix_drops_the_indentation_and_the_newline() -> None:

@@ -1,0 +1,123 @@
+"""The experimental standard (issue 40): golden intervals (honest at 0 and 1), seed-level summaries and paired
+deltas, run records never overwritten, the val/test discipline, the 64-task check and the index."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from experiments.stats import (
+    betainc,
+    clopper_pearson,
+    over_seeds,
+    paired_seeds,
+    proportion,
+    t_quantile,
+    verdict,
+    wilson,
+)  # fmt: skip
+from experiments.study import StandardError, Study, index_markdown, main
+
+
+def test_wilson_golden_values_are_honest_at_zero_and_one() -> None:
+    assert wilson(0, 24) == pytest.approx((0.0, 0.137976), abs=1e-6)  # not [0, 0]
+    assert wilson(24, 24) == pytest.approx((0.862024, 1.0), abs=1e-6)  # not [1, 1]
+    assert wilson(12, 24) == pytest.approx((0.314274, 0.685726), abs=1e-6)
+    assert wilson(1, 10, confidence=0.9)[1] < wilson(1, 10)[1]
+
+
+def test_clopper_pearson_golden_values() -> None:
+    assert clopper_pearson(0, 24) == pytest.approx((0.0, 1 - 0.025 ** (1 / 24)), abs=1e-9)  # closed form at 0
+    assert clopper_pearson(24, 24) == pytest.approx((0.025 ** (1 / 24), 1.0), abs=1e-9)
+    assert clopper_pearson(7, 64) == pytest.approx((0.045121, 0.212457), abs=1e-6)  # scipy.stats.beta.ppf
+    exact, score = clopper_pearson(7, 64), wilson(7, 64)
+    assert exact[1] - exact[0] > score[1] - score[0]  # exact is the conservative one
+    record = proportion(0, 64)
+    assert record["value"] == 0.0 and record["wilson"][1] > 0.05 and record["exact"][1] > 0.05
+
+
+def test_quantiles_and_incomplete_beta_golden_values() -> None:
+    assert t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
+    assert t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-5)
+    assert t_quantile(0.025, 9) == pytest.approx(-2.262157, abs=1e-6)
+    assert betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 - sum_{k<2} C(4,k) .4^k .6^(4-k)
+    for bad in ((25, 24), (-1, 5), (1.5, 4), (0, 0)):
+        with pytest.raises(ValueError, match="successes"):
+            wilson(*bad)  # type: ignore[arg-type]
+
+
+def test_seed_level_mean_and_intervals() -> None:
+    out = over_seeds([0.6, 0.7, 0.9, 0.5, 0.8])
+    assert out["mean"] == pytest.approx(0.7) and out["sd"] == pytest.approx(math.sqrt(0.025))
+    half = 2.776445 * math.sqrt(0.025) / math.sqrt(5)
+    assert out["t"] == pytest.approx([0.7 - half, 0.7 + half], abs=1e-6)
+    assert out["bootstrap"][0] < 0.7 < out["bootstrap"][1]
+    assert over_seeds([0.4])["t"] is None  # one seed: no interval, never a zero-width one
+    with pytest.raises(ValueError, match="NaN"):
+        over_seeds([0.1, float("nan")])
+
+
+def test_paired_seed_deltas_and_the_verdict() -> None:
+    a, b = {0: 0.5, 1: 0.6, 2: 0.4, 3: 0.5, 4: 0.6}, {0: 0.7, 1: 0.7, 2: 0.6, 3: 0.6, 4: 0.8, 5: 0.9}
+    out = paired_seeds(a, b)
+    assert out["n"] == 5 and out["unpaired"] == ["5"] and (out["wins"], out["ties"], out["losses"]) == (5, 0, 0)
+    assert out["deltas"]["0"] == pytest.approx(0.2) and out["t"][0] > 0
+    assert verdict(out, "rft", "grpo").startswith("grpo beats rft at the seed level")
+    mixed = paired_seeds({0: 0.5, 1: 0.5}, {0: 0.6, 1: 0.4})
+    assert "not shown" in verdict(mixed, "rft", "grpo")
+    with pytest.raises(ValueError, match="share no seed"):
+        paired_seeds({0: 1.0}, {1: 1.0})
+
+
+def test_records_are_never_overwritten_and_test_is_used_once(tmp_path: Path) -> None:
+    study = Study("toy", tmp_path)
+    first = study.record(design="d1", arm="grpo", seed=0, split="val", outcome={"reward": 0.5}, primary="reward")
+    second = study.record(design="d1", arm="grpo", seed=0, split="val", outcome={"reward": 0.6}, primary="reward")
+    assert first != second and json.loads(first.read_text())["outcome"]["reward"] == 0.5
+    assert {"cpu", "loadavg", "engine", "commit"} <= set(json.loads(first.read_text())["machine"])
+    with pytest.raises(StandardError, match="without a claim"):
+        study.record(design="d1", arm="grpo", seed=0, split="test", outcome={"reward": 0.7}, primary="reward")
+    with pytest.raises(StandardError, match="not frozen"):
+        study.claim_test("d1", "grpo", 0)
+    with pytest.raises(StandardError, match="has no val run"):
+        study.freeze("d2", reason="never tried on val")
+    study.freeze("d1", reason="best on val")
+    with pytest.raises(StandardError, match="already frozen"):
+        study.freeze("d1", reason="again")
+    study.claim_test("d1", "grpo", 0)
+    study.record(design="d1", arm="grpo", seed=0, split="test", outcome={"reward": 0.7}, primary="reward")
+    with pytest.raises(StandardError, match="test was already used"):
+        study.claim_test("d1", "grpo", 0)
+    with pytest.raises(StandardError, match="design must be"):
+        study.record(design="../x", arm="grpo", seed=0, split="val", outcome={"r": 1}, primary="r")
+    with pytest.raises(StandardError, match="no primary metric"):
+        study.record(design="d1", arm="grpo", seed=0, split="val", outcome={"r": 1}, primary="reward")
+
+
+def test_held_out_needs_64_distinct_tasks() -> None:
+    tasks = [SimpleNamespace(prompt=f"p{i % 40}") for i in range(80)]
+    with pytest.raises(StandardError, match="40 distinct tasks \\(80 drawn\\)"):
+        Study.check_held_out(tasks)
+    assert Study.check_held_out([SimpleNamespace(prompt=f"p{i}") for i in range(64)]) == 64
+
+
+def test_the_index_lists_every_design_and_run_with_seed_level_verdicts(tmp_path: Path) -> None:
+    study = Study("toy", tmp_path)
+    for seed, (rft, grpo) in enumerate([(0.5, 0.7), (0.6, 0.7), (0.4, 0.6), (0.5, 0.6), (0.6, 0.8)]):
+        for arm, value in (("rft", rft), ("grpo", grpo)):
+            study.record(design="d1", arm=arm, seed=seed, split="val", primary="success",
+                         outcome={"success": {"value": value, "wilson": [value - 0.1, value + 0.1]}},
+                         extra={"baseline_arm": "rft"})  # fmt: skip
+    study.record(design="failed", arm="grpo", seed=0, split="val", outcome={"success": 0.0}, primary="success")
+    study.freeze("d1", reason="the only design that learned on val")
+    text = index_markdown(tmp_path)
+    assert "| d1 | yes | the only design that learned on val |" in text and "| failed | no |  |" in text
+    assert text.count("-d1-") == 10 and "0.700 [0.600, 0.800]" in text
+    assert "| grpo | 5 | 0.680 |" in text and "grpo beats rft at the seed level" in text
+    assert "| grpo | 1 | 0.000 | none (1 seed) |" in text
+    main(["index", "--runs-dir", str(tmp_path)])
+    assert (tmp_path / "INDEX.md").read_text() == text
