@@ -5,6 +5,7 @@ so the constraint does all the work; logprobs stay those ``logprobs_of`` scores 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 
@@ -20,14 +21,20 @@ from taskrl.types import Message
 NAMES = ["get_weather", "get_time", "get"]
 
 
+@functools.lru_cache(maxsize=1)
+def _tokenizer() -> object:
+    """A tokenizer of this module's own: the shared cached one may have been changed by an earlier test."""
+    return smollm2_tokenizer.__wrapped__()
+
+
 def minimum() -> int:
-    tokenizer = smollm2_tokenizer()
+    tokenizer = _tokenizer()
     return tool_call_constraint(tokenizer, [tokenizer.eos_token_id], NAMES).min_tokens()
 
 
 def walk(seed: int, budget: int, names: list[str]) -> tuple[str, bool]:
     """A random walk over the allowed tokens (a model that says anything); (text, ended with end-of-turn)."""
-    tokenizer = smollm2_tokenizer()
+    tokenizer = _tokenizer()
     stop = [tokenizer.eos_token_id]
     constraint = tool_call_constraint(tokenizer, stop, names)
     rng = random.Random(seed)
