@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from typing import Any
 
 from pydantic import Field
 
 from taskrl.deploy.errors import APIError, invalid_param
-from taskrl.deploy.generation import ChatResult, TurnPlan, check_context
+from taskrl.deploy.generation import ChatResult, TurnPlan, check_context, openai_body
 from taskrl.deploy.schemas import MAX_TOP_LOGPROBS, SamplingRequest
 from taskrl.policies.base import Policy
 
@@ -91,23 +90,7 @@ def completion_body(result: ChatResult, request: CompletionRequest, policy: Poli
                     "text_offset": offsets}  # fmt: skip
     choice: dict[str, Any] = {"index": 0, "text": result.content, "logprobs": logprobs,
                               "finish_reason": result.finish_reason}  # fmt: skip
-    prompt_tokens = len(result.prompt_token_ids or [])
-    body: dict[str, Any] = {
-        "id": f"cmpl-{secrets.token_hex(16)}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": request.model,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(completion.token_ids),
-            "total_tokens": prompt_tokens + len(completion.token_ids),
-        },
-    }
-    if request.return_token_ids:
-        choice["token_ids"] = list(completion.token_ids)
-        body["prompt_token_ids"] = result.prompt_token_ids
-    return body
+    return openai_body("text_completion", f"cmpl-{secrets.token_hex(16)}", result, request, choice)
 
 
 def completion_events(body: dict[str, Any], *, include_usage: bool = False, **_: Any) -> list[str]:

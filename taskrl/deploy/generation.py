@@ -206,10 +206,17 @@ def response_body(result: ChatResult, request: ChatCompletionRequest, policy: Po
         "logprobs": _logprobs_body(completion, policy) if request.logprobs else None,
         "finish_reason": result.finish_reason,
     }
+    return openai_body("chat.completion", completion_id(), result, request, choice)
+
+
+def openai_body(kind: str, body_id: str, result: ChatResult, request: Any, choice: dict[str, Any]) -> dict[str, Any]:
+    """The response around one ``choice``: id, object ``kind``, usage, and the exact token ids when asked for
+    (``/v1/chat/completions`` and ``/v1/completions`` alike)."""
+    completion = result.completion
     prompt_tokens = len(result.prompt_token_ids or [])
     body: dict[str, Any] = {
-        "id": completion_id(),
-        "object": "chat.completion",
+        "id": body_id,
+        "object": kind,
         "created": int(time.time()),
         "model": request.model,
         "choices": [choice],
