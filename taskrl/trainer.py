@@ -50,7 +50,7 @@ from taskrl.task_files import build_env, load_tasks
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.data import EpochSampler, TaskSampler, TrajectoryFile
-from taskrl.training.filters import fill_batch
+from taskrl.training.filters import check_infra_failures, fill_batch
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
@@ -293,7 +293,7 @@ class Trainer:
             trajectories, train_on, dynamic = filled.played, filled.train, filled.metrics
         collected = time.perf_counter()
         own, trajectories = train_on, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
-        _check_infra_failures(step, trajectories)
+        check_infra_failures(step, trajectories)
         for task_id, group in _by_task([t for t in trajectories if t.infra_failure is None]).items():
             if task_id in self.tasks_by_id:
                 self.sampler.update(task_id, [t.reward for t in group])
@@ -558,21 +558,6 @@ def _by_task(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
     for t in trajectories:
         out[t.task_id].append(t)
     return out
-
-
-class InfraFailureError(RuntimeError):
-    """Every episode of a step failed for infrastructure reasons (sandbox, engine, server): nothing to learn."""
-
-
-def _check_infra_failures(step: int, trajectories: Sequence[Trajectory]) -> None:
-    """Raise when no episode of the step survived its infrastructure: training on nothing would hide the outage."""
-    failures = [f for t in trajectories if (f := t.infra_failure) is not None]
-    if trajectories and len(failures) == len(trajectories):
-        sources = sorted({f.get("source", "?") for f in failures})
-        raise InfraFailureError(
-            f"step {step}: all {len(trajectories)} episodes failed for infrastructure reasons ({', '.join(sources)}; "
-            f"first: {failures[0].get('detail', '?')}); fix the engine or sandbox named there, then resume the run"
-        )
 
 
 async def _ready(trajectories: list[Trajectory]) -> list[Trajectory]:

@@ -19,7 +19,7 @@ from taskrl.rewards.terms import OutputAgreement
 from taskrl.rollout import RolloutConfig, run_episodes, summarize
 from taskrl.scoring import Clock, Rubric, TermWeight, batch_metrics, score_collected
 from taskrl.tools import tool
-from taskrl.trainer import InfraFailureError, _check_infra_failures
+from taskrl.training.filters import InfraFailureError, check_infra_failures
 from taskrl.training.learner import usable_trajectories
 from taskrl.types import Trajectory
 
@@ -136,9 +136,9 @@ def test_a_step_where_every_episode_failed_its_infrastructure_stops_the_run() ->
     for t in trajectories:
         t.mark_infra_failure("engine", "PolicyError: connection refused")
     with pytest.raises(InfraFailureError, match="all 2 episodes failed.*engine.*connection refused"):
-        _check_infra_failures(3, trajectories)
+        check_infra_failures(3, trajectories)
     trajectories.append(Trajectory(task_id="a"))
-    _check_infra_failures(3, trajectories)  # one survivor: the step goes on
+    check_infra_failures(3, trajectories)  # one survivor: the step goes on
 
 
 class EngineDown(ScriptedPolicy):

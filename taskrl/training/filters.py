@@ -1,4 +1,5 @@
-"""What an RL step trains on, beyond the algorithm: DAPO's dynamic sampling and overlong filtering.
+"""What an RL step trains on, beyond the algorithm: DAPO's dynamic sampling, overlong filtering, and the check that
+a step has any episode its infrastructure did not fail (``check_infra_failures``).
 
 ``fill_batch(first, play_more, groups_wanted=..., max_rounds=...)`` keeps the groups whose rewards differ, plays
 more tasks until ``groups_wanted`` such groups are in hand (or ``max_rounds`` extra rounds are spent) and
@@ -92,3 +93,18 @@ def fill_batch(
         "charts/dynamic_kept_groups": float(len(kept)),
     }
     return FilledBatch([t for g in kept for t in g], played, metrics)
+
+
+class InfraFailureError(RuntimeError):
+    """Every episode of a step failed for infrastructure reasons (sandbox, engine, server): nothing to learn."""
+
+
+def check_infra_failures(step: int, trajectories: Sequence[Trajectory]) -> None:
+    """Raise when no episode of the step survived its infrastructure: training on nothing would hide the outage."""
+    failures = [f for t in trajectories if (f := t.infra_failure) is not None]
+    if trajectories and len(failures) == len(trajectories):
+        sources = sorted({f.get("source", "?") for f in failures})
+        raise InfraFailureError(
+            f"step {step}: all {len(trajectories)} episodes failed for infrastructure reasons ({', '.join(sources)}; "
+            f"first: {failures[0].get('detail', '?')}); fix the engine or sandbox named there, then resume the run"
+        )
