@@ -35,7 +35,7 @@ _VOCABS: weakref.WeakKeyDictionary[Any, Vocab] = weakref.WeakKeyDictionary()
 class Vocab:
     """Per-token text of a tokenizer and the id sets the automaton needs (``Vocab.of(tokenizer)`` caches it)."""
 
-    def __init__(self, tokenizer: Any, stop_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         size = len(tokenizer)
         texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False)
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -54,15 +54,14 @@ class Vocab:
         self.plain = torch.tensor(plain, dtype=torch.long)
         self.digits = torch.tensor(digits, dtype=torch.long)
         self.digits_lead = torch.tensor(digits_lead, dtype=torch.long)
-        self.stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
         self._sets: dict[str, torch.Tensor] = {}
         self.text = texts
 
     @classmethod
-    def of(cls, tokenizer: Any, stop_ids: list[int]) -> Vocab:
+    def of(cls, tokenizer: Any) -> Vocab:
         found = _VOCABS.get(tokenizer)
         if found is None:
-            found = _VOCABS[tokenizer] = cls(tokenizer, stop_ids)
+            found = _VOCABS[tokenizer] = cls(tokenizer)
         return found
 
     def chars(self, chars: str) -> torch.Tensor:
@@ -103,10 +102,12 @@ class Vocab:
 class ToolCallConstraint:
     """The automaton of one request (see the module docstring); ``reset()`` restarts it with the request."""
 
-    def __init__(self, vocab: Vocab, names: list[str]) -> None:
+    def __init__(self, vocab: Vocab, names: list[str], stop_ids: list[int]) -> None:
         if not names:
             raise ValueError("ToolCallConstraint needs at least one function name")
         self.vocab = vocab
+        self.stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
+        """End-of-turn ids of this request (the caller's; the vocabulary is shared by every request)."""
         self.candidates = [CALL_OPEN + json.dumps(name) + ARGUMENTS for name in names]
         self.reset()
 
@@ -143,7 +144,7 @@ class ToolCallConstraint:
         """Token ids that may come next, given ``remaining`` tokens of budget (the end-of-turn token included)."""
         vocab = self.vocab
         if self.phase == "done":
-            return vocab.stop
+            return self.stop
         closing = self.closing()
         # Close when one more free token could leave too little: it may add _MAX_GROWTH characters (a token each at
         # worst) to the closing text. The cheap character bound first; the greedy count only near the end.
@@ -257,4 +258,4 @@ class ToolCallConstraint:
 
 def tool_call_constraint(tokenizer: Any, stop_ids: list[int], names: list[str]) -> ToolCallConstraint:
     """A fresh automaton for one request forcing a call to one of ``names``."""
-    return ToolCallConstraint(Vocab.of(tokenizer, stop_ids), names)
+    return ToolCallConstraint(Vocab.of(tokenizer), names, stop_ids)

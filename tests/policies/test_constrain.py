@@ -5,7 +5,6 @@ so the constraint does all the work; logprobs stay those ``logprobs_of`` scores 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import random
 
@@ -21,20 +20,14 @@ from taskrl.types import Message
 NAMES = ["get_weather", "get_time", "get"]
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenizer() -> object:
-    """A tokenizer of this module's own: the shared cached one may have been changed by an earlier test."""
-    return smollm2_tokenizer.__wrapped__()
-
-
 def minimum() -> int:
-    tokenizer = _tokenizer()
+    tokenizer = smollm2_tokenizer()
     return tool_call_constraint(tokenizer, [tokenizer.eos_token_id], NAMES).min_tokens()
 
 
 def walk(seed: int, budget: int, names: list[str]) -> tuple[str, bool]:
     """A random walk over the allowed tokens (a model that says anything); (text, ended with end-of-turn)."""
-    tokenizer = _tokenizer()
+    tokenizer = smollm2_tokenizer()
     stop = [tokenizer.eos_token_id]
     constraint = tool_call_constraint(tokenizer, stop, names)
     rng = random.Random(seed)
@@ -90,3 +83,17 @@ def test_a_random_model_forced_to_call_makes_one_valid_call(temperature: float) 
         assert len(parse_hermes(tight.text).tool_calls) == 1 and len(tight.token_ids) <= minimum()
     finally:
         policy.close()
+
+
+def test_each_request_ends_on_its_own_end_of_turn_ids() -> None:
+    """The per-tokenizer vocabulary is shared; the end-of-turn ids are the request's. A constraint built earlier with
+    other stop ids (a chat format's) once fixed them for every later request on that tokenizer."""
+    tokenizer = smollm2_tokenizer()
+    other = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert other != tokenizer.eos_token_id
+    first = tool_call_constraint(tokenizer, [other], NAMES)
+    second = tool_call_constraint(tokenizer, [tokenizer.eos_token_id], NAMES)
+    assert first.vocab is second.vocab  # the expensive table is still built once
+    for constraint, stop in ((first, other), (second, tokenizer.eos_token_id)):
+        constraint.phase = "done"
+        assert constraint.allowed(4).tolist() == [stop]
