@@ -23,6 +23,7 @@ from rich.table import Table
 
 import taskrl.cli_options as opts
 from taskrl import __version__
+from taskrl.commands.train import train_command
 from taskrl.datagen.codebugs import MiningError, codebugs_command
 from taskrl.datagen.multihop import multihop_command
 from taskrl.datagen.widesearch import deepsearch_command, widesearch_command
@@ -35,7 +36,6 @@ from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, m
 from taskrl.report.cli import report_command
 from taskrl.rewards.cli import rewards_app
 from taskrl.rollout import RolloutConfig, error_note, run_episodes, summarize
-from taskrl.training.command import train_command
 from taskrl.training.config import fields_help
 from taskrl.types import Task, Trajectory
 
@@ -250,8 +250,8 @@ def demo(
     """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on 1-2 item price listings, then an SFT-only arm
     and an SFT -> GRPO arm on 3-item listings, side by side on held-out tasks (recipes/demo*.toml). ``--seed``
     reruns the whole comparison with another seed (task order, sampling; the held-out tasks stay the same)."""
+    from taskrl.commands.demo import run_demo
     from taskrl.runlog import read_trajectories
-    from taskrl.training.demo import run_demo
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     run_demo(out_dir, device=device, console=console, overrides=None if seed is None else {"seed": seed})

@@ -119,8 +119,8 @@ def run_demo(
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
     from taskrl.seeding import sft_only_seed
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     console = console or Console()
     common = {**(overrides or {}), "device": device, "resume": False, "progress": False}
