@@ -28,8 +28,9 @@ import typer
 from taskrl.datagen.bridges import ID_NORMALISATIONS, ID_TOKEN_RE, MASK, TOKEN_EDGE, BridgeIndex, id_alias_rule
 from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.store import CorpusStore
+from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.types import Message, Task
+from taskrl.types import Message, Task, write_tasks
 from taskrl.validate import at_least, require
 
 _TERM_RE = re.compile(r"(?<![\w.])[A-Za-z_][A-Za-z0-9_]{4,}(?![\w])")
@@ -461,30 +462,6 @@ class LLMGenerator(ExtractiveGenerator):
         return tasks, report
 
 
-def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
-    """Write tasks as JSONL atomically (a reader never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(asdict(t), ensure_ascii=False) + "\n" for t in tasks), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def read_tasks(path: str | Path) -> list[Task]:
-    """Tasks from JSONL written by ``write_tasks``; a bad line is an error naming the file and line."""
-    tasks = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                tasks.append(Task(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: not a task row ({e})") from None
-    return tasks
-
-
 class TooFewTasksError(ValueError):
     """Generation kept fewer tasks than ``--min-yield`` (or ``--strict``) demands (printed as one line, exit 2)."""
 
@@ -576,3 +553,6 @@ def multihop_command(
             f"[yellow]warning:[/yellow] only {len(tasks)} of the {n} requested tasks were kept (most dropped: "
             f"{reasons}); pass --strict to make this an error"
         )
+
+
+__getattr__ = moved_names(__name__, {"read_tasks": "taskrl.types"})

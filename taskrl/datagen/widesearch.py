@@ -3,7 +3,7 @@
 A wide task is ``rows`` independent look-ups (single-hop verified clues) answered as a table and scored by item
 F1; a deep task is ``rows`` multi-hop branches whose answers combine (right only when every branch is). Rows come
 from the verified multi-hop generator, so every answer is string-matched in the corpus. ``taskrl datagen
-widesearch|deepsearch`` write JSONL; ``ensure_default_swarm_tasks`` caches a wide set beside the default corpus.
+widesearch|deepsearch`` write JSONL; ``taskrl.datagen.defaults`` caches a wide set beside the default corpus.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from typing import Annotated
 
 import typer
 
-from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, GenerationReport, write_tasks
+from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, GenerationReport
 from taskrl.envs.search.store import CorpusStore
 from taskrl.envs.swarm.tasks import DEEP, WIDE, render_prompt, render_table
-from taskrl.types import Task
-
-DEFAULT_SWARM_TASKS = "swarm_wide_v1.jsonl"
+from taskrl.moved import moved_names
+from taskrl.types import Task, write_tasks
 
 
 @dataclass
@@ -87,24 +86,6 @@ def _assemble(rows: list[Task], config: SwarmTaskConfig, index: int) -> Task:
     return Task(f"{config.kind}-{config.seed}-{index}", prompt, gold, info)
 
 
-def ensure_default_swarm_tasks() -> Path:
-    """A wide-search set (16 tasks x 8 rows) beside the default corpus, generated once and cached."""
-    from taskrl.envs.search.build import ensure_default_corpus
-
-    corpus = ensure_default_corpus()
-    path = corpus / DEFAULT_SWARM_TASKS
-    if not path.exists():
-        tasks, report = generate_swarm_tasks(CorpusStore(corpus), SwarmTaskConfig())
-        if not tasks:
-            raise TooFewTasksError(f"the default corpus {corpus} yielded no swarm task ({report.to_dict()})")
-        write_tasks(tasks, path)  # atomic: an interrupted run leaves no half file
-    return path
-
-
-class TooFewTasksError(RuntimeError):
-    """The corpus yielded no swarm task at all (nothing is written)."""
-
-
 def _command(
     kind: str, corpus: Path, n: int, rows: int, hops: int, seed: int, out: Path | None, allow_fewer: bool
 ) -> None:
@@ -166,3 +147,6 @@ def deepsearch_command(
 ) -> None:
     """Generate deep-search tasks: multi-hop branches whose answers combine (right only when all are)."""
     _command(DEEP, corpus, n, rows, hops, seed, out, allow_fewer)
+
+
+__getattr__ = moved_names(__name__, {"ensure_default_swarm_tasks": "taskrl.datagen.defaults"})
