@@ -139,7 +139,7 @@ FLOOR = ("taskrl.algos", "taskrl.scoring", "taskrl.env", "taskrl.types")
 """The core every other part is built on."""
 ABOVE_THE_FLOOR = ("taskrl.training", "taskrl.deploy", "taskrl.distributed", "taskrl.commands", "taskrl.cli")
 BELOW: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(FLOOR, ABOVE_THE_FLOOR),
+    **dict.fromkeys(FLOOR, (*ABOVE_THE_FLOOR, "taskrl.rewards")),  # presets build on scoring's Rubric
     "taskrl.rewards": ABOVE_THE_FLOOR,
     "taskrl.envs": (*ABOVE_THE_FLOOR, "taskrl.datagen"),  # datagen builds on envs' stores, never the reverse
     "taskrl.datagen": ABOVE_THE_FLOOR,
