@@ -5,9 +5,9 @@ Every import counts: module level, inside functions (the way cycles hide) and un
 the types is a cycle in the design). No cycle: ``distributed/ddp.py`` is a leaf of collectives (its launcher, which
 builds a ``Trainer``, is ``distributed/launch.py``), the learner takes ``derive_seed`` from the ``seeding`` leaf,
 scoring reads the env contract from the ``hooks`` leaf, the registry names the built-in envs by entry point, the
-swarm env is handed its sub-agent runtime by its factory, and the algorithms never read the trainer's config. The
-floor rule: the core (``algos``, ``scoring``, ``env``,
-``types``) never imports what is built on it (``training``, ``deploy``, ``distributed``, ``commands``, ``cli``).
+swarm env is handed its sub-agent runtime by its factory, and the algorithms never read the trainer's config. Every
+module sits in a layer of ``LAYERS`` and imports only its own layer and lower ones; in particular the core
+(``algos``, ``scoring``, ``env``, ``types``) never imports ``training``, ``deploy`` or ``distributed``.
 """
 
 from __future__ import annotations
@@ -135,26 +135,51 @@ def test_no_import_cycle_even_through_function_level_and_type_only_imports() -> 
     )
 
 
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("taskrl", "taskrl.moved", "taskrl.validate", "taskrl.seeding", "taskrl.paths", "taskrl.types", "taskrl.tools",
+     "taskrl.parsing", "taskrl.chat", "taskrl.hooks", "taskrl.env", "taskrl.scoring", "taskrl.algos"),
+    ("taskrl.policies",),
+    ("taskrl.rollout", "taskrl.context"),
+    ("taskrl.rewards",),
+    ("taskrl.envs",),
+    ("taskrl.datagen",),
+    ("taskrl.monitor", "taskrl.monitors", "taskrl.runlog", "taskrl.eval", "taskrl.task_files", "taskrl.cli_options"),
+    ("taskrl.training", "taskrl.distributed"),
+    ("taskrl.recipes",),
+    ("taskrl.deploy",),
+    ("taskrl.report",),
+    ("taskrl.commands",),
+    ("taskrl.cli", "taskrl.__main__"),
+)  # fmt: skip
+"""The package map, lowest first (docs/design/index.md §2): a module imports its own layer and the ones before it,
+in any form (module level, in a function, under TYPE_CHECKING). A package names all its submodules."""
 FLOOR = ("taskrl.algos", "taskrl.scoring", "taskrl.env", "taskrl.types")
-"""The core every other part is built on."""
+"""The core every other part is built on (issue 39's floor rule, also implied by ``LAYERS``)."""
 ABOVE_THE_FLOOR = ("taskrl.training", "taskrl.deploy", "taskrl.distributed", "taskrl.commands", "taskrl.cli")
-BELOW: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(FLOOR, (*ABOVE_THE_FLOOR, "taskrl.rewards")),  # presets build on scoring's Rubric
-    "taskrl.rewards": ABOVE_THE_FLOOR,
-    "taskrl.envs": (*ABOVE_THE_FLOOR, "taskrl.datagen"),  # datagen builds on envs' stores, never the reverse
-    "taskrl.datagen": ABOVE_THE_FLOOR,
-}
-"""Package -> what it must never import, in any form (module level, in a function, under TYPE_CHECKING)."""
 
 
 def _within(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
+def layer_of(module: str) -> int:
+    """Index in ``LAYERS`` of the longest name that is ``module`` or a package holding it."""
+    matches = [(len(name), i) for i, layer in enumerate(LAYERS) for name in layer if _within(module, (name,))]
+    assert matches, f"{module} is in no layer: add it to LAYERS in tests/test_import_cycles.py and the package map"
+    return max(matches)[1]
+
+
 def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(importer, imported) pairs where a module imports a layer built on its own (``BELOW``)."""
-    return sorted((module, target) for module, targets in graph.items() for lower, banned in BELOW.items()
-                  if _within(module, (lower,)) for target in targets if _within(target, banned))  # fmt: skip
+    """(importer, imported) pairs where a module imports a layer built on its own."""
+    return sorted((module, target) for module, targets in graph.items() for target in targets
+                  if layer_of(target) > layer_of(module))  # fmt: skip
+
+
+def test_the_core_never_imports_training_deploy_or_distributed() -> None:
+    graph = import_graph(lazy=True, type_only=True)
+    found = [(m, t) for m, targets in graph.items() if _within(m, FLOOR) for t in targets
+             if _within(t, ABOVE_THE_FLOOR)]  # fmt: skip
+    assert not found, "the core imports what is built on it:\n" + "\n".join(f"{a} -> {b}" for a, b in found)
 
 
 def test_no_module_imports_a_layer_built_on_it() -> None:
