@@ -32,6 +32,29 @@ def test_the_old_from_import_of_the_trainer_names_the_new_path() -> None:
     assert Trainer.__module__ == "taskrl.training.trainer"
 
 
+MOVED_NAMES = [
+    ("taskrl.rewards", "CurriculumSampler", "taskrl.training.curriculum"),
+    ("taskrl.rewards.formulas", "context1_clamp", "taskrl.scoring"),
+    ("taskrl.datagen.multihop", "read_tasks", "taskrl.types"),
+    ("taskrl.datagen.multihop", "write_tasks", "taskrl.types"),
+    ("taskrl.datagen.multihop", "multihop_command", "taskrl.commands.datagen"),
+    ("taskrl.datagen.widesearch", "widesearch_command", "taskrl.commands.datagen"),
+    ("taskrl.datagen.widesearch", "ensure_default_swarm_tasks", "taskrl.datagen.defaults"),
+    ("taskrl.datagen.codebugs", "codebugs_command", "taskrl.commands.datagen"),
+    ("taskrl.envs.search.build", "ensure_default_corpus", "taskrl.datagen.defaults"),
+    ("taskrl.envs.search", "make_search_env", "taskrl.recipes"),
+    ("taskrl.envs.swarm", "make_swarm_env", "taskrl.recipes"),
+    ("taskrl.eval", "eval_command", "taskrl.commands.eval"),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "new"), MOVED_NAMES)
+def test_a_moved_name_raises_an_error_naming_where_it_lives_now(module: str, name: str, new: str) -> None:
+    with pytest.raises(MovedError, match=f"{module}.{name} moved to {new}.{name}"):
+        getattr(importlib.import_module(module), name)
+    assert callable(getattr(importlib.import_module(new), name))
+
+
 def test_a_name_that_left_a_package_names_its_new_module() -> None:
     with pytest.raises(ImportError, match=r"taskrl\.training\.curriculum\.CurriculumSampler"):
         from taskrl.rewards import CurriculumSampler  # noqa: F401
