@@ -13,14 +13,20 @@ from typing import Any
 
 
 def make_search_env(**kwargs: Any) -> Any:
-    """``SearchEnv(**kwargs)`` (keyword arguments: ``SearchEnvConfig`` fields); ``corpus="default"`` (the default)
-    builds the stdlib corpus and its tasks on first use."""
+    """``SearchEnv(**kwargs)`` (keyword arguments: ``config=SearchEnvConfig(...)`` or its fields); the corpus
+    "default" (the default) is the stdlib corpus with its tasks, built on first use."""
     from taskrl.envs.search.env import SearchEnv
 
-    if kwargs.get("corpus", "default") == "default":
+    config = kwargs.get("config")
+    if (config.corpus if config is not None else kwargs.get("corpus", "default")) == "default":
         from taskrl.datagen.defaults import ensure_default_corpus
 
-        kwargs["corpus"] = str(ensure_default_corpus(kwargs.get("device", "auto")))
+        device = config.device if config is not None else kwargs.get("device", "auto")
+        corpus = str(ensure_default_corpus(device))
+        if config is not None:
+            kwargs["config"] = dataclasses.replace(config, corpus=corpus)
+        else:
+            kwargs["corpus"] = corpus
     return SearchEnv(**kwargs)
 
 
