@@ -8,7 +8,8 @@ that records each arm's budget, the held-out evaluation, and model loading from 
 
 RFT (rejection-sampling fine-tuning) is ``algo="sft"`` with ``sft_data="policy"``: each step samples
 ``group_size`` episodes of each of ``tasks_per_step`` prompts with the current policy, keeps those whose reward is
-``>= min_reward`` and trains on their sampled tokens. With the RL arm's seed and task settings the task sampler
+``>= min_reward`` (``keep="best"``: only each prompt's best sample, when above its group's mean) and trains on
+their sampled tokens. With the RL arm's seed and task settings the task sampler
 draws the very same prompts in the same order, so the two arms see the same prompts and sample as many episodes
 per step; ``train_arm`` records the episodes and tokens each actually sampled.
 """
@@ -35,12 +36,13 @@ def grpo_config(base: dict[str, Any], *, lr: float, tasks_per_step: int, group_s
     return {**base, "algo": "grpo", "lr": lr, "tasks_per_step": tasks_per_step, "group_size": group_size, **options}
 
 
-def rft_config(rl: dict[str, Any], *, min_reward: float, lr: float | None = None) -> dict[str, Any]:
+def rft_config(rl: dict[str, Any], *, min_reward: float, lr: float | None = None, keep: str = "all") -> dict[str, Any]:
     """The RFT arm matched to the RL arm ``rl``: the same ``MATCHED_FIELDS`` (so the same prompts in the same order
     and ``group_size`` samples of each), SFT on the samples whose reward is ``>= min_reward``, at ``lr`` (default
     the RL arm's). A dynamic-sampling RL arm samples more episodes than this: compare the recorded budgets."""
     out = {k: v for k, v in rl.items() if k not in _RL_ONLY}
-    out.update(algo="sft", sft_data="policy", sft_min_reward=float(min_reward), lr=lr if lr is not None else rl["lr"])
+    out.update(algo="sft", sft_data="policy", sft_min_reward=float(min_reward), sft_keep=keep,
+               lr=lr if lr is not None else rl["lr"])  # fmt: skip
     return out
 
 

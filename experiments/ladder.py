@@ -43,6 +43,8 @@ class LadderSpec:
     pass_ks: tuple[int, ...] = (1,)
     success_threshold: float = 1.0
     rft_min_reward: float = 1.0
+    rft_keep: str = "all"
+    """RFT's selection (``algos.sft.select``): every sample >= the threshold, or each prompt's best above its mean."""
     max_new_tokens: int = 48
     env_kwargs: tuple[tuple[str, Any], ...] = ()
 
@@ -63,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser, spec: LadderSpec) -> None:
     add("--lr", type=float, default=2e-4, help="GRPO learning rate (LoRA)")
     add("--sft-lr", type=float, default=1e-3, help="learning rate of the warm start, sft_more and rft (LoRA)")
     add("--rft-min-reward", type=float, default=spec.rft_min_reward, help="RFT keeps samples with reward >= this")
+    add("--rft-keep", choices=("all", "best"), default=spec.rft_keep,
+        help="RFT keeps every sample >= the threshold, or each prompt's best one above its group's mean")  # fmt: skip
     add("--warm-steps", type=int, default=8, help="SFT steps of the warm start")
     add("--warm-tasks", type=int, default=8, help="expert demonstrations per warm-start step")
     add("--normalize-std", action="store_true", help="GRPO: std-normalised advantages (default: Dr. GRPO)")
@@ -96,7 +100,7 @@ def arm_configs(spec: LadderSpec, args: argparse.Namespace, base: dict[str, Any]
     rl = grpo_config(base, lr=args.lr, tasks_per_step=args.tasks_per_step, group_size=args.group_size, **options)
     return {
         "grpo": rl,
-        "rft": rft_config(rl, min_reward=args.rft_min_reward, lr=args.sft_lr),
+        "rft": rft_config(rl, min_reward=args.rft_min_reward, lr=args.sft_lr, keep=args.rft_keep),
         "sft_more": sft_config(base, lr=args.sft_lr, tasks_per_step=args.tasks_per_step * args.group_size),
     }
 

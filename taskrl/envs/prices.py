@@ -5,7 +5,10 @@ several) and a final answer such as "pear: 4, tea: 6". The reward is dense and c
 item earns 1/n when its price was looked up **and** the final answer reports it, so a guessed price earns
 nothing, and an episode with a malformed call is capped at the failure floor by the rollout loop. Reward 1
 (every item right) is success. Demonstrations of single-item tasks show the format without the multi-item skill
-(one lookup per item); the held-out splits draw only item combinations that no training task uses.
+(one lookup per item). Every combination of two or more items belongs to one split (``combination_split``: a
+stable hash, about 55% train, 15% val, 30% test, every item in each), so val and test share no combination with
+training or with each other, and a split's tasks take each of its combinations once before any repeats (65
+distinct three-item combinations in test, 40 in val).
 
 ``one_call_per_turn=True`` executes only the first call of a turn (the others get an error reply), so a long
 listing takes one turn per item and its early observations sit far back in the context: the setting that
@@ -19,6 +22,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+import zlib
 from collections.abc import Sequence
 from itertools import combinations
 from typing import Any
@@ -34,32 +38,44 @@ _LOOKUP_RE = re.compile(r"^([a-z]+): \$(\d+)$")  # a successful lookup_price rep
 PROMPT = "List the prices of: {}."
 
 
-def held_out_combination(items: Sequence[str]) -> bool:
-    """Whether a combination of two or more distinct items belongs to the held-out splits (about a quarter of
-    them; order does not matter). Single items are always training items: a lone item is no new combination."""
+def combination_split(items: Sequence[str]) -> str:
+    """The split a combination of items belongs to: ``train`` for a single item (a lone item is no new
+    combination), else by a stable hash of the sorted items: 30% ``test``, 15% ``val``, the rest ``train``."""
     if len(items) < 2:
-        return False
-    return sum((ITEMS.index(item) + 1) ** 2 for item in items) % 4 == 0
+        return "train"
+    bucket = zlib.crc32(",".join(sorted(items)).encode()) % 100
+    return "test" if bucket < 30 else "val" if bucket < 45 else "train"
+
+
+def held_out_combination(items: Sequence[str]) -> bool:
+    """Whether a combination of items belongs to a held-out split (``val`` or ``test``; order does not matter)."""
+    return combination_split(items) != "train"
 
 
 def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int = 1, max_items: int = 3) -> list[Task]:
-    """``n`` tasks of ``min_items``..``max_items`` distinct items whose combination belongs to ``split``."""
+    """``n`` tasks of ``min_items``..``max_items`` distinct items whose combination belongs to ``split`` (any
+    split but val and test draws from train's). Combinations are drawn without replacement: each once, in a
+    seeded order, before any repeats (a repeat asks the items in another order)."""
     if not 1 <= min_items <= max_items <= len(ITEMS):
         raise ValueError(f"need 1 <= min_items <= max_items <= {len(ITEMS)}, got {min_items}..{max_items}")
-    held_out = split in HELD_OUT_SPLITS
+    wanted = split if split in HELD_OUT_SPLITS else "train"
     pool = [
         combo
         for size in range(min_items, max_items + 1)
         for combo in combinations(ITEMS, size)
-        if held_out_combination(combo) == held_out
+        if combination_split(combo) == wanted
     ]
     if not pool:
         raise ValueError(f"split '{split}' has no combination of {min_items}..{max_items} items (single items are "
                          "training-only; held-out splits need min_items >= 2 or max_items >= 2)")  # fmt: skip
     rng = random.Random(seed)
     tasks = []
+    order: list[tuple[str, ...]] = []
     for i in range(n):
-        items = list(rng.choice(pool))
+        if not order:
+            order = list(pool)
+            rng.shuffle(order)
+        items = list(order.pop())
         rng.shuffle(items)  # the order asked is random; the combination decides the split
         # No ``answer``: the gold listing alone earns nothing (its prices were not looked up), so it lives in info.
         listing = ", ".join(f"{item}: {PRICES[item]}" for item in items)

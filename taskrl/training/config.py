@@ -239,6 +239,9 @@ class TrainConfig:
     """expert (the env's scripted_rule), policy (own samples: rejection sampling) or a trajectories JSONL."""
     sft_min_reward: float = 1.0
     """SFT keeps trajectories whose reward is >= this."""
+    sft_keep: str = "all"
+    """all (every trajectory >= sft_min_reward) or best (per group, the best one above its group's mean: RFT for a
+    graded reward; ``algos.sft.select``)."""
     sft_lr: float | dict[str, Any] = 1e-4
     """Learning rate of the SFT warm-up steps (a number or a schedule)."""
 
@@ -341,6 +344,7 @@ class TrainConfig:
         need(self.clip_eps_low < 1, "must be < 1", clip_eps_low=self.clip_eps_low)
         need(self.kimi_alpha < self.kimi_beta, f"must be below kimi_beta ({self.kimi_beta})",
              kimi_alpha=self.kimi_alpha)  # fmt: skip
+        need(self.sft_keep in ("all", "best"), "must be one of all, best", sft_keep=self.sft_keep)
         need(self.sft_warmup_steps <= self.steps, f"must be <= steps ({self.steps})",
              sft_warmup_steps=self.sft_warmup_steps)  # fmt: skip
         need(bool(self.lora_targets), "must name at least one module", lora_targets=self.lora_targets)

@@ -150,7 +150,7 @@ class Learner:
         usable = usable_trajectories(trajectories)
         metrics["charts/infra_failures"] = float(sum(t.infra_failure is not None for t in trajectories))
         if sft_mode:
-            batch = sft.select(usable, min_reward=cfg.sft_min_reward)
+            batch = sft.select(usable, min_reward=cfg.sft_min_reward, keep=cfg.sft_keep)
         else:
             batch = [t for t in usable if self._staleness(t) <= cfg.max_staleness]
             metrics["charts/stale_dropped"] = float(len(usable) - len(batch))

@@ -33,6 +33,16 @@ def test_held_out_splits_share_no_item_combination_with_training(held_out: str) 
         PricesEnv(min_items=1, max_items=1).tasks(held_out)
 
 
+def test_val_and_test_are_disjoint_cover_every_item_and_repeat_no_combination_early() -> None:
+    val = make_prices_tasks(40, 2, split="val", min_items=3, max_items=3)
+    test = make_prices_tasks(65, 1, split="test", min_items=3, max_items=3)
+    assert len(_combos(test)) == 65 and len(_combos(val)) == 40  # each combination once before any repeat
+    assert not _combos(test) & _combos(val)
+    assert {i for t in test for i in t.info["items"]} == set(PRICES)  # every item, not a hash-favoured few
+    again = make_prices_tasks(66, 1, split="test", min_items=3, max_items=3)
+    assert len(_combos(again)) == 65  # the 66th repeats a combination, in another order at most
+
+
 def test_tasks_are_deterministic_and_bounds_fail_naming_them() -> None:
     assert make_prices_tasks(8, 0, min_items=2, max_items=2) == make_prices_tasks(8, 0, min_items=2, max_items=2)
     tasks = make_prices_tasks(40, 1, split="test", min_items=2, max_items=3)
