@@ -187,10 +187,11 @@ def test_no_module_imports_a_layer_built_on_it() -> None:
     assert not found, "upward imports:\n" + "\n".join(f"{a} -> {b}" for a, b in found)
 
 
-def test_an_upward_import_is_found_in_any_form(tmp_path: Path) -> None:
+def test_a_type_only_circle_and_an_upward_import_are_found_in_any_form(tmp_path: Path) -> None:
     pkg = tmp_path / "taskrl"
     for name, body in {
-        "__init__.py": "", "types.py": "", "training/__init__.py": "", "training/config.py": "import taskrl.types\n",
+        "__init__.py": "", "types.py": "", "training/__init__.py": "",
+        "training/config.py": "import taskrl.algos.grpo\n",
         "algos/__init__.py": "", "algos/grpo.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
         "    from taskrl.training.config import TrainConfig\n",
         "scoring.py": "def f():\n    from taskrl.training import config\n",
@@ -205,6 +206,9 @@ def test_an_upward_import_is_found_in_any_form(tmp_path: Path) -> None:
     assert {importer for importer, _ in found} == {"taskrl.algos.grpo", "taskrl.scoring", "taskrl.envs.search"}
     at_module_level = upward_imports(import_graph(lazy=False, root=pkg))
     assert {importer for importer, _ in at_module_level} == {"taskrl.envs.search"}
+    circle = {"taskrl.algos.grpo", "taskrl.training.config"}
+    assert cycles(import_graph(lazy=True, type_only=True, root=pkg)) == [circle]
+    assert cycles(import_graph(lazy=True, root=pkg)) == []  # the circle closes only through TYPE_CHECKING
 
 
 def test_the_registry_imports_no_env_until_one_is_made() -> None:
