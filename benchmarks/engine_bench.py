@@ -358,9 +358,9 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
     """``make demo``'s two recipes as the demo runs them: the SFT warm start (``recipes/demo_sft.toml``) once,
     merged into a checkpoint, then ``args.demo_grpo_steps`` steps of ``recipes/demo.toml`` from it with each
     engine (same tasks, same seeds: only the engine differs)."""
-    from taskrl.trainer import Trainer
+    from taskrl.commands.demo import RL_RECIPE, SFT_RECIPE, load_recipe
     from taskrl.training.config import config_from_dict
-    from taskrl.training.demo import RL_RECIPE, SFT_RECIPE, load_recipe
+    from taskrl.training.trainer import Trainer
 
     common = {"device": args.device, "resume": False, "progress": False}
     sft_recipe, rl_recipe = {**load_recipe(SFT_RECIPE), **common}, {**load_recipe(RL_RECIPE), **common}
@@ -425,9 +425,9 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
 def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
     """A few SFT steps on the shop env's expert (the demo's recipe): the base model never calls a tool, so
     its episodes would end after one turn; after this it plays multi-turn tool episodes, as in a GRPO step."""
-    from taskrl.trainer import Trainer
+    from taskrl.commands.demo import SFT_RECIPE, load_recipe
     from taskrl.training.config import config_from_dict
-    from taskrl.training.demo import SFT_RECIPE, load_recipe
+    from taskrl.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as run_dir:
         fields = {**load_recipe(SFT_RECIPE), "env": "shop", "env_kwargs": {}, "max_turns": 5}

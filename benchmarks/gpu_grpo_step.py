@@ -2,8 +2,8 @@
 
 No download and no weights: the model is built from a config (``--model-size 0.5b``: Qwen3-0.6B's shape, 28 layers,
 hidden 1024, 16 query / 8 KV heads of 128, MLP 3072, tied embeddings, with SmolLM2's 49,152-token vocabulary, so
-about 0.49B parameters; ``tiny``: the same architecture at toy size, for CPU tests). ``taskrl.trainer.Trainer`` runs
-full fine-tuning exactly as ``taskrl train`` would: fp32 master weights with the learner in bf16 autocast
+about 0.49B parameters; ``tiny``: the same architecture at toy size, for CPU tests). ``taskrl.training.trainer.Trainer``
+runs full fine-tuning exactly as ``taskrl train`` would: fp32 master weights with the learner in bf16 autocast
 (``learner_precision="bfloat16"``), rollouts sampled by a bf16 copy synced after every update
 (``rollout_policy="copy"``), ``--prompts`` x ``--samples`` single-turn episodes per step of up to
 ``--max-new-tokens`` tokens at temperature 1 (a random model almost never stops early), every group kept.
@@ -37,8 +37,8 @@ from rich.console import Console
 
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import resolve_device, smollm2_tokenizer
-from taskrl.trainer import Trainer
 from taskrl.training.config import TrainConfig
+from taskrl.training.trainer import Trainer
 from taskrl.types import Task
 
 PRIME_RL_TOKENS_PER_S = 11_900.0

@@ -134,7 +134,7 @@ def taskrl_config(args: argparse.Namespace, mode: str, run_dir: str, setting: st
 def run_taskrl(args: argparse.Namespace, mode: str, setting: str = "fp32") -> dict[str, Any]:
     import tempfile
 
-    from taskrl.trainer import Trainer
+    from taskrl.training.trainer import Trainer
 
     ends: list[tuple[float, float]] = []
     tokens, rewards = [], []

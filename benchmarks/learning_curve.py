@@ -69,8 +69,8 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     run_dir = Path(args.run_dir) / arm.replace("+", "_")
     if run_dir.exists():  # every invocation is a fresh curve

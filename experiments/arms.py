@@ -66,8 +66,8 @@ def train_arm(config: dict[str, Any], *, minutes: float, policy: Any = None, env
     """Train ``config`` one step at a time until ``config["steps"]`` or ``minutes`` of training wall-clock, never
     starting a step the last one's duration says would end past the limit. Returns the open ``Trainer`` (close it)
     and the arm's budget (``budget_of``) with the per-step rewards."""
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     cfg = config_from_dict(dict(config))
     trainer = Trainer(cfg, policy=policy, env_factory=env_factory)

@@ -154,8 +154,8 @@ def _start(spec: LadderSpec, args: argparse.Namespace, seed: int, model: str, wo
 def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study, model: str) -> list[Path]:
     """One seed: the start, then each arm from it; one new record per evaluated arm. Returns the record paths."""
     from taskrl.env import make
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     tasks = list(make(spec.env, **_env_kwargs(spec, args)).tasks(args.split))
     distinct = Study.check_held_out(tasks)

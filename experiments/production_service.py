@@ -83,11 +83,11 @@ class Service:
         from taskrl.deploy.config import ServeConfig
         from taskrl.deploy.cycle import CycleConfig, ProductionCycle
         from taskrl.deploy.feedback import RewardMap
+        from taskrl.deploy.feedback_trust import TrustedFeedbackStore
         from taskrl.deploy.gate import GateConfig
         from taskrl.deploy.router import RouterConfig
         from taskrl.deploy.server import create_app
         from taskrl.deploy.store import InteractionStore
-        from taskrl.feedback_trust import TrustedFeedbackStore
         from taskrl.policies.hf import HFPolicy
         from taskrl.training.learner import Learner
         from taskrl.training.model import prepare_model

@@ -98,7 +98,7 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
 
 
 def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
-    from taskrl.datagen.multihop import read_tasks
+    from taskrl.types import read_tasks
 
     return read_tasks(args.data["files"]["eval"])[:n]
 

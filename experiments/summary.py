@@ -229,8 +229,8 @@ def run_baselines(seed_dir: Path, start: Path, args: argparse.Namespace, trigger
     import torch
 
     torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     for trigger in triggers:
         path = seed_dir / f"baselines_{trigger}.json"

@@ -357,9 +357,9 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
     "code-humaneval": ("taskrl.envs.code:make_humaneval_env",
                        "Composer coding: HumanEval in a sandbox, hidden tests"),
     "code-bugs": ("taskrl.envs.code:make_codebugs_env", "Composer coding: fix bugs mined from PyPI projects"),
-    "swarm": ("taskrl.envs.swarm:make_swarm_env",
+    "swarm": ("taskrl.recipes:make_swarm_env",
               "Kimi PARL agent swarm: orchestrator + frozen concurrent sub-agents"),
-    "search": ("taskrl.envs.search:make_search_env",
+    "search": ("taskrl.recipes:make_search_env",
                "Context-1 agentic search: hybrid search, prune_chunks, F-beta reward"),
 }  # fmt: skip
 """The built-in envs: name -> (entry point, description)."""

@@ -94,6 +94,14 @@ class GateRule:
     min_value: float = 1.0
 
 
+def context1_clamp(total: float, pre_penalty: float, *, epsilon: float, completed: bool) -> float:
+    """Context-1's clamp(total, ε, r_pre): capped at the pre-penalty reward r_pre, then floored at ε for an
+    episode that completed (final answer, no error) and at 0 otherwise. The floor wins when r_pre < ε, so a
+    completed episode always beats a failed one (the search env's reward reads docs/design/index.md §6 the same
+    way). ``ClampRule`` applies it in ``score``."""
+    return max(epsilon if completed else 0.0, min(total, pre_penalty))
+
+
 @dataclass(frozen=True)
 class ClampRule:
     """Context-1's clamp(total, ε, r_pre): capped at the positive terms' sum, floored at ε when completed."""
@@ -189,8 +197,6 @@ def score(
     ``reward_weights`` multiply the rubric's weights (a number, or a schedule over ``clock.step``); group terms
     are computed for every ``group_id`` with two samples or more (``task_of`` maps a task id to its Task).
     """
-    from taskrl.rewards.formulas import context1_clamp  # the one clamp rule; a leaf, but its package imports this
-
     weights = rubric.weights(clock)
     for name, extra in (reward_weights or {}).items():
         factor = float(extra(clock.step)) if callable(extra) else float(extra)

@@ -152,8 +152,8 @@ def test_the_trainer_plays_its_episodes_with_the_configured_summary(tmp_path: An
     from taskrl.policies.hf import HFPolicy
     from taskrl.policies.models import tiny_model
     from taskrl.runlog import read_trajectories
-    from taskrl.trainer import Trainer
     from taskrl.training.config import TrainConfig
+    from taskrl.training.trainer import Trainer
 
     model, tokenizer = tiny_model(seed=0)
     policy = HFPolicy(model, tokenizer, device="cpu")

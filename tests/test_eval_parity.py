@@ -22,8 +22,8 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.scoring import Clock, GateRule, Rubric, TermWeight
-from taskrl.trainer import Trainer
 from taskrl.training.config import TrainConfig
+from taskrl.training.trainer import Trainer
 from taskrl.types import Message, Task, Trajectory
 
 WRONG = ["I cannot do this.", '<tool_call>\n{"name": "no_such_tool", "arguments": {}}\n</tool_call>']

@@ -15,8 +15,8 @@ from taskrl.policies.models import smollm2_tokenizer, tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.scoring import batch_metrics
-from taskrl.trainer import train
 from taskrl.training.config import load_config
+from taskrl.training.trainer import train
 
 
 def test_a_cut_tool_call_truncates_the_episode() -> None:

@@ -92,8 +92,8 @@ def _has_datasets() -> bool:
 
 def test_train_takes_tasks_from_the_config(tmp_path: Path) -> None:
     from taskrl.policies.models import tiny_model
-    from taskrl.trainer import train
     from taskrl.training.config import load_config
+    from taskrl.training.trainer import train
 
     source = write_rows(tmp_path / "orders.jsonl", ROWS)
     base = tmp_path / "tiny"

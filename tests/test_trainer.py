@@ -14,8 +14,8 @@ from taskrl.envs.builtin import PriceEnv
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import InProcessSync, Trainer, train
 from taskrl.training.config import TrainConfig
+from taskrl.training.trainer import InProcessSync, Trainer, train
 from taskrl.types import Task, Trajectory
 
 
@@ -144,7 +144,7 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     """`make demo` runs this code with SmolLM2 (minutes); here the same path runs on a tiny model."""
     from rich.console import Console
 
-    from taskrl.training.demo import run_demo
+    from taskrl.commands.demo import run_demo
 
     model_dir = tmp_path / "tiny"
     model, tokenizer = tiny_model(seed=0)
@@ -174,7 +174,7 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
 
 
 def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:
-    from taskrl.training.demo import paired_difference
+    from taskrl.commands.demo import paired_difference
 
     def evaluation(successes: list[int]) -> dict[str, Any]:
         return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}
@@ -194,7 +194,7 @@ def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:
 def test_the_demo_verdict_states_what_one_run_cannot_say() -> None:
     """Issue 40: a won run reads as "in this run", never as "RL beats SFT", and names its limits: one seed, a CI
     over tasks not runs, arms trained on different shapes, no RFT control."""
-    from taskrl.training.demo import paired_difference
+    from taskrl.commands.demo import paired_difference
 
     def evaluation(successes: list[int]) -> dict[str, Any]:
         return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}

@@ -13,8 +13,8 @@ from test_trainer_learning import ChatEnv, even_token_share  # the same triviall
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import Trainer
 from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.trainer import Trainer
 from taskrl.types import Trajectory
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from taskrl.commands.demo import RL_RECIPE, SFT_RECIPE, load_recipe
 from taskrl.training.config import ConfigError, TrainConfig, config_from_dict, load_config, parse_overrides
-from taskrl.training.demo import RL_RECIPE, SFT_RECIPE, load_recipe
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.toml"))
 

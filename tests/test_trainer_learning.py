@@ -17,8 +17,8 @@ import torch
 from taskrl.env import ToolEnv
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import train
 from taskrl.training.config import TrainConfig
+from taskrl.training.trainer import train
 from taskrl.types import Task, Trajectory
 
 

@@ -20,12 +20,12 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_metrics
-from taskrl.trainer import train
 from taskrl.training import precision
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.sync import CopySync, rollout_copy
+from taskrl.training.trainer import train
 from taskrl.types import Trajectory
 
 BASE = TrainConfig(lr=1e-3, max_grad_norm=1.0, temperature=1.0, progress=False, group_size=4, finetune="full")

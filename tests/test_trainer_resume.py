@@ -14,8 +14,8 @@ import pytest
 
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import train
 from taskrl.training.config import load_config
+from taskrl.training.trainer import train
 
 # SFT on the policy's own samples (rejection sampling with threshold 0) moves the weights from step 1; the k1
 # KL penalty then gives GRPO groups reward variance, so the RL steps update too (and use the Adam state).

@@ -21,10 +21,10 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import InProcessSync, Trainer
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.model import is_peft
 from taskrl.training.sync import CopySync, ServerLoRASync, connect_server
+from taskrl.training.trainer import InProcessSync, Trainer
 from taskrl.types import Message, Trajectory
 
 ADMIN_KEY = "admin-secret"

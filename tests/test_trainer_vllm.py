@@ -20,8 +20,8 @@ from taskrl.policies.base import SamplingParams
 from taskrl.policies.vllm_server import VLLMServer, free_port
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_trajectories
-from taskrl.trainer import Trainer
 from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.trainer import Trainer
 from taskrl.training.vllm_rollout import server_of
 from taskrl.types import Trajectory
 

@@ -15,11 +15,11 @@ from taskrl.policies.base import SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import RolloutConfig, run_episodes
-from taskrl.trainer import train
 from taskrl.training.config import TrainConfig
 from taskrl.training.filters import fill_batch, groups_of, overlong
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
+from taskrl.training.trainer import train
 from taskrl.types import Trajectory
 
 

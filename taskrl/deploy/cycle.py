@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 from taskrl.deploy.dataset import GroupBy, trajectories_from_store
 from taskrl.deploy.feedback import RewardMap
+from taskrl.deploy.feedback_trust import TrustedFeedbackStore
 from taskrl.deploy.gate import GateConfig, gate_decision
 from taskrl.deploy.router import Router
 from taskrl.deploy.store import Decision, InteractionStore
-from taskrl.feedback_trust import TrustedFeedbackStore
 from taskrl.policies.base import Policy
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import record_base_model

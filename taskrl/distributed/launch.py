@@ -44,7 +44,7 @@ def train_rank(config: TrainConfig) -> RankResult:
     """One rank's run: a ``Trainer`` on this rank's device; ranks > 0 print nothing (rank 0 speaks for all)."""
     from rich.console import Console
 
-    from taskrl.trainer import Trainer
+    from taskrl.training.trainer import Trainer
 
     group = DataParallel.from_process_group()
     if not group.is_main:  # the monitors' alerts and other warnings would repeat once per rank

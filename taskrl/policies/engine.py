@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,11 +23,7 @@ from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.drafts import default_decode_budget, plan_drafts
 from taskrl.policies.fastpath import FastForward
 from taskrl.policies.kvcache import PrefixCache, RowKV
-from taskrl.policies.sampling import Request, sample
-
-if TYPE_CHECKING:
-    from taskrl.policies.hf import HFPolicy
-
+from taskrl.policies.sampling import DecodeHost, Request, sample
 
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
@@ -67,7 +63,7 @@ class ContinuousEngine:
 
     def __init__(
         self,
-        policy: HFPolicy,
+        policy: DecodeHost,
         *,
         max_batch_size: int,
         prefill_chunk_tokens: int,

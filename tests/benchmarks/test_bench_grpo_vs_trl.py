@@ -14,7 +14,7 @@ import pytest
 from taskrl.env import acheck_env
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import Trainer
+from taskrl.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import grpo_vs_trl as bench  # noqa: E402

@@ -26,11 +26,11 @@ from taskrl.env import make
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import derive_seed
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import train
 from taskrl.training.config import TrainConfig
 from taskrl.training.data import EpochSampler
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
+from taskrl.training.trainer import train
 from taskrl.types import Segment, Trajectory
 
 BASE = TrainConfig(lr=1e-4, max_grad_norm=0.5, temperature=1.0, progress=False, group_size=3)

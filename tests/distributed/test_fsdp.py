@@ -20,12 +20,12 @@ from taskrl.distributed.ddp import DataParallel, spawn
 from taskrl.distributed.launch import train_rank
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics
-from taskrl.trainer import train
 from taskrl.training.checkpoint import load_checkpoint, save_checkpoint
 from taskrl.training.config import ConfigError, TrainConfig
 from taskrl.training.learner import Learner
 from taskrl.training.memory import optimizer_bytes, tensor_bytes
 from taskrl.training.model import prepare_model
+from taskrl.training.trainer import train
 from taskrl.types import Segment, Trajectory
 
 BASE = TrainConfig(lr=1e-3, max_grad_norm=0.5, temperature=1.0, progress=False, group_size=3, learner_backend="fsdp2",

@@ -35,9 +35,9 @@ from taskrl.policies.models import tiny_model  # noqa: E402
 from taskrl.policies.scripted import ScriptedPolicy  # noqa: E402
 from taskrl.rollout import RolloutConfig, derive_seed, run_episodes  # noqa: E402
 from taskrl.runlog import read_metrics, read_trajectories  # noqa: E402
-from taskrl.trainer import Trainer  # noqa: E402
 from taskrl.training.config import ConfigError, TrainConfig  # noqa: E402
 from taskrl.training.learner import Learner  # noqa: E402
+from taskrl.training.trainer import Trainer  # noqa: E402
 from taskrl.types import Trajectory  # noqa: E402
 
 

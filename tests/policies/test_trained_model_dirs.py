@@ -14,8 +14,8 @@ import torch
 from taskrl.policies import PolicyError, make_policy
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import train
 from taskrl.training.config import load_config
+from taskrl.training.trainer import train
 
 CONFIG = [
     'env="price"', 'algo="sft"', 'sft_data="expert"', "steps=1", "sft_lr=0.05", "lr=0.05", "lora_rank=4",

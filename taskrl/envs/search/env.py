@@ -107,7 +107,8 @@ class SearchEnvConfig:
     """Corpus, tasks, budgets and reward of the search env (defaults: Context-1 as in docs/design/index.md §6)."""
 
     corpus: str = "default"
-    """Corpus directory from `taskrl corpus build`, or "default": the stdlib docs, built once into the cache."""
+    """Corpus directory from `taskrl corpus build`, or "default": the stdlib docs, built once into the cache by
+    ``make("search")``."""
     tasks: str | None = None
     """Tasks JSONL from `taskrl datagen multihop`; None: the corpus directory's tasks.jsonl."""
     chroma_url: str | None = None
@@ -198,11 +199,11 @@ _SHARED_LOCK = threading.Lock()
 
 
 def _shared(config: SearchEnvConfig) -> _Shared:
-    from taskrl.datagen.multihop import read_tasks
-    from taskrl.envs.search.build import TASKS_FILE, ensure_default_corpus
+    from taskrl.envs.search.build import TASKS_FILE, default_corpus
+    from taskrl.types import read_tasks
 
     default = config.corpus == "default"
-    corpus = ensure_default_corpus(config.device) if default else Path(config.corpus).expanduser()
+    corpus = default_corpus() if default else Path(config.corpus).expanduser()
     key = (str(corpus.resolve()), config.tasks, config.chroma_url, config.device, config.reward)
     with _SHARED_LOCK:
         if key not in _SHARED:

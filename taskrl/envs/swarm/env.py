@@ -70,7 +70,8 @@ class SwarmEnvConfig:
     """Tasks, sub-agents, step limits per role, the critical-steps budget and the reward of the swarm env."""
 
     tasks: str | None = None
-    """Tasks JSONL from `taskrl datagen widesearch|deepsearch`; None: a wide-search set on the default corpus."""
+    """Tasks JSONL from `taskrl datagen widesearch|deepsearch`; None: ``make("swarm")`` fills in a wide-search set it
+    generates once on the default corpus (``taskrl.datagen.defaults``)."""
     corpus: str = "default"
     """Search corpus directory for the sub-agents' env ("default": the cached stdlib corpus)."""
     subagent_env: str = "search"
@@ -147,14 +148,22 @@ _CACHE_LOCK = threading.RLock()  # re-entered when a nested swarm's sub-agent en
 
 
 def _load_tasks(config: SwarmEnvConfig) -> list[Task]:
-    from taskrl.datagen.multihop import read_tasks
-    from taskrl.datagen.widesearch import ensure_default_swarm_tasks
+    from taskrl.types import read_tasks
 
-    path = config.tasks or str(ensure_default_swarm_tasks())
+    if not config.tasks:
+        raise ValueError(
+            'SwarmEnvConfig.tasks is not set: build the env with make("swarm"), which generates a wide-search set '
+            "on the default corpus once, or pass tasks=<JSONL from `taskrl datagen widesearch|deepsearch`>"
+        )
     with _CACHE_LOCK:
-        if path not in _TASKS:
-            _TASKS[path] = read_tasks(path)
-        return _TASKS[path]
+        if config.tasks not in _TASKS:
+            _TASKS[config.tasks] = read_tasks(config.tasks)
+        return _TASKS[config.tasks]
+
+
+RuntimeBuilder = Callable[..., Any]
+"""Builds the Ray sub-agent runtime: ``(config, rollout, env_factory, *, policy, custom_env) -> runtime`` (the
+factory ``make("swarm")`` passes ``taskrl.distributed.ray_subagents.swarm_runtime``)."""
 
 
 def _subagent_env_factory(config: SwarmEnvConfig) -> Callable[[], Env]:
@@ -197,6 +206,7 @@ class SwarmEnv(ToolEnv):
         *,
         subagent_policy: Policy | str | None = None,
         subagent_env_factory: Callable[[], Env] | None = None,
+        ray_runtime: RuntimeBuilder | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__()
@@ -216,10 +226,14 @@ class SwarmEnv(ToolEnv):
         )
         self.runtime: Any
         if self.config.subagent_backend == "ray":  # the actors build their own policy and envs: nothing loads here
-            from taskrl.distributed.ray_subagents import swarm_runtime
-
+            if ray_runtime is None:
+                raise ValueError(
+                    'SwarmEnvConfig.subagent_backend="ray" needs the Ray runtime, which the env\'s factory gives it: '
+                    'build the env with make("swarm", subagent_backend="ray", ...) or pass '
+                    "ray_runtime=taskrl.distributed.ray_subagents.swarm_runtime"
+                )
             custom = subagent_env_factory is not None
-            self.runtime = swarm_runtime(self.config, rollout, env_factory, policy=subagent_policy, custom_env=custom)
+            self.runtime = ray_runtime(self.config, rollout, env_factory, policy=subagent_policy, custom_env=custom)
         else:
             policy = subagent_policy or _default_policy(self.config, env_factory)
             self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from taskrl.envs.search.env import beta_of, context1_reward
 from taskrl.envs.search.reward import GroundTruth, RewardConfig, episode_metrics
-from taskrl.rewards.formulas import context1_clamp, fact_recall, output_precision, turn_penalty
+from taskrl.rewards.formulas import fact_recall, output_precision, turn_penalty
 from taskrl.rewards.presets import PrunePenalty, TurnPenalty
-from taskrl.scoring import CLAMP, Clock, score
+from taskrl.scoring import CLAMP, Clock, context1_clamp, score
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 # Two facts: the first is supported by a chunk repeated in two documents, the second by one chunk.

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from taskrl.chat import format_tool_call
-from taskrl.datagen.multihop import write_tasks
 from taskrl.env import make
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig
 from taskrl.envs.swarm.reward import SwarmRewardConfig, swarm_reward
@@ -23,7 +22,7 @@ from taskrl.policies.base import Completion, SamplingParams
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards.compose import RewardClock
 from taskrl.rollout import RolloutConfig, run_episode
-from taskrl.types import Message, Task, Trajectory
+from taskrl.types import Message, Task, Trajectory, write_tasks
 
 K = 4
 NAMES = ["amber", "birch", "cedar", "dune", "ember", "fjord", "grove", "heath", "iris", "juniper", "kelp", "larch"]

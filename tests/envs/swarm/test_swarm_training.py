@@ -11,8 +11,8 @@ from taskrl.env import make
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import train
 from taskrl.training.config import TrainConfig
+from taskrl.training.trainer import train
 
 
 def test_frozen_subagents_are_bit_identical_after_training(

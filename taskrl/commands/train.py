@@ -74,7 +74,7 @@ def train_command(
 
         rows = launch(resolved, console)[0].rows
     else:
-        from taskrl.trainer import train
+        from taskrl.training.trainer import train
 
         rows = train(resolved, console=console)
     last = rows[-1] if rows else {}

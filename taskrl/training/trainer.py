@@ -1,6 +1,6 @@
 """The training loop: collect -> score -> advantages -> update -> sync weights -> log -> checkpoint.
 
-    from taskrl.trainer import Trainer
+    from taskrl.training.trainer import Trainer
     from taskrl.training.config import load_config
     Trainer(load_config("recipes/grpo_smollm2_lora.toml", ["steps=20"])).train()
 
@@ -56,7 +56,7 @@ from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
 from taskrl.training.precision import resolve, torch_dtype
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
-from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.trainer.InProcessSync
+from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.training.trainer.InProcessSync
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
 
