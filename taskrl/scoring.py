@@ -284,7 +284,7 @@ def score(
 
     ``reward_weights`` multiply the rubric's weights (a number, or a schedule over ``clock.step``); derived terms
     are computed at ``clock`` and written to ``terms``; group terms are computed for every ``group_id`` with two
-    samples or more, in (seed, id) order (``task_of`` maps a task id to its Task).
+    samples or more, in the order given (``task_of`` maps a task id to its Task).
     """
     from taskrl.rewards.formulas import context1_clamp  # the one clamp rule; a leaf, but its package imports this
 
@@ -349,14 +349,11 @@ def score(
 
 
 def _groups(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
-    """The samples of each task (``group_id``), each group in (seed, id) order however the episodes finished, so
-    order-dependent group terms agree; infrastructure failures say nothing of the policy and are left out."""
+    """The samples of each task (``group_id``); infrastructure failures say nothing of the policy: left out."""
     groups: dict[str, list[Trajectory]] = {}
     for traj in trajectories:
         if traj.infra_failure is None:
             groups.setdefault(_group_key(traj), []).append(traj)
-    for group in groups.values():
-        group.sort(key=lambda t: (t.seed if t.seed is not None else -1, t.id))
     return groups
 
 
@@ -390,7 +387,9 @@ def score_collected(
     rubric = rubric if rubric is not None else rubric_of(env)
     if measure is not None:
         measure(clock.step, trajectories)
-    score(trajectories, rubric, clock, reward_weights=reward_weights, task_of=task_of)
+    # one order however the episodes finished, so order-dependent group terms agree
+    ordered = sorted(trajectories, key=lambda t: (t.seed if t.seed is not None else -1, t.id))
+    score(ordered, rubric, clock, reward_weights=reward_weights, task_of=task_of)
 
 
 def rubric_of(env: Any) -> Rubric:
