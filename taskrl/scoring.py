@@ -348,6 +348,20 @@ def score(
         traj.rewards = weighted
 
 
+def rescore(
+    trajectories: Sequence[Trajectory],
+    rubric: Rubric,
+    clock: Clock,
+    *,
+    task_of: Callable[[str], Task | None] | None = None,
+) -> None:
+    """Measure saved trajectories again with ``rubric`` (its terms replace ``terms``) and ``score`` them at
+    ``clock``: what another reward, or the same one later in its annealing, would have said about them."""
+    for traj in trajectories:
+        traj.terms = rubric.measure(traj, task_of(traj.task_id) if task_of is not None else None)
+    score(trajectories, rubric, clock, task_of=task_of)
+
+
 def _groups(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
     """The samples of each task (``group_id``); infrastructure failures say nothing of the policy: left out."""
     groups: dict[str, list[Trajectory]] = {}

@@ -17,8 +17,7 @@ from rich.table import Table
 from taskrl.env import make
 from taskrl.rewards.presets import PRESETS, make_reward
 from taskrl.rewards.terms import AnswerMatch
-from taskrl.scoring import Clock, batch_metrics
-from taskrl.scoring import score as score_batch
+from taskrl.scoring import Clock, batch_metrics, rescore
 from taskrl.types import read_jsonl, write_jsonl
 
 ANSWER_PRESETS = {"parl": "perf", "seed_weighted": "completion"}
@@ -73,9 +72,7 @@ def score(
         outcome[ANSWER_PRESETS[preset]] = AnswerMatch(answer_mode)  # type: ignore[arg-type]
     reward = make_reward(preset, **outcome)
     clock = Clock(step, epoch)
-    for traj in trajectories:  # measured again by the preset (clock-free), then scored at the clock as training
-        traj.terms, traj.rewards = reward.measure(traj, tasks.get(traj.task_id)), {}
-    score_batch(trajectories, reward, clock, task_of=tasks.get)
+    rescore(trajectories, reward, clock, task_of=tasks.get)  # measured by the preset, scored at the clock
     metrics = batch_metrics(trajectories, reward, clock)
     table = Table("term", "weight", "weighted mean", "raw mean", "applies to", title=f"{preset} on {len(trajectories)}")
     for t in [*reward.terms, *reward.derived, *reward.group_terms]:
