@@ -427,8 +427,8 @@ def error_note(trajectories: Sequence[Trajectory]) -> str | None:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "summarize":
-        raise AttributeError(
+    if name == "summarize":  # an ImportError: ``from taskrl.rollout import summarize`` keeps this message
+        raise ImportError(
             "taskrl.rollout.summarize was removed: use taskrl.scoring.batch_metrics (keys rewards/total, "
             "rewards/<term>, tools/turns, tools/tool_calls, charts/episodes, charts/errors, ...)"
         )
