@@ -382,7 +382,11 @@ def cap_invalid_calls(trajectory: Trajectory, weighted: dict[str, float | None],
 
 MeasureFn = Callable[[int, list[Trajectory]], None]
 """Extra measurements over a batch: ``fn(step, trajectories)`` adds terms (reward models, shaping) to each
-trajectory's ``terms`` in place."""
+trajectory's ``terms`` in place; writing ``rewards`` (which ``score`` overwrites) is refused."""
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
 
 
 def score_collected(
@@ -400,7 +404,15 @@ def score_collected(
     (``rubric_of``); the env is told nothing about the clock."""
     rubric = rubric if rubric is not None else rubric_of(env)
     if measure is not None:
+        before = [dict(traj.rewards) for traj in trajectories]
         measure(clock.step, trajectories)
+        for traj, rewards in zip(trajectories, before, strict=True):
+            changed = sorted(k for k in {*traj.rewards, *rewards} if not _same(traj.rewards.get(k), rewards.get(k)))
+            if changed:
+                raise RewardTermError(
+                    f"score_fn wrote Trajectory.rewards {changed}: write measurements to Trajectory.terms instead "
+                    "(taskrl.scoring.score weighs them, 1 unless the rubric lists them, and writes rewards itself)"
+                )
     # one order however the episodes finished, so order-dependent group terms agree
     ordered = sorted(trajectories, key=lambda t: (t.seed if t.seed is not None else -1, t.id))
     score(ordered, rubric, clock, reward_weights=reward_weights, task_of=task_of)

@@ -65,9 +65,9 @@ if TYPE_CHECKING:
     from taskrl.training.vllm_rollout import VLLMEngine
 
 ScoreFn = Callable[[int, list[Trajectory]], None]
-"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.rewards`` (or
-``trajectory.terms``) in place (reward models, ``taskrl.monitors.shape_rewards``); they are scored with the
-env's terms, so the gates and the invalid-call cap still have the last word."""
+"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.terms`` in place
+(reward models, ``taskrl.monitors.shape_rewards``); they are scored with the env's terms, so the gates and the
+invalid-call cap still have the last word (writing ``trajectory.rewards`` is refused, naming ``terms``)."""
 
 
 class Trainer:

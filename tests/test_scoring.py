@@ -18,6 +18,7 @@ from taskrl.scoring import (
     TermWeight,
     batch_metrics,
     score,
+    score_collected,
 )
 from taskrl.types import Task, Trajectory
 
@@ -149,3 +150,23 @@ def test_a_failed_gate_or_an_invalid_call_never_scores_above_failure(
     first = dict(traj.rewards)
     score([traj], rubric, Clock(step, epoch), reward_weights=overrides)
     assert traj.rewards == first
+
+
+def test_a_score_fn_that_writes_rewards_is_refused_naming_terms() -> None:
+    """``score`` writes ``rewards``: a measurement written there would be overwritten, silently, so it is refused."""
+
+    def into_rewards(step: int, trajectories: list[Trajectory]) -> None:
+        for t in trajectories:
+            t.rewards["bonus"] = 1.0
+
+    def into_terms(step: int, trajectories: list[Trajectory]) -> None:
+        for t in trajectories:
+            t.terms["bonus"] = 1.0
+
+    batch = [Trajectory(terms={"x": 0.5}, rewards={"x": 0.5})]
+    refused = r"score_fn wrote Trajectory.rewards \['bonus'\]: write measurements to Trajectory.terms"
+    with pytest.raises(RewardTermError, match=refused):
+        score_collected(batch, None, Clock(), rubric=Rubric(), measure=into_rewards)
+    batch = [Trajectory(terms={"x": 0.5}, rewards={"x": float("nan")})]
+    score_collected(batch, None, Clock(), rubric=Rubric(), measure=into_terms)
+    assert batch[0].rewards == {"x": 0.5, "bonus": 1.0}
