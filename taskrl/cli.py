@@ -37,7 +37,8 @@ from taskrl.envs.search.cli import corpus_app
 from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, make_policy
 from taskrl.report.cli import report_command
 from taskrl.rewards.cli import rewards_app
-from taskrl.rollout import RolloutConfig, error_note, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episodes
+from taskrl.scoring import batch_metrics
 from taskrl.training.config import fields_help
 from taskrl.types import Task, Trajectory
 
@@ -114,18 +115,18 @@ def _summary_table(rows: dict[str, list[Trajectory]], title: str) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, trajectories in rows.items():
-        s = summarize(trajectories)
+        s = batch_metrics(trajectories)
         table.add_row(
             name,
-            f"{s['episodes']:.0f}" + (f" ({s['errors']:.0f} err)" if s["errors"] else ""),
-            f"{s['reward']:.3f}",
-            f"{s['turns']:.2f}",
-            f"{s['tool_calls']:.2f}",
-            f"{s['invalid_tool_calls']:.2f}",
-            f"{s['tokens']:.0f}",
-            f"{s['sampled_tokens']:.0f}",
-            f"{s['terminated']:.0%}",
-            f"{s['truncated']:.0%}",
+            f"{s['charts/episodes']:.0f}" + (f" ({s['charts/errors']:.0f} err)" if s["charts/errors"] else ""),
+            f"{s['rewards/total']:.3f}",
+            f"{s['tools/turns']:.2f}",
+            f"{s['tools/tool_calls']:.2f}",
+            f"{s['tools/invalid_tool_calls']:.2f}",
+            f"{s['charts/mean_tokens']:.0f}",
+            f"{s['charts/mean_sampled_tokens']:.0f}",
+            f"{s['charts/terminated']:.0%}",
+            f"{s['charts/truncated']:.0%}",
         )
     return table
 
@@ -170,7 +171,7 @@ def _write_meta(out: Path, config: RolloutConfig, trajectories: list[Trajectory]
         "python": platform.python_version(),
         "argv": sys.argv,
         "config": json.loads(json.dumps(config, default=lambda o: o.__dict__)),
-        "summary": summarize(trajectories),
+        "summary": batch_metrics(trajectories),
         **extra,
     }
     path = out.with_suffix(".meta.json")

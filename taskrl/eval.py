@@ -16,7 +16,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -27,9 +27,9 @@ from taskrl.env import Env, call_hook, maybe_await
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, error_note, run_episode, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episode
 from taskrl.runlog import RunLog, read_trajectories
-from taskrl.scoring import Clock, rubric_of, score_collected
+from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
 from taskrl.validate import at_least, require
@@ -140,6 +140,9 @@ def _estimate(values: Sequence[float], config: EvalConfig, salt: str) -> dict[st
     return {"value": mean, "low": ci[0] if ci else None, "high": ci[1] if ci else None}
 
 
+TOTALS = ("rewards/total", "rewards/std")
+
+
 def score(
     by_policy: dict[str, list[Trajectory]],
     tasks: Sequence[Task],
@@ -172,19 +175,20 @@ def score(
                 series.setdefault(f"pass@{k}", []).append(value)
             per_task[tid][name] = row
         stats[name] = series
-        summary = summarize(trajectories)
+        summary = batch_metrics(trajectories)
         monitors = Monitors(monitor_config, tool_names=tool_names, max_turns=config.max_turns)
         metrics, alerts = monitors.check(step, trajectories)
         policies[name] = {
             "episodes": len(trajectories),
             **{key: _estimate(values, config, f"{name}/{key}") for key, values in series.items()},
-            "turns": summary.get("turns"),
-            "tool_calls": summary.get("tool_calls"),
-            "invalid_tool_calls": summary.get("invalid_tool_calls"),
-            "tokens": summary.get("tokens"),
-            "errors": summary.get("errors", 0.0),
+            "turns": summary["tools/turns"],
+            "tool_calls": summary["tools/tool_calls"],
+            "invalid_tool_calls": summary["tools/invalid_tool_calls"],
+            "tokens": summary["charts/mean_tokens"],
+            "errors": summary["charts/errors"],
             "error_note": error_note(trajectories),
-            "reward_terms": {k.removeprefix("reward/"): v for k, v in summary.items() if k.startswith("reward/")},
+            "reward_terms": {k.removeprefix("rewards/"): v for k, v in summary.items()
+                             if k.startswith("rewards/") and k.count("/") == 1 and k not in TOTALS},  # fmt: skip
             "monitors": metrics,
             "alerts": [a.to_dict() for a in alerts],
         }
@@ -266,7 +270,7 @@ async def evaluate(
         raise EvalError("no tasks to evaluate; check the env's split or --n")
     if not policies:
         raise EvalError("no policy to evaluate")
-    rollout = replace(config.rollout_config(), clock=clock)
+    rollout = config.rollout_config()  # the envs know no clock: ``clock`` enters when the episodes are scored
     probe = env_factory()
     rubric = rubric_of(probe)
     task_of = {t.id: t for t in tasks}.get

@@ -31,7 +31,7 @@ def test_rollout_writes_trajectories_and_run_info(tmp_path: Path) -> None:
     trajs = read_jsonl(str(out))
     assert len(trajs) == 6 and all(t.reward == 1.0 for t in trajs)
     meta = json.loads(out.with_suffix(".meta.json").read_text())
-    assert meta["summary"]["episodes"] == 6 and meta["config"]["group_size"] == 2
+    assert meta["summary"]["charts/episodes"] == 6 and meta["config"]["group_size"] == 2
     again = taskrl("rollout", "--env", "shop", "--policy", "scripted", "--out", str(out))
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert len(read_jsonl(str(out))) == 6, "a refused rerun must not touch the earlier results"

@@ -48,14 +48,15 @@ def _rank(group: Sequence[Trajectory], task: Task | None) -> list[float]:
     return ranks
 
 
-class LegacyGroupPriceEnv(PriceEnv):
-    """An env with a legacy ``finalize_group`` hook (group terms written into ``rewards``)."""
+def _group_bonus(group: Sequence[Trajectory], task: Task | None) -> list[float]:
+    return [0.1 * i for i in range(len(group))]
 
-    name = "price-legacy-group"
 
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        for i, t in enumerate(trajectories):
-            t.rewards["group_bonus"] = 0.1 * i
+class GroupBonusPriceEnv(PriceEnv):
+    """An env whose rubric declares only a group term (its measured ``correct`` weighs 1)."""
+
+    name = "price-group-bonus"
+    rubric = Rubric(group_terms=[TermWeight("group_bonus", fn=_group_bonus)])
 
 
 class RubricPriceEnv(PriceEnv):
@@ -74,7 +75,7 @@ class RubricPriceEnv(PriceEnv):
 
 
 ENVS: dict[str, Callable[[], Env]] = {name: (lambda name=name: make(name)) for name in sorted(registry())}
-ENVS |= {"price-legacy-group": LegacyGroupPriceEnv, "price-rubric": RubricPriceEnv}
+ENVS |= {"price-group-bonus": GroupBonusPriceEnv, "price-rubric": RubricPriceEnv}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_eval_and_the_trainer_score_the_same_trajectories_alike(
     for row in result["per_task"]:
         mine = [t.reward for t in scored if t.task_id == row["task_id"]]
         assert row["policies"]["mixed"]["mean_reward"] == pytest.approx(sum(mine) / len(mine))
-    if name == "price-legacy-group":  # the group term reached eval's rewards (it used to be training-only)
+    if name == "price-group-bonus":  # the group term reached eval's rewards (it used to be training-only)
         assert sorted(t.rewards["group_bonus"] for t in scored)[-1] == pytest.approx(0.2)
     if name == "price-rubric":
         assert any(t.rewards.get("rank") for t in scored)

@@ -12,7 +12,7 @@ from taskrl.env import ToolEnv, make
 from taskrl.policies.base import Completion, PolicyError, SamplingParams
 from taskrl.policies.models import smollm2_tokenizer
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, _SegmentBuilder, run_episode, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, _SegmentBuilder, run_episode, run_episodes
 from taskrl.tools import tool
 from taskrl.types import Message, Task, Trajectory
 
@@ -278,10 +278,9 @@ def test_segment_builder_appends_extensions_and_splits_otherwise() -> None:
     assert [s.policy_version for s in b.segments] == [0, 0, 1]
 
 
-def test_summarize_and_config_validation() -> None:
-    t = Trajectory(rewards={"a": 1.0, "b": None}, metrics={"turns": 2.0}, terminated=True)
-    s = summarize([t, Trajectory(rewards={"a": 0.0})])
-    assert s["reward"] == 0.5 and s["reward/a"] == 0.5 and s["terminated"] == 0.5
+def test_config_validation_and_summarize_names_its_replacement() -> None:
+    with pytest.raises(ImportError, match="summarize was removed: use taskrl.scoring.batch_metrics"):
+        from taskrl.rollout import summarize  # noqa: F401
     with pytest.raises(ValueError, match="RolloutConfig.group_size"):
         RolloutConfig(group_size=0)
     with pytest.raises(ValueError, match="SamplingParams.top_p"):

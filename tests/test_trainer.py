@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from taskrl.envs.builtin import PriceEnv
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
+from taskrl.scoring import Rubric, TermWeight
 from taskrl.training.config import TrainConfig
 from taskrl.training.trainer import InProcessSync, Trainer, train
 from taskrl.types import Task, Trajectory
@@ -32,50 +34,32 @@ def _policy() -> HFPolicy:
     return HFPolicy(model, tokenizer, device="cpu")
 
 
-class StepAwareReward:
-    """A reward object an env holds: the trainer must tell it the step (annealed weights) and finish groups."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, int]] = []
-        self.groups: list[tuple[int, str]] = []
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.steps.append((step, epoch))
-
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        self.groups.append((len(trajectories), task.id if task else ""))
-        for i, t in enumerate(trajectories):  # varies inside the group, so GRPO has something to learn
-            t.rewards["group_bonus"] = 0.1 * i
+GROUPS: list[tuple[int, str]] = []
 
 
-SHARED = StepAwareReward()
+def group_bonus(trajectories: Sequence[Trajectory], task: Task | None) -> list[float]:
+    """A group term: varies inside the group, so GRPO has something to learn; records the groups it sees."""
+    GROUPS.append((len(trajectories), task.id if task else ""))
+    return [0.1 * i for i in range(len(trajectories))]
 
 
-class HookedPriceEnv(PriceEnv):
-    """Forwards the declared hooks to the reward object it holds (the trainer reaches only the env's own hooks)."""
+class GroupBonusPriceEnv(PriceEnv):
+    """Declares a group term on its rubric: the trainer's ``score`` computes it per group of K samples."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.reward_fn = SHARED
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.reward_fn.set_step(step, epoch)
-
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        self.reward_fn.finalize_group(trajectories, task)
+    rubric = Rubric(group_terms=[TermWeight("group_bonus", fn=group_bonus)])
 
 
 def test_sft_warmup_then_grpo_writes_a_complete_run_dir(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    SHARED.steps.clear()
-    rows = train(config, policy=_policy(), env_factory=HookedPriceEnv)
+    GROUPS.clear()
+    rows = train(config, policy=_policy(), env_factory=GroupBonusPriceEnv)
     assert [r["charts/phase"] for r in rows] == ["sft", "grpo", "grpo"]
     sft = rows[0]
     assert sft["rewards/correct"] == 1.0 and sft["losses/sft_nll"] > 0 and sft["charts/trained_trajectories"] == 2
-    assert {(0, 0), (1, 0), (2, 0)} <= set(SHARED.steps)
-    assert SHARED.groups and all(size == 3 for size, _ in SHARED.groups)  # expert steps have groups of 1: skipped
+    assert GROUPS and all(size == 3 for size, _ in GROUPS)  # expert steps have groups of 1: skipped
     for row in rows[1:]:
         assert row["rewards/group_bonus"] == pytest.approx(0.1) and row["charts/trained_tokens"] > 0
+        assert row["rewards/weight/group_bonus"] == 1.0  # the rubric's weights at the step's clock are logged
         expected = {"losses/entropy", "charts/lr", "charts/tokens_per_s", "tools/tool_calls", "charts/dropped_groups"}
         assert expected <= set(row)
     assert "eval/success_rate" in rows[2] and "eval/mean_reward" in rows[2]
@@ -93,8 +77,8 @@ def test_sft_warmup_then_grpo_writes_a_complete_run_dir(tmp_path: Path) -> None:
 def test_score_applies_weights_and_keeps_the_invalid_call_cap(tmp_path: Path) -> None:
     weights = {"correct": {"kind": "linear", "start": 5.0, "end": 1.0, "steps": 4}}
     trainer = Trainer(_config(tmp_path, reward_weights=weights), policy=_policy())
-    good = Trajectory(rewards={"correct": 1.0, "other": 0.25}, metrics={"invalid_tool_calls": 0})
-    cheat = Trajectory(rewards={"correct": 1.0, "invalid_tool_call_cap": -1.0}, metrics={"invalid_tool_calls": 1})
+    good = Trajectory(terms={"correct": 1.0, "other": 0.25}, metrics={"invalid_tool_calls": 0})
+    cheat = Trajectory(terms={"correct": 1.0}, metrics={"invalid_tool_calls": 1})
     trainer.score(2, [good, cheat])  # weight 3 at step 2 of 4
     assert good.rewards == {"correct": 3.0, "other": 0.25}
     assert cheat.rewards["correct"] == 3.0 and cheat.reward == 0.0  # an invalid call never beats a failure

@@ -35,7 +35,7 @@ class ChatEnv(ToolEnv):
 def even_token_share(step: int, trajectories: list[Trajectory]) -> None:
     for t in trajectories:
         ids = [tok for s in t.segments for tok, m in zip(s.token_ids, s.loss_mask, strict=True) if m]
-        t.rewards["even_tokens"] = sum(tok % 2 == 0 for tok in ids) / max(len(ids), 1)
+        t.terms["even_tokens"] = sum(tok % 2 == 0 for tok in ids) / max(len(ids), 1)
 
 
 @pytest.mark.parametrize(("algo", "precision"), [("grpo", "float32"), ("ppo", "float32"), ("grpo", "bfloat16")])

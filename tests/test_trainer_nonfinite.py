@@ -141,7 +141,7 @@ def test_trainer_logs_the_skipped_step_in_metrics_and_alerts(tiny: tuple[Any, An
 
         def score(step: int, trajectories: list[Trajectory]) -> None:
             for i, t in enumerate(trajectories):
-                t.rewards["synthetic"] = float(i % 3)
+                t.terms["synthetic"] = float(i % 3)
             trajectories[1].segments[0].logprobs[trajectories[1].segments[0].loss_mask.index(1)] = float("nan")
 
         trainer.score_fn = score

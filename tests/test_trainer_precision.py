@@ -116,7 +116,7 @@ def test_trainer_says_which_precision_and_logs_the_mismatch(tiny: tuple[Any, Any
 
     def score(step: int, trajectories: list[Trajectory]) -> None:
         for i, t in enumerate(trajectories):
-            t.rewards["synthetic"] = float(i % 3)
+            t.terms["synthetic"] = float(i % 3)
 
     train(config, policy=HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu"), console=console, score_fn=score)
     text = console.export_text()

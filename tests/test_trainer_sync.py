@@ -40,7 +40,7 @@ def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
 def spread(step: int, trajectories: list[Trajectory]) -> None:
     """A reward that differs inside every group, so every GRPO step updates (and makes a new version)."""
     for i, t in enumerate(trajectories):
-        t.rewards["spread"] = 0.25 * (i % 2)
+        t.terms["spread"] = 0.25 * (i % 2)
 
 
 def _ids(trainer: Trainer) -> torch.Tensor:

@@ -72,7 +72,7 @@ def test_a_down_vllm_url_fails_the_trainer_with_a_clear_error(tmp_path: Path) ->
 def spread(step: int, trajectories: list[Trajectory]) -> None:
     """A reward that differs inside every group, so each step updates and makes a new adapter version."""
     for i, t in enumerate(trajectories):
-        t.rewards["spread"] = 0.25 * (i % 2)
+        t.terms["spread"] = 0.25 * (i % 2)
 
 
 class KillOnReset:

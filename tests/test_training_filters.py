@@ -102,7 +102,7 @@ def test_the_trainer_refills_a_batch_of_flat_groups(tmp_path: Path) -> None:
     def spread_after_the_first_round(step: int, trajectories: list[Trajectory]) -> None:
         calls["n"] += 1
         for i, t in enumerate(trajectories):  # the first round is flat; later rounds vary inside every group
-            t.rewards["spread"] = 0.0 if calls["n"] == 1 else 0.1 * (i % 3)
+            t.terms["spread"] = 0.0 if calls["n"] == 1 else 0.1 * (i % 3)
 
     model, tokenizer = tiny_model(seed=0)
     base: dict[str, Any] = dict(run_dir=str(tmp_path / "run"), env="price", lora_rank=4, steps=1, tasks_per_step=2,

@@ -136,7 +136,7 @@ class RolloutActor:
 
     async def play(self, jobs: list[_Job], rollout: RolloutConfig) -> list[Trajectory]:
         """``rollout.group_size`` episodes per job, seeded by the job's index in the step as a local run seeds it;
-        each env is told ``rollout.clock`` by ``run_episode`` (the declared ``set_step``), as in a local run."""
+        the envs know nothing of the training clock (the driver scores the batch at it), as in a local run."""
         tasks, indices = [job.task for job in jobs], [job.index for job in jobs]
         return await run_episodes(self.env_factory, self.policy, tasks, rollout, task_indices=indices)
 
@@ -265,7 +265,7 @@ class RayRollout:
 
         An actor that dies is restarted (with the current weights) and its share is played once more; a second
         death, or any error raised while playing, fails with ``RolloutWorkerError`` naming the worker and tasks.
-        ``step`` names the step in errors; the envs see ``rollout.clock`` (``epoch`` is that clock's, unused here).
+        ``step`` names the step in errors (``epoch`` is unused here: the driver scores the batch at its clock).
         """
         import ray
 

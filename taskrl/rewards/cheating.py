@@ -25,8 +25,9 @@ class Grounding:
     is every successful tool result. With ``include_prompt``, facts the task itself states (its quantities, row
     numbers, its own words) are given, not found: they are left out of the share, and an answer whose every
     fact is given found nothing, so it scores 0 (a table of row numbers, or of phrases copied from the prompt,
-    is fabricated). A fabricated answer (facts no tool ever returned) scores 0; use it as a ``Gate`` so such
-    an episode scores as a failure. None when there is no final answer or it states no extractable fact.
+    is fabricated). A fabricated answer (facts no tool ever returned) scores 0; use it as a gate's check
+    (``GateRule``) so such an episode scores as a failure. None when there is no final answer or it states no
+    extractable fact.
     """
 
     extractor: Callable[[str], set[str]] = extract_facts

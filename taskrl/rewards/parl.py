@@ -16,8 +16,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from taskrl.rewards.compose import Term
 from taskrl.rewards.formulas import r_efficiency, r_finish, r_parallel
+from taskrl.scoring import TermFn
 from taskrl.types import Task, Trajectory
 
 TRIVIAL_ANSWERS = frozenset({
@@ -245,7 +245,7 @@ class CriticalEfficiency:
     Reads ``trajectory.metrics["critical_steps"]`` (the swarm env writes it); None when absent.
     """
 
-    perf: Term
+    perf: TermFn
     """The r_perf term (the same one the reward's ``perf`` term uses)."""
     budget: int = 100
     """Critical steps at which the bonus reaches 0 (the episode's critical-step budget when it has one)."""

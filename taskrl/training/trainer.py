@@ -65,9 +65,9 @@ if TYPE_CHECKING:
     from taskrl.training.vllm_rollout import VLLMEngine
 
 ScoreFn = Callable[[int, list[Trajectory]], None]
-"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.rewards`` (or
-``trajectory.terms``) in place (reward models, ``taskrl.monitors.shape_rewards``); they are scored with the
-env's terms, so the gates and the invalid-call cap still have the last word."""
+"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.terms`` in place
+(reward models, ``taskrl.monitors.shape_rewards``); they are scored with the env's terms, so the gates and the
+invalid-call cap still have the last word (writing ``trajectory.rewards`` is refused, naming ``terms``)."""
 
 
 class Trainer:
@@ -99,7 +99,7 @@ class Trainer:
         self.env_factory = env_factory or functools.partial(
             build_env, cfg.env, cfg.env_kwargs, cfg.tasks, cfg.task_columns, loaded
         )
-        # One env kept for the run: tasks, the expert rule, and group scoring (``finalize_group``).
+        # One env kept for the run: tasks, the expert rule, and its rubric.
         self.probe = probe = self.env_factory()
         self.rubric = rubric_of(probe)  # how measured terms become the reward: taskrl.scoring
         self.failure_reward = self.rubric.failure_reward
@@ -188,8 +188,8 @@ class Trainer:
         return step < self.config.phases[0]
 
     def env_factory_at(self, step: int, epoch: int) -> Callable[[], Env]:
-        """Envs for this step: the run's factory. ``run_episode`` tells each env the step's clock (the declared
-        ``set_step(step, epoch)``, from ``RolloutConfig.clock``) before reset; the env forwards it to what it holds."""
+        """Envs for this step: the run's factory. Envs are told nothing about training: the step's clock enters
+        only when the batch is scored (``score``)."""
         return self.env_factory
 
     def collect(self, step: int) -> list[Trajectory]:
@@ -201,7 +201,7 @@ class Trainer:
         reward clocks advance as in a serial run); returns the coroutine that plays them on the rollout loop."""
         cfg = self.config
         epoch = self.sampler.epoch
-        self._clocks[step] = clock = Clock(step, epoch)
+        self._clocks[step] = Clock(step, epoch)  # the batch is scored at it, however late it is played
         sft_step = self.is_sft_step(step)
         if sft_step and self.sft_file is not None:
             return _ready(self.group.shard(self.sft_file.take(cfg.tasks_per_step * cfg.group_size)))
@@ -211,10 +211,10 @@ class Trainer:
         indices = self.group.shard(range(len(tasks)))
         tasks = [tasks[i] for i in indices]
         expert = sft_step and self.expert is not None
-        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step), clock, expert=expert)
+        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step), expert=expert)
         return self._play(step, epoch, tasks, rollout, expert, indices)
 
-    def _rollout_config(self, seed: int, clock: Clock, *, expert: bool) -> RolloutConfig:
+    def _rollout_config(self, seed: int, *, expert: bool) -> RolloutConfig:
         cfg = self.config
         return RolloutConfig(
             max_turns=cfg.max_turns,
@@ -223,7 +223,6 @@ class Trainer:
             group_size=1 if expert else cfg.group_size,  # a deterministic expert's K samples would be identical
             concurrency=cfg.concurrency,
             seed=seed,
-            clock=clock,
             summary=context.from_value(cfg.summary, "TrainConfig.summary"),
             engine_failures="drop",  # one failed request is no sample of the policy; a dead engine fails the step
         )
@@ -256,9 +255,9 @@ class Trainer:
         return trajectories
 
     def score(self, step: int, trajectories: list[Trajectory], *, clock: Clock | None = None) -> None:
-        """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): the env's
-        group measurements, extra measurements (``score_fn``), then term weights (the rubric's times
-        ``reward_weights``), group terms, clamp, gates, invalid-call cap, once and in order."""
+        """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): extra
+        measurements (``score_fn``), then term weights (the rubric's times ``reward_weights``), derived terms at
+        the clock (Context-1's β), group terms, clamp, gates, invalid-call cap, once and in order."""
         score_collected(
             trajectories, self.probe, clock or self.clock_of(step), rubric=self.rubric,
             reward_weights=self.reward_weights, task_of=self.tasks_by_id.get, measure=self.score_fn,
@@ -269,7 +268,7 @@ class Trainer:
         seeds of their own and scored at the step's clock."""
         cfg = self.config
         tasks = self.sampler.sample(step, n, random.Random(derive_seed(cfg.seed, "tasks", step, "more", round_)))
-        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step, "more", round_), clock, expert=False)
+        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step, "more", round_), expert=False)
         trajectories = self.rollouts.run(self._play(step, clock.epoch, tasks, rollout, False, list(range(n))))
         self.score(step, trajectories, clock=clock)
         return trajectories
@@ -307,7 +306,7 @@ class Trainer:
         metrics.update(_staleness_metrics(own, version))
         metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._timeline(step, update_started, updated))
-        metrics.update(batch_metrics(trajectories))
+        metrics.update(batch_metrics(trajectories, self.rubric, clock))
         monitor_metrics, alerts = self.monitors.check(step + 1, trajectories)
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:

@@ -257,7 +257,7 @@ def test_ray_actors_sample_from_the_trainers_vllm(tmp_path: Path, vllm_server: A
 
     def spread(step: int, trajectories: list[Trajectory]) -> None:  # a reward spread: every step updates
         for i, t in enumerate(trajectories):
-            t.rewards["spread"] = 0.25 * (i % 2)
+            t.terms["spread"] = 0.25 * (i % 2)
 
     trainer = Trainer(config, rollout_server=vllm_server, score_fn=spread)
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rubric_weigh import weigh
 
 from taskrl.envs.swarm.critical import critical_steps
-from taskrl.rewards.compose import RewardClock
 from taskrl.rewards.formulas import r_efficiency
 from taskrl.rewards.parl import (
     CriticalEfficiency,
@@ -22,6 +22,7 @@ from taskrl.rewards.parl import (
 )
 from taskrl.rewards.presets import parl
 from taskrl.rewards.terms import AnswerMatch
+from taskrl.scoring import Clock
 from taskrl.types import Task, Trajectory
 
 
@@ -87,8 +88,7 @@ def test_efficiency_golden_and_truncation_keeps_no_auxiliary_credit() -> None:
     assert term(swarm(["a"], [0]), TASK) is None  # no critical steps recorded
     cut = swarm(["a", "b"], [0, 0], critical=4)
     cut.truncated = True
-    reward = parl(clock=RewardClock())
-    assert {k: v for k, v in reward(cut, TASK).items() if k != "perf"} == {
+    assert {k: v for k, v in weigh(parl(), cut, TASK).items() if k != "perf"} == {
         "parallel": 0.0, "finish": 0.0, "efficiency": 0.0}  # fmt: skip
 
 
@@ -112,6 +112,6 @@ def test_decoys_never_raise_an_honest_episodes_reward(
     for kid in cheat.children:
         if kid.final_answer == "hello":
             kid.info.update(useful=False, decoy=True)
-    reward = parl(anneal=anneal, clock=RewardClock(step))  # type: ignore[arg-type]
-    total = lambda t: sum(v for v in reward(t, TASK).values() if v is not None)  # noqa: E731
+    reward = parl(anneal=anneal)  # type: ignore[arg-type]
+    total = lambda t: sum(v for v in weigh(reward, t, TASK, Clock(step)).values() if v is not None)  # noqa: E731
     assert total(cheat) < total(honest)

@@ -237,9 +237,9 @@ class SwarmEnv(ToolEnv):
         else:
             policy = subagent_policy or _default_policy(self.config, env_factory)
             self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
-        self.reward_fn = swarm_reward(self.config.reward, budget=self.config.max_critical_steps)
-        """The ``parl`` reward ``reward`` measures with; ``rubric`` is its rubric (weights, λ annealing)."""
-        self.rubric = self.reward_fn.rubric()
+        self.rubric = swarm_reward(self.config.reward, budget=self.config.max_critical_steps)
+        """The ``parl`` preset: its terms measure the episode (``reward``); ``taskrl.scoring.score`` weighs them,
+        annealing λ1, λ2 on the clock it is given."""
         self._reset_state(0)
 
     def _reset_state(self, seed: int) -> None:
@@ -259,10 +259,6 @@ class SwarmEnv(ToolEnv):
     def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         self._reset_state(seed or 0)
         return super().reset(task, seed)
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        """Move the reward's clock (its terms' schedules; the λ weights are the rubric's, on the scoring clock)."""
-        self.reward_fn.set_step(step, epoch)
 
     def _launches(self, turns: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
         return [sorted(turn, key=lambda c: c.info.get("assignment", 0)) for turn in turns]
@@ -414,7 +410,7 @@ class SwarmEnv(ToolEnv):
         self.record_episode(trajectory)
         scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
         trajectory.metrics.update({f"swarm/{k}": v for k, v in scores.items()})
-        return self.reward_fn.measure(trajectory, self.task)  # unweighted: the rubric anneals λ1, λ2
+        return self.rubric.measure(trajectory, self.task)  # unweighted: score anneals λ1, λ2
 
 
 def _max_overlap(children: Sequence[Trajectory]) -> int:
