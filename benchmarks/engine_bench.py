@@ -430,7 +430,7 @@ def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
     from taskrl.training.demo import SFT_RECIPE, load_recipe
 
     with tempfile.TemporaryDirectory() as run_dir:
-        fields = {**load_recipe(SFT_RECIPE), "env": "shop", "env_kwargs": {}, "max_turns": 5}
+        fields = {**load_recipe(SFT_RECIPE), "env": "shop", "env_kwargs": {}, "rollout.max_turns": 5}
         fields.update(steps=args.warm_start_steps, run_dir=run_dir, device=str(policy.device), resume=False)
         fields.update(progress=False)
         trainer = Trainer(config_from_dict(fields), policy=policy)

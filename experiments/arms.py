@@ -32,7 +32,14 @@ def grpo_config(base: dict[str, Any], *, lr: float, tasks_per_step: int, group_s
                 **options: Any) -> dict[str, Any]:  # fmt: skip
     """A GRPO arm: ``base`` (model, env, episode limits, seed ...) plus the RL fields and any options
     (``normalize_std``, ``overlong_filter``, ``dynamic_sampling`` ...)."""
-    return {**base, "algo": "grpo", "lr": lr, "tasks_per_step": tasks_per_step, "group_size": group_size, **options}
+    return {
+        **base,
+        "algo.name": "grpo",
+        "lr": lr,
+        "rollout.tasks_per_step": tasks_per_step,
+        "rollout.group_size": group_size,
+        **options,
+    }
 
 
 def rft_config(rl: dict[str, Any], *, min_reward: float, lr: float | None = None) -> dict[str, Any]:
@@ -46,7 +53,14 @@ def rft_config(rl: dict[str, Any], *, min_reward: float, lr: float | None = None
 
 def sft_config(base: dict[str, Any], *, lr: float, tasks_per_step: int) -> dict[str, Any]:
     """An SFT arm on the env's expert demonstrations (``scripted_rule``, one episode per prompt)."""
-    return {**base, "algo": "sft", "sft_data": "expert", "lr": lr, "tasks_per_step": tasks_per_step, "group_size": 1}
+    return {
+        **base,
+        "algo.name": "sft",
+        "sft_data": "expert",
+        "lr": lr,
+        "rollout.tasks_per_step": tasks_per_step,
+        "rollout.group_size": 1,
+    }
 
 
 def budget_of(rows: Sequence[dict[str, Any]], train_s: float, *, time_limited: bool) -> dict[str, Any]:

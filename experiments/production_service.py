@@ -66,8 +66,8 @@ def _train_config(spec: dict[str, Any], run_dir: Path) -> Any:
 
     return config_from_dict({
         "run_dir": str(run_dir / "learner"), "seed": spec["seed"], "model": "smollm2", "device": spec["device"],
-        "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "algo": "grpo", "lr": spec["lr"],
-        "normalize_std": True, "max_staleness": spec["max_staleness"], "progress": False,
+        "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "algo.name": "grpo", "lr": spec["lr"],
+        "algo.normalize_std": True, "rollout.max_staleness": spec["max_staleness"], "progress": False,
         # 1024, not 4096: a 4096-token fp32 micro-batch of SmolLM2 (activations + 49k-vocab logits) took the
         # service past 17 GB RSS and it was OOM-killed beside another job; accumulation gives the same gradient.
         "micro_batch_tokens": 1024,
@@ -119,7 +119,7 @@ class Service:
         self.val = make_tasks(spec["val_tasks"], "val")
         self.test = make_tasks(spec["test_tasks"], "test")
         gate = GateConfig(n_boot=spec["n_boot"], seed=spec["seed"])
-        common = {"min_trajectories": spec["min_trajectories"], "max_staleness": spec["max_staleness"],
+        common = {"min_trajectories": spec["min_trajectories"], "rollout.max_staleness": spec["max_staleness"],
                   "group_by": "prompt", "gate": gate}  # fmt: skip
         suites = {"val": suite(self.val, spec["max_tokens"])}
         self.cycle = ProductionCycle(

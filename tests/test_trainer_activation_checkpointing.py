@@ -13,13 +13,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from taskrl.training.batching import TokenSequence, collate
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.memory import PeakMemory
 from taskrl.training.model import activation_checkpointing_enabled, decoder_layers, forward, prepare_model
 from taskrl.types import Segment, Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=0.0, temperature=1.0, progress=False, group_size=4)
+BASE = config_from_dict(
+    {"lr": 1e-3, "max_grad_norm": 0.0, "rollout.temperature": 1.0, "progress": False, "rollout.group_size": 4}
+)
 
 
 def _model() -> Any:

@@ -14,12 +14,12 @@ import torch
 
 from taskrl.policies.models import tiny_model
 from taskrl.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.runs import check_resumable, completed_steps, latest_checkpoint, rewind_run_dir
 
-CONFIG = TrainConfig(algo="ppo", finetune="lora", lora_rank=2, lr=1e-2)
+CONFIG = config_from_dict({"algo.name": "ppo", "finetune": "lora", "lora.rank": 2, "lr": 1e-2})
 
 
 def _learner(config: TrainConfig = CONFIG) -> Learner:
@@ -98,7 +98,7 @@ def test_rewind_drops_what_was_logged_after_the_checkpoint(tmp_path: Path) -> No
 
 
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
-    config = TrainConfig(run_dir=str(tmp_path))
+    config = config_from_dict({"run_dir": str(tmp_path)})
     check_resumable(tmp_path, config, has_checkpoint=False)  # nothing there yet
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')

@@ -19,12 +19,12 @@ from taskrl.policies.models import tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.training.batching import collate, sequences_from
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import StepPrefix, forward, prepare_model
 from taskrl.types import Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=0.0, temperature=1.0, progress=False)
+BASE = config_from_dict({"lr": 1e-3, "max_grad_norm": 0.0, "rollout.temperature": 1.0, "progress": False})
 
 
 @pytest.fixture(scope="module")

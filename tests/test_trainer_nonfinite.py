@@ -23,14 +23,14 @@ from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_alerts, read_metrics
 from taskrl.trainer import Trainer
 from taskrl.training.checkpoint import NonFiniteWeightsError, save_checkpoint
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.sync import ServerLoRASync, WeightSyncError
 from taskrl.types import Trajectory
 
-BASE = TrainConfig(lr=1e-2, max_grad_norm=1.0, temperature=1.0, progress=False, group_size=4, finetune="lora",
-                   lora_rank=4)  # fmt: skip
+BASE = config_from_dict({"lr": 1e-2, "max_grad_norm": 1.0, "rollout.temperature": 1.0, "progress": False,
+                         "rollout.group_size": 4, "finetune": "lora", "lora.rank": 4})  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,22 @@ from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_metrics
 from taskrl.trainer import train
 from taskrl.training import precision
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.sync import CopySync, rollout_copy
 from taskrl.types import Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=1.0, temperature=1.0, progress=False, group_size=4, finetune="full")
+BASE = config_from_dict(
+    {
+        "lr": 1e-3,
+        "max_grad_norm": 1.0,
+        "rollout.temperature": 1.0,
+        "progress": False,
+        "rollout.group_size": 4,
+        "finetune": "full",
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +75,10 @@ def test_auto_picks_bf16_only_where_the_hardware_accelerates_it(monkeypatch: pyt
 
 def test_precision_fields_are_validated() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.learner_precision must be one of float32, bfloat16, auto"):
-        TrainConfig(learner_precision="fp8")
+        config_from_dict({"learner_precision": "fp8"})
     with pytest.raises(ConfigError, match="TrainConfig.rollout_dtype must be 'same' unless rollout_policy='copy'"):
-        TrainConfig(rollout_dtype="bfloat16")
-    TrainConfig(rollout_dtype="bfloat16", rollout_policy="copy")
+        config_from_dict({"placement.rollout_dtype": "bfloat16"})
+    config_from_dict({"placement.rollout_dtype": "bfloat16", "placement.rollout_policy": "copy"})
 
 
 def test_bf16_learner_on_an_unchanged_policy_keeps_is_weights_near_one(tiny: tuple[Any, Any]) -> None:

@@ -22,7 +22,7 @@ from taskrl.policies.models import tiny_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.runlog import read_metrics, read_trajectories
 from taskrl.trainer import InProcessSync, Trainer
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.model import is_peft
 from taskrl.training.sync import CopySync, ServerLoRASync, connect_server
 from taskrl.types import Message, Trajectory
@@ -31,10 +31,11 @@ ADMIN_KEY = "admin-secret"
 
 
 def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / "run"), "env": "price", "lora_rank": 4, "lr": 1e-2, "steps": 2,
-            "tasks_per_step": 2, "group_size": 2, "max_turns": 1, "max_new_tokens": 8, "checkpoint_every": 1,
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "lora.rank": 4, "lr": 1e-2, "steps": 2,
+            "rollout.tasks_per_step": 2, "rollout.group_size": 2, "rollout.max_turns": 1, "rollout.max_new_tokens": 8,
+            "checkpoint_every": 1,
             "progress": False}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    return config_from_dict({**{**base, **changes}})
 
 
 def spread(step: int, trajectories: list[Trajectory]) -> None:
@@ -119,8 +120,9 @@ def served_model(tmp_path: Path) -> Iterator[tuple[ServerThread, Path]]:
 
 
 def _server_config(tmp_path: Path, server: ServerThread, model_dir: Path, **changes: Any) -> TrainConfig:
-    served = {"model": str(model_dir), "device": "cpu", "rollout_policy": "server", "rollout_url": server.base_url,
-              "rollout_model": "tiny"}  # fmt: skip
+    served = {"model": str(model_dir), "device": "cpu", "placement.rollout_policy": "server",
+              "placement.rollout_url": server.base_url,
+              "placement.rollout_model": "tiny"}  # fmt: skip
     return _config(tmp_path, **{**served, **changes})
 
 
@@ -151,7 +153,8 @@ def test_server_lora_sync_end_to_end(
 
         # The server's adapter v2 scores its own samples as the learner does.
         body = {"model": sync.adapter_name(2), "messages": [{"role": "user", "content": "What does the lamp cost?"}],
-                "max_tokens": 8, "temperature": 1.0, "seed": 3, "logprobs": True, "return_token_ids": True}  # fmt: skip
+                "max_tokens": 8, "rollout.temperature": 1.0, "seed": 3, "logprobs": True,
+                "return_token_ids": True}  # fmt: skip
         reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60, trust_env=False).json()
         sampled = reply["choices"][0]["token_ids"]
         served_logprobs = [entry["logprob"] for entry in reply["choices"][0]["logprobs"]["content"]]

@@ -21,30 +21,37 @@ from taskrl.policies.vllm_server import VLLMServer, free_port
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_trajectories
 from taskrl.trainer import Trainer
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.vllm_rollout import server_of
 from taskrl.types import Trajectory
 
 
 def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / "run"), "env": "price", "model": "smollm2", "lora_rank": 4, "lr": 1e-3,
-            "steps": 2, "tasks_per_step": 1, "group_size": 2, "max_turns": 1, "max_new_tokens": 12,
-            "checkpoint_every": 0, "progress": False, "rollout_policy": "vllm", "seed": 3}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "model": "smollm2", "lora.rank": 4, "lr": 1e-3,
+            "steps": 2, "rollout.tasks_per_step": 1, "rollout.group_size": 2, "rollout.max_turns": 1,
+            "rollout.max_new_tokens": 12,
+            "checkpoint_every": 0, "progress": False, "placement.rollout_policy": "vllm", "seed": 3}  # fmt: skip
+    return config_from_dict({**{**base, **changes}})
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         ({"finetune": "full"}, "rollout_policy must not be 'vllm' with finetune='full'"),
-        ({"top_p": 0.9}, "top_p must be 1 with rollout_policy='vllm'"),
-        ({"vllm": {"threads": "all"}}, r"TrainConfig.vllm: .*threads must name CPU cores"),
-        ({"vllm": {"gpu_memory": 1}}, r"TrainConfig.vllm: unknown field\(s\) gpu_memory"),
-        ({"vllm": {"max_lora_rank": 8}, "lora_rank": 16}, r"max_lora_rank \(8\) must be >= the trainer's lora_rank"),
-        ({"vllm": {"max_loras": 1}, "max_staleness": 2}, r"max_loras \(1\) must be >= max_staleness \+ 1"),
-        ({"rollout_url": "http://127.0.0.1:1/v1"}, "rollout_model must name the served base model"),
-        ({"rollout_restarts": -1}, "rollout_restarts must be an integer >= 0"),
-        ({"rollout_policy": "copy", "vllm": {"threads": "0-1"}}, "vllm is the vLLM server's table"),
+        ({"rollout.top_p": 0.9}, "top_p must be 1 with rollout_policy='vllm'"),
+        ({"placement.vllm": {"threads": "all"}}, r"TrainConfig.vllm: .*threads must name CPU cores"),
+        ({"placement.vllm": {"gpu_memory": 1}}, r"TrainConfig.vllm: unknown field\(s\) gpu_memory"),
+        (
+            {"placement.vllm": {"max_lora_rank": 8}, "lora.rank": 16},
+            r"max_lora_rank \(8\) must be >= the trainer's lora_rank",
+        ),
+        (
+            {"placement.vllm": {"max_loras": 1}, "rollout.max_staleness": 2},
+            r"max_loras \(1\) must be >= max_staleness \+ 1",
+        ),
+        ({"placement.rollout_url": "http://127.0.0.1:1/v1"}, "rollout_model must name the served base model"),
+        ({"placement.rollout_restarts": -1}, "rollout_restarts must be an integer >= 0"),
+        ({"placement.rollout_policy": "copy", "placement.vllm": {"threads": "0-1"}}, "vllm is the vLLM server's table"),
     ],
 )
 def test_vllm_config_is_checked_by_field(tmp_path: Path, changes: dict, message: str) -> None:

@@ -49,11 +49,11 @@ def _need(ok: bool, what: str, **field: Any) -> None:
     """``field`` is the one (dotted) field the error names, with its value: ``_need(ok, "must be ...", kl=kl)``."""
     if not ok:
         ((name, value),) = field.items()
-        raise ConfigError(f"{name.replace('__', '.')} {what}, got {value!r}")
+        raise ConfigError(f"{name.replace('__', '.') if '__' in name else f'TrainConfig.{name}'} {what}, got {value!r}")
 
 
 def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
-    _need(value in choices, f"must be one of {', '.join(choices)}", **{name: value})
+    _need(value in choices, f"must be one of {', '.join(choices)}", **{name.replace(".", "__"): value})
 
 
 @dataclass
@@ -552,7 +552,7 @@ def _merge(data: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
 def _check_type(key: str, value: Any, default: Any) -> Any:
     """``value`` for the field ``key`` whose default is ``default`` (ints become floats where a float is due)."""
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if key in _SCHEDULE_FIELDS:
+    if key.removeprefix("TrainConfig.") in _SCHEDULE_FIELDS:
         ok, expected = is_number or isinstance(value, dict), "a number or a schedule table"
     elif isinstance(default, bool):
         ok, expected = isinstance(value, bool), "a boolean"
@@ -610,7 +610,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         named = ", ".join(k if "(" in k else f"{k}{did_you_mean(k, known)}" for k in sorted(unknown))
         raise ConfigError(f"unknown config key(s): {named}; `taskrl train --help` lists them all")
     defaults = TrainConfig().to_dict()
-    values = {k: _check_type(k, v, defaults[k]) for k, v in values.items()}
+    values = {k: _check_type(f"TrainConfig.{k}", v, defaults[k]) for k, v in values.items()}
     for name, cls in SECTIONS.items():
         values[name] = _build(cls, f"{name}.", sections[name])
     values["algo"] = _algo(sections["algo"])

@@ -27,19 +27,21 @@ from taskrl.policies.models import tiny_model
 from taskrl.rollout import derive_seed
 from taskrl.runlog import read_metrics, read_trajectories
 from taskrl.trainer import train
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.data import EpochSampler
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.types import Segment, Trajectory
 
-BASE = TrainConfig(lr=1e-4, max_grad_norm=0.5, temperature=1.0, progress=False, group_size=3)
+BASE = config_from_dict(
+    {"lr": 1e-4, "max_grad_norm": 0.5, "rollout.temperature": 1.0, "progress": False, "rollout.group_size": 3}
+)
 
 CASES: list[tuple[dict[str, Any], int]] = [
     # (config changes, trajectories on rank 0; rank 1 gets the rest). 9 trajectories = 3 groups of 3.
     ({"finetune": "full", "epochs_per_batch": 2, "minibatches": 2}, 6),  # uneven tokens, 4 global optimizer steps
-    ({"finetune": "lora", "lora_rank": 4, "epochs_per_batch": 2, "kl": "k1_reward", "kl_coef": 0.1}, 3),
-    ({"finetune": "full", "algo": "ppo"}, 9),  # value head and GAE; rank 1 has nothing, yet joins every collective
+    ({"finetune": "lora", "lora.rank": 4, "epochs_per_batch": 2, "kl": "k1_reward", "kl_coef": 0.1}, 3),
+    ({"finetune": "full", "algo.name": "ppo"}, 9),  # value head and GAE; rank 1 has nothing, yet joins every collective
 ]
 
 
@@ -131,12 +133,12 @@ def _train_config(root: Path) -> TrainConfig:
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     # SFT on the policy's own samples moves the weights from step 1; the k1 penalty gives GRPO groups variance.
-    return TrainConfig(
-        run_dir=str(root / "run"), model=str(model_dir), device="cpu", env="price", finetune="lora", lora_rank=4,
-        steps=3, sft_warmup_steps=1, sft_data="policy", sft_min_reward=0.0, lr=1e-2, sft_lr=1e-2, kl="k1_reward",
-        kl_coef=0.5, tasks_per_step=3, group_size=2, max_turns=1, max_new_tokens=6, checkpoint_every=1,
-        progress=False, nproc=2,
-    )  # fmt: skip
+    return config_from_dict({"run_dir": str(root / "run"), "model": str(model_dir), "device": "cpu", "env": "price",
+                             "finetune": "lora", "lora.rank": 4, "steps": 3, "sft_warmup_steps": 1,
+                             "sft_data": "policy", "sft_min_reward": 0.0, "lr": 1e-2, "sft_lr": 1e-2,
+                             "kl": "k1_reward", "kl_coef": 0.5, "rollout.tasks_per_step": 3, "rollout.group_size": 2,
+                             "rollout.max_turns": 1, "rollout.max_new_tokens": 6, "checkpoint_every": 1,
+                             "progress": False, "placement.nproc": 2})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -226,9 +228,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bad_nproc_fails_at_start_naming_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="TrainConfig.nproc must be <= tasks_per_step"):
-        TrainConfig(nproc=3, tasks_per_step=2)
+        config_from_dict({"placement.nproc": 3, "rollout.tasks_per_step": 2})
     with pytest.raises(ValueError, match="TrainConfig.device must be auto, cpu or cuda when nproc > 1"):
-        TrainConfig(nproc=2, device="cuda:1")
+        config_from_dict({"placement.nproc": 2, "device": "cuda:1"})
     run = _cli("--nproc", "0", "--set", f'run_dir="{tmp_path / "never"}"')
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert run.returncode == 2 and len(lines) == 1 and "TrainConfig.nproc must be an integer >= 1" in lines[0]
@@ -251,8 +253,9 @@ def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
     and the run is the same data-parallel run as --nproc 2: one metrics row per step, weights in sync."""
     config = _train_config(tmp_path)
     sets = {"run_dir": config.run_dir, "model": config.model, "device": "cpu", "env": "price", "finetune": "lora",
-            "lora_rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward", "kl_coef": 0.5, "tasks_per_step": 2,
-            "group_size": 2, "max_turns": 1, "max_new_tokens": 6, "checkpoint_every": 1, "progress": False}  # fmt: skip
+            "lora.rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward", "kl_coef": 0.5, "rollout.tasks_per_step": 2,
+            "rollout.group_size": 2, "rollout.max_turns": 1, "rollout.max_new_tokens": 6, "checkpoint_every": 1,
+            "progress": False}  # fmt: skip
     args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "taskrl.cli", "train", *args]
@@ -263,6 +266,13 @@ def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
     assert [row["step"] for row in rows] == [1, 2] and rows[-1]["charts/episodes"] == 4.0
     assert (Path(config.run_dir) / "checkpoints" / "latest").read_text() == "step_000002"
     # an nproc that contradicts the launcher fails at start on every rank, naming the field
-    other = ["--set", f"run_dir={json.dumps(str(tmp_path / 'bad'))}", "--set", "tasks_per_step=4", "--set", "nproc=3"]
+    other = [
+        "--set",
+        f"run_dir={json.dumps(str(tmp_path / 'bad'))}",
+        "--set",
+        "rollout.tasks_per_step=4",
+        "--set",
+        "placement.nproc=3",
+    ]
     bad = subprocess.run([*cmd, *other], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "TrainConfig.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout

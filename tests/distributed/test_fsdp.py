@@ -22,21 +22,22 @@ from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics
 from taskrl.trainer import train
 from taskrl.training.checkpoint import load_checkpoint, save_checkpoint
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.memory import optimizer_bytes, tensor_bytes
 from taskrl.training.model import prepare_model
 from taskrl.types import Segment, Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=0.5, temperature=1.0, progress=False, group_size=3, learner_backend="fsdp2",
-                   rollout_policy="copy")  # fmt: skip
+BASE = config_from_dict({"lr": 1e-3, "max_grad_norm": 0.5, "rollout.temperature": 1.0, "progress": False,
+                         "rollout.group_size": 3, "placement.learner_backend": "fsdp2",
+                         "placement.rollout_policy": "copy"})  # fmt: skip
 
 CASES: list[tuple[dict[str, Any], int]] = [
     # (config changes, trajectories on rank 0; rank 1 gets the rest). 9 trajectories = 3 groups of 3.
     ({"finetune": "full", "epochs_per_batch": 2, "minibatches": 2}, 6),  # uneven shares, 4 optimizer steps
-    ({"finetune": "lora", "lora_rank": 4, "kl": "k1_reward", "kl_coef": 0.1}, 3),  # reference = adapter disabled
-    ({"finetune": "full", "algo": "ppo"}, 9),  # value head + GAE; rank 1 has nothing, yet joins every collective
-    ({"finetune": "lora", "lora_rank": 4, "algo": "ppo", "gradient_checkpointing": True}, 6),
+    ({"finetune": "lora", "lora.rank": 4, "kl": "k1_reward", "kl_coef": 0.1}, 3),  # reference = adapter disabled
+    ({"finetune": "full", "algo.name": "ppo"}, 9),  # value head + GAE; rank 1 has nothing, yet joins every collective
+    ({"finetune": "lora", "lora.rank": 4, "algo.name": "ppo", "gradient_checkpointing": True}, 6),
 ]
 RESUME = {"finetune": "full", "minibatches": 2}
 """The config of the resume tests (full fine-tuning: every weight and its AdamW state is sharded)."""
@@ -69,12 +70,13 @@ def _own(trajectories: list[Trajectory], split: int, group: DataParallel) -> lis
 
 def _train_config(root: Path, model: str) -> TrainConfig:
     """A 2-rank `taskrl train` run: LoRA, the rollout copy synced from the shards, a checkpoint every step."""
-    return TrainConfig(
-        run_dir=str(root / "run"), model=model, device="cpu", env="price", finetune="lora", lora_rank=4, steps=2,
-        lr=1e-2, kl="k1_reward", kl_coef=0.5, tasks_per_step=2, group_size=2, max_turns=1, max_new_tokens=6,
-        sft_warmup_steps=1, sft_data="policy", sft_min_reward=0.0, sft_lr=1e-2,  # moves the weights from step 1
-        checkpoint_every=1, progress=False, nproc=2, learner_backend="fsdp2", rollout_policy="copy",
-    )  # fmt: skip
+    return config_from_dict({"run_dir": str(root / "run"), "model": model, "device": "cpu", "env": "price",
+                             "finetune": "lora", "lora.rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward",
+                             "kl_coef": 0.5, "rollout.tasks_per_step": 2, "rollout.group_size": 2,
+                             "rollout.max_turns": 1, "rollout.max_new_tokens": 6, "sft_warmup_steps": 1,
+                             "sft_data": "policy", "sft_min_reward": 0.0, "sft_lr": 1e-2, "checkpoint_every": 1,
+                             "progress": False, "placement.nproc": 2, "placement.learner_backend": "fsdp2",
+                             "placement.rollout_policy": "copy"})  # fmt: skip
 
 
 def _rank_main(trajectories: list[Trajectory], model: str, root: str) -> dict[str, Any]:
@@ -210,10 +212,10 @@ def test_resume_2_to_1_and_1_to_2_ranks_gives_the_uninterrupted_next_step(
 
 def test_fsdp2_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.learner_backend must be one of ddp, fsdp2"):
-        TrainConfig(learner_backend="zero3")
+        config_from_dict({"placement.learner_backend": "zero3"})
     with pytest.raises(ConfigError, match="TrainConfig.learner_backend 'fsdp2' with nproc > 1 needs rollout_policy"):
-        TrainConfig(learner_backend="fsdp2", nproc=2)
-    TrainConfig(learner_backend="fsdp2", nproc=2, rollout_policy="copy")
+        config_from_dict({"placement.learner_backend": "fsdp2", "placement.nproc": 2})
+    config_from_dict({"placement.learner_backend": "fsdp2", "placement.nproc": 2, "placement.rollout_policy": "copy"})
 
 
 def test_two_rank_training_run_syncs_checkpoints_exports_and_resumes_on_one(run: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ from taskrl.policies.scripted import ScriptedPolicy  # noqa: E402
 from taskrl.rollout import RolloutConfig, derive_seed, run_episodes  # noqa: E402
 from taskrl.runlog import read_metrics, read_trajectories  # noqa: E402
 from taskrl.trainer import Trainer  # noqa: E402
-from taskrl.training.config import ConfigError, TrainConfig  # noqa: E402
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict  # noqa: E402
 from taskrl.training.learner import Learner  # noqa: E402
 from taskrl.types import Trajectory  # noqa: E402
 
@@ -63,10 +63,14 @@ def config_for(model_dir: str, tmp_path: Path, **changes: Any) -> TrainConfig:
     # Full fine-tuning of the embeddings keeps peft out of the actors (seconds each on a loaded machine); the
     # LoRA set-up is checked in-process below, with the same worker class.
     base = {"run_dir": str(tmp_path / "run"), "model": model_dir, "device": "cpu", "env": "price",
-            "finetune": "full", "freeze": ["layers", "norm"], "lora_rank": 4, "tasks_per_step": 3, "group_size": 2,
-            "max_turns": 2, "max_new_tokens": 12, "temperature": 1.0, "ray": True, "ray_workers": 2,
-            "ray_num_cpus_per_worker": 0.5, "sft_min_reward": 0.0, "sft_lr": 1e-2, "progress": False}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+            "finetune": "full", "freeze": ["layers",
+                                           "norm"], "lora.rank": 4, "rollout.tasks_per_step": 3,
+                                           "rollout.group_size": 2,
+            "rollout.max_turns": 2, "rollout.max_new_tokens": 12, "rollout.temperature": 1.0, "placement.ray": True,
+            "placement.ray_workers": 2,
+            "placement.ray_num_cpus_per_worker": 0.5, "sft_min_reward": 0.0, "sft_lr": 1e-2,
+            "progress": False}  # fmt: skip
+    return config_from_dict({**{**base, **changes}})
 
 
 def rollout_config(config: TrainConfig, step: int) -> RolloutConfig:
@@ -250,10 +254,12 @@ def test_ray_actors_sample_from_a_server_and_follow_its_adapters(
 def test_ray_actors_sample_from_the_trainers_vllm(tmp_path: Path, vllm_server: Any) -> None:
     """rollout_policy=vllm with ray=true: the actors are token-mode VLLMPolicy clients of the trainer's vLLM (the
     session's server); after an update the trainer hot-loads the adapter once and every actor switches to it."""
-    config = TrainConfig(run_dir=str(tmp_path / "run"), model="smollm2", env="price", lora_rank=4, lr=1e-3, steps=2,
-                         tasks_per_step=2, group_size=2, max_turns=1, max_new_tokens=8, ray=True, ray_workers=2,
-                         ray_num_cpus_per_worker=0.5, rollout_policy="vllm", checkpoint_every=0,
-                         progress=False)  # fmt: skip
+    config = config_from_dict({"run_dir": str(tmp_path / "run"), "model": "smollm2", "env": "price", "lora.rank": 4,
+                               "lr": 1e-3, "steps": 2, "rollout.tasks_per_step": 2, "rollout.group_size": 2,
+                               "rollout.max_turns": 1, "rollout.max_new_tokens": 8, "placement.ray": True,
+                               "placement.ray_workers": 2, "placement.ray_num_cpus_per_worker": 0.5,
+                               "placement.rollout_policy": "vllm", "checkpoint_every": 0,
+                               "progress": False})  # fmt: skip
 
     def spread(step: int, trajectories: list[Trajectory]) -> None:  # a reward spread: every step updates
         for i, t in enumerate(trajectories):

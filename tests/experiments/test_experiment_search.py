@@ -80,8 +80,9 @@ def test_designs_are_checked_and_name_their_corpus(tmp_path: Path) -> None:
 
 def _args(**changes: object) -> argparse.Namespace:
     data = {"corpus": "/c", "files": {n: f"/d/{n}.jsonl" for n in ("sft", "rl", "eval")}}
-    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 192, "sft_steps": 12,
-              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 5e-4, "tasks": 2, "group_size": 4, "entropy_coef": 0.0,
+    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "rollout.max_turns": 4, "rollout.max_new_tokens": 192,
+              "sft_steps": 12,
+              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 5e-4, "tasks": 2, "rollout.group_size": 4, "entropy_coef": 0.0,
               "max_steps": 10_000, "dtype": "bfloat16", "learner_precision": "float32", "context": 2048,
               "per_call_budget": 256, "micro_batch_tokens": 0, "data": data, "design": "hops3"}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})

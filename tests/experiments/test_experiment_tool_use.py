@@ -18,8 +18,9 @@ from experiments.plots import plot_tool_use  # noqa: E402
 
 
 def _args(**changes: object) -> argparse.Namespace:
-    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 96, "sft_steps": 4,
-              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 2e-4, "tasks": 4, "group_size": 6, "entropy_coef": 0.0,
+    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "rollout.max_turns": 4, "rollout.max_new_tokens": 96,
+              "sft_steps": 4,
+              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 2e-4, "tasks": 4, "rollout.group_size": 6, "entropy_coef": 0.0,
               "lookup_credit": 0.3, "max_steps": 10_000, "dtype": "bfloat16", "design": "prices3"}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})
 
@@ -130,7 +131,7 @@ def test_every_arm_and_the_start_become_new_run_records(tmp_path: Path) -> None:
                  resume=False)  # fmt: skip
     study = bench._study(args)
     steps = [{"step": 1, "charts/episodes": 12.0, "charts/sampled_tokens": 900.0, "charts/trained_trajectories": 3.0}]
-    arms = {arm: {"config": {"algo": arm}, "steps": steps, "train_s": 60.0,
+    arms = {arm: {"config": {"algo.name": arm}, "steps": steps, "train_s": 60.0,
                   "final": {**_evals(0.5), "greedy": {**_evals(0.5)["greedy"], "tasks": 64}}}
             for arm in bench.LADDER}  # fmt: skip
     start = {**_evals(0.2), "greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0,
