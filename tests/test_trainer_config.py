@@ -22,8 +22,8 @@ from taskrl.training.config import (
     load_config,
     parse_overrides,
 )
-from taskrl.training.runs import check_resumable
 from taskrl.training.demo import RL_RECIPE, SFT_RECIPE, load_recipe
+from taskrl.training.runs import check_resumable
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.toml"))
 
@@ -114,7 +114,8 @@ def test_an_old_run_dirs_flat_config_is_converted_once_on_resume(tmp_path: Path)
         ({"reward_weights": {"format": {"kind": "linear"}}}, "TrainConfig.reward_weights.format: bad arguments"),
         ({"algo.clip_eps_low": -0.1}, "algo.clip_eps_low must be >= 0"),
         ({"algo.name": "kimi", "algo.alpha": 1.0}, "algo.alpha must be below algo.beta"),
-        ({"dynamic_sampling": True, "algo.name": "ppo"}, "TrainConfig.dynamic_sampling must be false for algo.name='ppo'"),
+        ({"dynamic_sampling": True, "algo.name": "ppo"},
+         "TrainConfig.dynamic_sampling must be false for algo.name='ppo'"),
         ({"dynamic_sampling": True, "algo.drop_zero_variance": False},
          "algo.drop_zero_variance must be true with dynamic_sampling=true"),
         ({"dynamic_sampling": True, "placement.nproc": 2}, "placement.nproc must be 1 with dynamic_sampling=true"),

@@ -21,7 +21,9 @@ def train_command(
     config: Annotated[Path | None, typer.Argument(help="TOML config (see recipes/); omit to use the defaults")] = None,
     overrides: Annotated[
         list[str] | None,
-        typer.Option("--set", help="override a field with a TOML value, e.g. --set lr=1e-4 (repeatable)"),
+        typer.Option(
+            "--set", help="override a key with a TOML value, e.g. --set lr=1e-4 --set rollout.temperature=0.7 (repeatable)"
+        ),
     ] = None,
     from_store: Annotated[
         str | None,

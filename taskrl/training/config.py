@@ -509,7 +509,8 @@ def fields_help() -> str:
         f"{name} = {defaults.get(name, '(algorithm default)')!r}: {doc.split('; ')[0].split('. ')[0].rstrip('.')}"
         for name, doc in field_docs().items()
     ]
-    return ("Config keys (TOML keys, [section] tables or dotted keys, or --set key=value):\n\n"
+    return ("Config keys (top-level TOML keys; section keys dotted, rollout.temperature = 1.0, or in a rollout/"
+            "placement/lora/algo table; --set key=value):\n\n"
             + "\n\n".join(lines))  # fmt: skip
 
 
