@@ -35,7 +35,7 @@ import torch
 from grpo_vs_trl import PROMPTS, PromptEnv
 from rich.console import Console
 
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import resolve_device, smollm2_tokenizer
 from taskrl.trainer import Trainer
 from taskrl.training.config import TrainConfig, config_from_dict
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     peak = args.peak_tflops or peak_tflops(gpu)
     rollouts = args.prompts * args.samples
     policy = HFPolicy(model, tokenizer, name=f"random-qwen3-{args.model_size}", device=device,
-                      max_batch_size=rollouts, schedule="throughput")  # fmt: skip
+                      engine_config=EngineConfig(max_batch_size=rollouts, schedule="throughput"))  # fmt: skip
     steps: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="gpu_grpo_step_") as run_dir:
         config = bench_config(args, run_dir)

@@ -18,7 +18,6 @@ import gc
 import os
 import random
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +85,7 @@ def rank_main(args: argparse.Namespace, trajectories: list[Trajectory]) -> dict[
     base = config_from_dict({"finetune": "full", "rollout.group_size": args.samples, "lr": 1e-5, "progress": False,
                              "placement.rollout_policy": "copy",
                              "micro_batch_tokens": args.micro_batch_tokens})  # fmt: skip
-    return {name: measure(replace(base, **changes), trajectories) for name, changes in BACKENDS.items()}
+    return {name: measure(base.override({**changes}), trajectories) for name, changes in BACKENDS.items()}
 
 
 def activation_coefficients(args: argparse.Namespace) -> tuple[float, float]:

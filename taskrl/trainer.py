@@ -38,7 +38,7 @@ from taskrl.env import Env, call_hook, declared, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import record_base_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
@@ -140,9 +140,8 @@ class Trainer:
         self._owns_policy = policy is None
         if policy is None:
             # rollouts want the batch done soonest, not each row's pace: full prefill chunks
-            policy = HFPolicy.from_pretrained(
-                cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype), schedule="throughput"
-            )
+            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype),
+                                              engine_config=EngineConfig(schedule="throughput"))
         # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
         self.learner_policy: HFPolicy = policy
         policy.model = prepare_model(policy.model, cfg)

@@ -64,7 +64,7 @@ def test_rollouts_overlap_updates_within_the_staleness_bound(tmp_path: Path) -> 
 
 
 def test_max_staleness_0_drops_the_overlapped_samples(tmp_path: Path) -> None:
-    rows = _run(_config(tmp_path, steps=3, max_staleness=0))
+    rows = _run(_config(tmp_path, steps=3, **{"rollout.max_staleness": 0}))
     # Step 2 was sampled during update 1, one version behind: all dropped, so no update and no new version;
     # step 3 was then sampled from the current version and trains again.
     assert rows[1]["charts/stale_dropped"] == rows[1]["charts/offered_trajectories"] > 0
@@ -99,9 +99,9 @@ def test_async_runs_repeat_exactly_and_resume(tmp_path: Path) -> None:
 
 def test_async_needs_a_separate_rollout_policy(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="TrainConfig.async_rollout needs rollout_policy copy, server or vllm"):
-        _config(tmp_path, rollout_policy="inprocess")
+        _config(tmp_path, **{"placement.rollout_policy": "inprocess"})
     with pytest.raises(ConfigError, match="TrainConfig.rollout_policy must be one of inprocess, copy, server, vllm"):
-        _config(tmp_path, rollout_policy="gpu")
+        _config(tmp_path, **{"placement.rollout_policy": "gpu"})
 
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +84,7 @@ def test_bf16_learner_on_an_unchanged_policy_keeps_is_weights_near_one(tiny: tup
     trajectories = _sample(HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu"))  # an fp32 sampler
     results = {}
     for choice in ("float32", "bfloat16"):
-        config = replace(BASE, learner_precision=choice)
+        config = BASE.override({"learner_precision": choice})
         learner = Learner(prepare_model(copy.deepcopy(tiny[0]), config), config, pad_id=0)
         assert all(p.dtype == torch.float32 for p in learner.params)  # master weights stay fp32
         metrics = learner.update(copy.deepcopy(trajectories), step=0)
@@ -100,7 +99,7 @@ def test_bf16_learner_on_an_unchanged_policy_keeps_is_weights_near_one(tiny: tup
 
 
 def test_bf16_rollout_copy_is_synced_and_corrected(tiny: tuple[Any, Any]) -> None:
-    config = replace(BASE, rollout_policy="copy", rollout_dtype="bfloat16")
+    config = BASE.override({"placement.rollout_policy": "copy", "placement.rollout_dtype": "bfloat16"})
     learner_policy = HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu")
     learner_policy.model = prepare_model(learner_policy.model, config)
     rollout = rollout_copy(learner_policy, torch.bfloat16)
@@ -118,9 +117,10 @@ def test_bf16_rollout_copy_is_synced_and_corrected(tiny: tuple[Any, Any]) -> Non
 
 
 def test_trainer_says_which_precision_and_logs_the_mismatch(tiny: tuple[Any, Any], tmp_path: Path) -> None:
-    config = replace(BASE, run_dir=str(tmp_path / "run"), env="price", steps=1, tasks_per_step=2, max_turns=1,
-                     max_new_tokens=5, checkpoint_every=0, learner_precision="bfloat16", rollout_policy="copy",
-                     rollout_dtype="float32", finetune="lora", lora_rank=4)  # fmt: skip
+    config = BASE.override({"run_dir": str(tmp_path / "run"), "env": "price", "steps": 1, "rollout.tasks_per_step": 2,
+                            "rollout.max_turns": 1, "rollout.max_new_tokens": 5, "checkpoint_every": 0,
+                            "learner_precision": "bfloat16", "placement.rollout_policy": "copy",
+                            "placement.rollout_dtype": "float32", "finetune": "lora", "lora.rank": 4})  # fmt: skip
     console = Console(record=True, width=200)
 
     def score(step: int, trajectories: list[Trajectory]) -> None:

@@ -58,7 +58,7 @@ def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
 def test_copy_sync_is_bit_identical_and_only_moves_on_sync(tmp_path: Path, finetune: str) -> None:
     model, tokenizer = tiny_model(seed=0)
     trainer = Trainer(
-        _config(tmp_path, rollout_policy="copy", finetune=finetune, freeze=["embed"]),
+        _config(tmp_path, **{"placement.rollout_policy": "copy"}, finetune=finetune, freeze=["embed"]),
         policy=HFPolicy(model, tokenizer, device="cpu"),
         score_fn=spread,
     )
@@ -226,15 +226,16 @@ def test_server_config_errors_name_the_field(tmp_path: Path, served_model: tuple
     with pytest.raises(ConfigError, match="TrainConfig.rollout_policy must not be 'server' with finetune='full'"):
         _server_config(tmp_path, server, model_dir, finetune="full")
     with pytest.raises(ConfigError, match="TrainConfig.rollout_url must be the server's http"):
-        _config(tmp_path, rollout_policy="server", rollout_model="tiny")
+        _config(tmp_path, **{"placement.rollout_policy": "server"}, **{"placement.rollout_model": "tiny"})
     with pytest.raises(ConfigError, match="TrainConfig.rollout_model must name the served base model"):
-        _config(tmp_path, rollout_policy="server", rollout_url=server.base_url)
+        _config(tmp_path, **{"placement.rollout_policy": "server"}, **{"placement.rollout_url": server.base_url})
     with pytest.raises(ConfigError, match="TrainConfig.rollout_model: 'other' is not served at .* \\(served: tiny\\)"):
-        connect_server(_server_config(tmp_path, server, model_dir, rollout_model="other"))
+        connect_server(_server_config(tmp_path, server, model_dir, **{"placement.rollout_model": "other"}))
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     with pytest.raises(ConfigError, match=f"TrainConfig.rollout_url: cannot reach {closed}/models"):
-        Trainer(_config(tmp_path, model=str(model_dir), rollout_policy="server", rollout_url=closed,
-                        rollout_model="tiny"))  # fmt: skip
+        Trainer(_config(tmp_path, model=str(model_dir), **{"placement.rollout_policy": "server"},
+                        **{"placement.rollout_url": closed},
+                        **{"placement.rollout_model": "tiny"}))  # fmt: skip
     assert not (tmp_path / "run" / "checkpoints").exists()

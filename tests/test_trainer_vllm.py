@@ -60,10 +60,12 @@ def test_vllm_config_is_checked_by_field(tmp_path: Path, changes: dict, message:
 
 
 def test_server_of_a_config_follows_the_trainer(tmp_path: Path) -> None:
-    local = server_of(_config(tmp_path, lora_rank=20, vllm={"threads": "0", "kv_cache_gib": 1.5}))
+    local = server_of(_config(tmp_path, **{"lora.rank": 20}, **{"placement.vllm": {"threads": "0",
+                                                                                   "kv_cache_gib": 1.5}}))
     assert local.local and local.config.max_lora_rank == 32 and local.config.threads == "0"
     assert local.config.kv_cache_gib == 1.5 and (Path(local.config.model) / "config.json").is_file()
-    remote = server_of(_config(tmp_path, rollout_url="http://10.0.0.1:8000/v1", rollout_model="qwen"))
+    remote = server_of(_config(tmp_path, **{"placement.rollout_url": "http://10.0.0.1:8000/v1"},
+                               **{"placement.rollout_model": "qwen"}))
     assert not remote.local and remote.base_url == "http://10.0.0.1:8000/v1" and remote.served_model == "qwen"
 
 
@@ -71,7 +73,8 @@ def test_a_down_vllm_url_fails_the_trainer_with_a_clear_error(tmp_path: Path) ->
     from taskrl.policies.vllm_server import VLLMServerError, free_port
 
     url = f"http://127.0.0.1:{free_port()}/v1"
-    config = _config(tmp_path, rollout_url=url, rollout_model="base", vllm={"startup_timeout_s": 1.0})
+    config = _config(tmp_path, **{"placement.rollout_url": url}, **{"placement.rollout_model": "base"},
+                     **{"placement.vllm": {"startup_timeout_s": 1.0}})
     with pytest.raises(VLLMServerError, match=rf"{url} did not answer .*/health within 1s"):
         Trainer(config)
 
@@ -198,8 +201,9 @@ async def test_engine_failures_recorded_per_episode_are_replayed_once_the_remote
     from taskrl.training.vllm_rollout import VLLMEngine, chat_format_of, vllm_policy
 
     proxy = Proxy(int(vllm_server.base_url.rsplit(":", 1)[1].split("/")[0]))
-    config = _config(tmp_path, rollout_url=f"http://127.0.0.1:{proxy.port}/v1", rollout_model="base",
-                     vllm={"startup_timeout_s": 120.0})  # fmt: skip
+    config = _config(tmp_path, **{"placement.rollout_url": f"http://127.0.0.1:{proxy.port}/v1"},
+                     **{"placement.rollout_model": "base"},
+                     **{"placement.vllm": {"startup_timeout_s": 120.0}})  # fmt: skip
     engine = VLLMEngine.start(config)
     engine.policy = vllm_policy(engine.server.base_url, "base", chat_format_of("smollm2"), max_positions=2048,
                                 max_staleness=1)  # fmt: skip

@@ -71,13 +71,12 @@ def hf_rollout_policy(config: TrainConfig) -> Policy:
     trainable set-up (LoRA adapters or frozen names), so ``Learner.trainable_state`` loads into it by name."""
     import torch
 
-    from taskrl.policies.hf import HFPolicy
+    from taskrl.policies.hf import EngineConfig, HFPolicy
     from taskrl.training.model import prepare_model
     from taskrl.training.precision import torch_dtype
 
-    policy = HFPolicy.from_pretrained(
-        config.model, device=config.device, dtype=torch_dtype(config.dtype), schedule="throughput"
-    )
+    policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=torch_dtype(config.dtype),
+                                      engine_config=EngineConfig(schedule="throughput"))
     torch.manual_seed(config.seed)  # the trainer's LoRA initialisation (overwritten by the first push anyway)
     policy.model = prepare_model(policy.model, config)
     return policy

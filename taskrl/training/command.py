@@ -22,7 +22,8 @@ def train_command(
     overrides: Annotated[
         list[str] | None,
         typer.Option(
-            "--set", help="override a key with a TOML value, e.g. --set lr=1e-4 --set rollout.temperature=0.7 (repeatable)"
+            "--set",
+            help="override a key with a TOML value, e.g. --set lr=1e-4 --set rollout.temperature=0.7 (repeatable)"
         ),
     ] = None,
     from_store: Annotated[

@@ -439,6 +439,14 @@ class TrainConfig:
         """The nested dict ``config_from_dict`` reads back (sections as tables, ``algo.name`` included)."""
         return dataclasses.asdict(self)
 
+    def override(self, changes: dict[str, Any]) -> TrainConfig:
+        """A validated copy with ``changes``, keyed as in a config file or ``--set`` (``{"steps": 5,
+        "rollout.temperature": 0.7}``); a new ``algo.name`` starts from that algorithm's defaults."""
+        current, changes = dotted(self.to_dict()), dotted(changes)
+        if changes.get("algo.name", self.algo.name) != self.algo.name:
+            current = {k: v for k, v in current.items() if not k.startswith("algo.")}
+        return config_from_dict({**current, **changes})
+
 
 SECTIONS: dict[str, type] = {"rollout": RolloutSettings, "placement": PlacementConfig, "lora": LoraConfig}
 """The sections with one dataclass; ``algo``'s dataclass depends on ``algo.name``."""

@@ -86,16 +86,7 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         name=f"{policy.name}-rollout",
         device=None,
         chat_format=policy.chat_format,
-        max_batch_size=policy.max_batch_size,
-        batch_wait_s=policy.batch_wait_s,
-        engine=policy.engine,
-        prefill_chunk_tokens=policy.prefill_chunk_tokens,
-        prefix_cache_bytes=policy.prefix_cache_bytes,
-        draft_tokens=policy.draft_tokens,
-        fast_forward=policy.fast_forward,
-        decode_token_budget=policy.decode_token_budget,
-        schedule=policy.schedule,
-        priority_tokens=policy.priority_tokens,
+        engine_config=policy.engine_config,
     )
 
 

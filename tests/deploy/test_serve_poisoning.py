@@ -25,7 +25,7 @@ from taskrl.deploy.config import ServeConfig
 from taskrl.deploy.dataset import trajectories_from_store
 from taskrl.deploy.server import create_app, running_server
 from taskrl.deploy.store import Feedback, Interaction, InteractionStore, StoreError
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.types import Message
 
@@ -69,7 +69,8 @@ def test_tiny_temperature_is_greedy_and_never_stores_nan(tiny: tuple[Any, Any], 
 
 async def test_a_poisoned_request_cannot_fail_another_tenants_batch(tiny: tuple[Any, Any], tmp_path: Path) -> None:
     model, tokenizer = tiny
-    policy = HFPolicy(model, tokenizer, device="cpu", batch_wait_s=0.05)  # wide window: all join one batch
+    policy = HFPolicy(model, tokenizer, device="cpu",
+                      engine_config=EngineConfig(batch_wait_s=0.05))  # wide window: all join one batch
     poisons = [
         {"seed": 2**64}, {"seed": 2**70}, {"temperature": 1e-40}, {"temperature": 1e30}, {"top_p": 0.0},
         {"top_k": -5}, {"max_tokens": 0}, {"max_tokens": 10**9}, {"logit_bias": {"1": 100}},

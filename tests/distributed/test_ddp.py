@@ -11,7 +11,6 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +75,8 @@ def _rank_main(trajectories: list[Trajectory], config: TrainConfig) -> dict[str,
     results = []
     for changes, split in CASES:
         own = trajectories[:split] if group.rank == 0 else trajectories[split:]
-        results.append(_update(replace(BASE, model=config.model, **changes), own))
-    learner = _learner(replace(BASE, model=config.model, finetune="lora", lora_rank=4))
+        results.append(_update(BASE.override({"model": config.model, **changes}), own))
+    learner = _learner(BASE.override({"model": config.model, "finetune": "lora", "lora.rank": 4}))
     group.broadcast_(learner.trainable_state())
     group.check_in_sync(learner.trainable_state(), "after broadcast")  # passes
     if group.rank == 1:
@@ -150,7 +149,7 @@ def two_ranks(
     config = _train_config(root)
     # Step 1 in this process (no process group: one rank plays all 3 tasks), as a run killed after its checkpoint;
     # the ranks resume it at step 1 with 2 tasks on rank 0 and 1 on rank 1.
-    train(replace(config, steps=1))
+    train(config.override({"steps": 1}))
     ranks = spawn(_rank_main, 2, (trajectories, config))
     assert [r["rank"] for r in ranks] == [0, 1]
     return {"root": root, "config": config, "ranks": ranks}
@@ -161,9 +160,9 @@ def test_two_rank_update_equals_one_process_update(trajectories: list[Trajectory
     tokens = [sum(t.num_sampled_tokens for t in trajectories[:split]) for _, split in CASES]
     assert tokens[0] != sum(t.num_sampled_tokens for t in trajectories) - tokens[0]  # the split is uneven
     for index, (changes, _) in enumerate(CASES):
-        reference = _update(replace(BASE, model=model, **changes), trajectories)
+        reference = _update(BASE.override({"model": model, **changes}), trajectories)
         assert len(reference["grads"]) == changes.get("epochs_per_batch", 1) * changes.get("minibatches", 1)
-        initial = _learner(replace(BASE, model=model, **changes)).trainable_state()
+        initial = _learner(BASE.override({"model": model, **changes})).trainable_state()
         moved = max(float(np.abs(reference["weights"][name] - w.numpy()).max()) for name, w in initial.items())
         assert moved > 5e-5, "the update must move the weights for the comparison to mean anything"
         for rank in ranks:

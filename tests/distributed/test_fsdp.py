@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +82,9 @@ def _rank_main(trajectories: list[Trajectory], model: str, root: str) -> dict[st
     """Each of 2 ranks: every update case on its share; then step 0, a checkpoint, step 1 (uninterrupted); then a
     resume of the 1-process checkpoint and its step 1; then a whole training run."""
     group = DataParallel.from_process_group()
-    cases = [_update(replace(BASE, model=model, **changes), _own(trajectories, split, group))
+    cases = [_update(BASE.override({"model": model, **changes}), _own(trajectories, split, group))
              for changes, split in CASES]  # fmt: skip
-    config = replace(BASE, model=model, **RESUME)
+    config = BASE.override({"model": model, **RESUME})
     learner = _learner(config)
     learner.update(_own(trajectories, 6, group), step=0)  # whole groups per rank, as the trainer deals them
     save_checkpoint(Path(root) / "two", 1, learner, {}, keep=2)
@@ -137,7 +136,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, trajectories: list[Trajectory]
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     # 1 process (fsdp2 without a group: unsharded, but the same sharded checkpoint format): step 0 and a checkpoint
-    config = replace(BASE, model=str(model_dir), **RESUME)
+    config = BASE.override({"model": str(model_dir), **RESUME})
     single = _learner(config)
     assert not single.sharded
     single.update(trajectories, step=0)
@@ -150,9 +149,10 @@ def run(tmp_path_factory: pytest.TempPathFactory, trajectories: list[Trajectory]
 def test_sharded_update_equals_one_process_update(trajectories: list[Trajectory], run: dict[str, Any]) -> None:
     for index, (changes, _) in enumerate(CASES):
         # the 1-process reference: the plain (DDP-path) learner on all 9 trajectories
-        reference = _update(replace(BASE, model=run["model"], learner_backend="ddp", **changes), trajectories)
+        reference = _update(BASE.override({"model": run["model"], "placement.learner_backend": "ddp", **changes}),
+                            trajectories)
         assert not reference["sharded"]
-        initial = _full(_learner(replace(BASE, model=run["model"], **changes)))
+        initial = _full(_learner(BASE.override({"model": run["model"], **changes})))
         moved = max(float(np.abs(reference["weights"][n] - w).max()) for n, w in initial.items())
         assert moved > 5e-4, "the update must move the weights for the comparison to mean anything"
         for rank in run["ranks"]:
@@ -170,7 +170,7 @@ def test_sharded_update_equals_one_process_update(trajectories: list[Trajectory]
 
 def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes(run: dict[str, Any]) -> None:
     for index, (changes, _) in enumerate(CASES):
-        config = replace(BASE, model=run["model"], learner_backend="ddp", **changes)
+        config = BASE.override({"model": run["model"], "placement.learner_backend": "ddp", **changes})
         learner = _learner(config)
         learner.update(_trajectories_for_bytes(), step=0)
         one_process = _bytes(learner)
@@ -193,7 +193,7 @@ def test_resume_2_to_1_and_1_to_2_ranks_gives_the_uninterrupted_next_step(
     for name, value in ranks[0]["uninterrupted"].items():
         np.testing.assert_array_equal(ranks[1]["uninterrupted"][name], value)
     # 1 process, uninterrupted: steps 0 and 1 (the same global batches as the ranks' shares together)
-    config = replace(BASE, model=run["model"], **RESUME)
+    config = BASE.override({"model": run["model"], **RESUME})
     single = _learner(config)
     single.update(trajectories, step=0)
     single.update(trajectories, step=1)
@@ -229,6 +229,6 @@ def test_two_rank_training_run_syncs_checkpoints_exports_and_resumes_on_one(run:
     checkpoint = Path(config.run_dir) / "checkpoints" / "step_000002"
     assert (checkpoint / "dcp" / ".metadata").is_file() and not (checkpoint / "trainable.safetensors").exists()
     assert (Path(config.run_dir) / "policy" / "adapter_model.safetensors").is_file()
-    rows = train(replace(config, nproc=1, steps=3))
+    rows = train(config.override({"placement.nproc": 1, "steps": 3}))
     assert len(rows) == 1 and rows[0]["charts/policy_version"] == 3.0
     assert [row["step"] for row in read_metrics(config.run_dir)] == [1, 2, 3]

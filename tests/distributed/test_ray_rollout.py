@@ -97,7 +97,8 @@ def max_logprob_gap(a: list[Trajectory], b: list[Trajectory]) -> float:
 @pytest.fixture(scope="module")
 def trainer(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
     """One Trainer with ray=true for the module: its actors serve the equality checks, then it trains 2 steps."""
-    config = config_for(model_dir, tmp_path_factory.mktemp("run"), steps=2, sft_warmup_steps=1, tasks_per_step=2,
+    config = config_for(model_dir, tmp_path_factory.mktemp("run"), steps=2, sft_warmup_steps=1,
+                        **{"rollout.tasks_per_step": 2},
                         checkpoint_every=1)  # fmt: skip
     trainer = Trainer(config)
     yield trainer
@@ -190,7 +191,7 @@ def crashing_env() -> PriceEnv:
 def test_a_worker_that_dies_twice_or_fails_is_reported_with_its_tasks(model_dir: str, tmp_path: Path) -> None:
     from taskrl.types import Task
 
-    config = config_for(model_dir, tmp_path, ray_workers=1)
+    config = config_for(model_dir, tmp_path, **{"placement.ray_workers": 1})
     rollout = RayRollout(config, env_factory=crashing_env, policy_factory=functools.partial(ScriptedPolicy, crash_rule))
     settings = rollout_config(config, step=0)
     try:
@@ -227,9 +228,10 @@ def test_ray_actors_sample_from_a_server_and_follow_its_adapters(
     server = ServerThread(create_app({"tiny": served}, config=ServeConfig(admin_keys=("admin",))))
     server.start()
     monkeypatch.setenv("TASKRL_ROLLOUT_API_KEY", "admin")
-    config = config_for(model_dir, tmp_path, finetune="lora", freeze=[], rollout_policy="server",
-                        rollout_url=server.base_url, rollout_model="tiny", steps=2, sft_warmup_steps=1,
-                        tasks_per_step=2, max_new_tokens=6, checkpoint_every=0)  # fmt: skip
+    placed = {"placement.rollout_policy": "server", "placement.rollout_url": server.base_url,
+              "placement.rollout_model": "tiny", "rollout.tasks_per_step": 2, "rollout.max_new_tokens": 6}
+    config = config_for(model_dir, tmp_path, finetune="lora", freeze=[], steps=2, sft_warmup_steps=1,
+                        checkpoint_every=0, **placed)  # fmt: skip
     trainer = Trainer(config)
     try:
         trainer.train()
