@@ -69,8 +69,8 @@ def measure(config: TrainConfig, trajectories: list[Trajectory]) -> dict[str, fl
         return step(*a, **k)
 
     learner.optimizer.step = spy  # type: ignore[method-assign]
-    share = group.shard(list(range(len(trajectories) // config.group_size)))
-    own = [t for g in share for t in trajectories[g * config.group_size : (g + 1) * config.group_size]]
+    share = group.shard(list(range(len(trajectories) // config.rollout.group_size)))
+    own = [t for g in share for t in trajectories[g * config.rollout.group_size : (g + 1) * config.rollout.group_size]]
     with PeakMemory() as peak:
         learner.update(own, step=0)
     out = {"params_mb": params / MB, "grads_mb": max(grads, default=0) / MB,

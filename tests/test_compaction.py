@@ -128,10 +128,10 @@ def test_summary_option_of_the_eval_and_train_configs() -> None:
                        ({"trigger_tokens": 5000}, "EvalConfig.summary.trigger_tokens")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             EvalConfig(summary=bad)
-    assert config_from_dict({"rollout.summary": {"trigger_tokens": 300}}).summary == {"trigger_tokens": 300}
-    for bad, match in (({"trigger_tokens": 300, "mode": "x"}, "TrainConfig.summary: SummaryConfig.mode"),
-                       ({"trigger_tokens": 4096}, "TrainConfig.summary .*max_context_tokens"),
-                       ("self", "TrainConfig.summary must be a")):  # fmt: skip
+    assert config_from_dict({"rollout.summary": {"trigger_tokens": 300}}).rollout.summary == {"trigger_tokens": 300}
+    for bad, match in (({"trigger_tokens": 300, "mode": "x"}, "rollout.summary: SummaryConfig.mode"),
+                       ({"trigger_tokens": 4096}, "rollout.summary .*max_context_tokens"),
+                       ("self", "rollout.summary must be a")):  # fmt: skip
         with pytest.raises(ConfigError, match=match):
             config_from_dict({"rollout.summary": bad})
 

@@ -75,7 +75,7 @@ def test_auto_picks_bf16_only_where_the_hardware_accelerates_it(monkeypatch: pyt
 def test_precision_fields_are_validated() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.learner_precision must be one of float32, bfloat16, auto"):
         config_from_dict({"learner_precision": "fp8"})
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_dtype must be 'same' unless rollout_policy='copy'"):
+    with pytest.raises(ConfigError, match="placement.rollout_dtype must be 'same' unless rollout_policy='copy'"):
         config_from_dict({"placement.rollout_dtype": "bfloat16"})
     config_from_dict({"placement.rollout_dtype": "bfloat16", "placement.rollout_policy": "copy"})
 

@@ -223,18 +223,18 @@ def test_resume_pushes_the_restored_adapter(
 
 def test_server_config_errors_name_the_field(tmp_path: Path, served_model: tuple[ServerThread, Path]) -> None:
     server, model_dir = served_model
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_policy must not be 'server' with finetune='full'"):
+    with pytest.raises(ConfigError, match="placement.rollout_policy must not be 'server' with finetune='full'"):
         _server_config(tmp_path, server, model_dir, finetune="full")
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_url must be the server's http"):
+    with pytest.raises(ConfigError, match="placement.rollout_url must be the server's http"):
         _config(tmp_path, **{"placement.rollout_policy": "server"}, **{"placement.rollout_model": "tiny"})
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_model must name the served base model"):
+    with pytest.raises(ConfigError, match="placement.rollout_model must name the served base model"):
         _config(tmp_path, **{"placement.rollout_policy": "server"}, **{"placement.rollout_url": server.base_url})
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_model: 'other' is not served at .* \\(served: tiny\\)"):
+    with pytest.raises(ConfigError, match="placement.rollout_model: 'other' is not served at .* \\(served: tiny\\)"):
         connect_server(_server_config(tmp_path, server, model_dir, **{"placement.rollout_model": "other"}))
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    with pytest.raises(ConfigError, match=f"TrainConfig.rollout_url: cannot reach {closed}/models"):
+    with pytest.raises(ConfigError, match=f"placement.rollout_url: cannot reach {closed}/models"):
         Trainer(_config(tmp_path, model=str(model_dir), **{"placement.rollout_policy": "server"},
                         **{"placement.rollout_url": closed},
                         **{"placement.rollout_model": "tiny"}))  # fmt: skip

@@ -39,8 +39,8 @@ def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
     [
         ({"finetune": "full"}, "rollout_policy must not be 'vllm' with finetune='full'"),
         ({"rollout.top_p": 0.9}, "top_p must be 1 with rollout_policy='vllm'"),
-        ({"placement.vllm": {"threads": "all"}}, r"TrainConfig.vllm: .*threads must name CPU cores"),
-        ({"placement.vllm": {"gpu_memory": 1}}, r"TrainConfig.vllm: unknown field\(s\) gpu_memory"),
+        ({"placement.vllm": {"threads": "all"}}, r"placement.vllm: .*threads must name CPU cores"),
+        ({"placement.vllm": {"gpu_memory": 1}}, r"placement.vllm: unknown field\(s\) gpu_memory"),
         (
             {"placement.vllm": {"max_lora_rank": 8}, "lora.rank": 16},
             r"max_lora_rank \(8\) must be >= the trainer's lora_rank",

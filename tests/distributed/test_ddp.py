@@ -209,11 +209,11 @@ def test_two_rank_training_run_resumes_and_logs_once_per_step(two_ranks: dict[st
     # the ranks' shares, gathered on rank 0, are exactly the tasks one process samples, in its order
     sampler = EpochSampler(list(make("price").tasks("train")), config.seed)
     for step in (1, 2, 3):
-        tasks = sampler.sample(step - 1, config.tasks_per_step, random.Random(0))
-        assert [t.task_id for t in written[step]] == [t.id for t in tasks for _ in range(config.group_size)]
+        tasks = sampler.sample(step - 1, config.rollout.tasks_per_step, random.Random(0))
+        assert [t.task_id for t in written[step]] == [t.id for t in tasks for _ in range(config.rollout.group_size)]
         # ... and with one process's episode seeds (each task seeded by its index in the whole step)
         rollout_seed = derive_seed(config.seed, "rollout", step - 1)
-        samples = range(config.group_size)
+        samples = range(config.rollout.group_size)
         expected = [derive_seed(rollout_seed, i, t.id, k) for i, t in enumerate(tasks) for k in samples]
         assert [t.seed for t in written[step]] == expected
     assert (run / "checkpoints" / "latest").read_text() == "step_000003"
@@ -226,13 +226,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bad_nproc_fails_at_start_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="TrainConfig.nproc must be <= tasks_per_step"):
+    with pytest.raises(ValueError, match="placement.nproc must be <= tasks_per_step"):
         config_from_dict({"placement.nproc": 3, "rollout.tasks_per_step": 2})
     with pytest.raises(ValueError, match="TrainConfig.device must be auto, cpu or cuda when nproc > 1"):
         config_from_dict({"placement.nproc": 2, "device": "cuda:1"})
     run = _cli("--nproc", "0", "--set", f'run_dir="{tmp_path / "never"}"')
     lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert run.returncode == 2 and len(lines) == 1 and "TrainConfig.nproc must be an integer >= 1" in lines[0]
+    assert run.returncode == 2 and len(lines) == 1 and "placement.nproc must be an integer >= 1" in lines[0]
     assert not (tmp_path / "never").exists()
 
 
@@ -274,4 +274,4 @@ def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
         "placement.nproc=3",
     ]
     bad = subprocess.run([*cmd, *other], capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "TrainConfig.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout
+    assert bad.returncode != 0 and "placement.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout

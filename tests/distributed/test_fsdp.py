@@ -211,9 +211,9 @@ def test_resume_2_to_1_and_1_to_2_ranks_gives_the_uninterrupted_next_step(
 
 
 def test_fsdp2_config_is_validated() -> None:
-    with pytest.raises(ConfigError, match="TrainConfig.learner_backend must be one of ddp, fsdp2"):
+    with pytest.raises(ConfigError, match="placement.learner_backend must be one of ddp, fsdp2"):
         config_from_dict({"placement.learner_backend": "zero3"})
-    with pytest.raises(ConfigError, match="TrainConfig.learner_backend 'fsdp2' with nproc > 1 needs rollout_policy"):
+    with pytest.raises(ConfigError, match="placement.learner_backend 'fsdp2' with nproc > 1 needs rollout_policy"):
         config_from_dict({"placement.learner_backend": "fsdp2", "placement.nproc": 2})
     config_from_dict({"placement.learner_backend": "fsdp2", "placement.nproc": 2, "placement.rollout_policy": "copy"})
 

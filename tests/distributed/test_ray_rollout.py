@@ -74,9 +74,11 @@ def config_for(model_dir: str, tmp_path: Path, **changes: Any) -> TrainConfig:
 
 
 def rollout_config(config: TrainConfig, step: int) -> RolloutConfig:
-    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
-    return RolloutConfig(max_turns=config.max_turns, max_context_tokens=config.max_context_tokens, sampling=sampling,
-                         group_size=config.group_size, seed=derive_seed(config.seed, "rollout", step))  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature)
+    return RolloutConfig(max_turns=config.rollout.max_turns, max_context_tokens=config.rollout.max_context_tokens,
+                         sampling=sampling,
+                         group_size=config.rollout.group_size, seed=derive_seed(config.seed, "rollout",
+                                                                                step))  # fmt: skip
 
 
 def exact(trajectories: list[Trajectory]) -> list[Any]:
@@ -114,7 +116,7 @@ def test_ray_collect_equals_local_collect_token_for_token(trainer: Trainer) -> N
     assert [len(share) for share in rollout.shares(tasks)] == [2, 1]  # groups are dealt whole
     expected = asyncio.run(run_episodes(lambda: make("price"), local, tasks, settings))
     got = rollout.collect(tasks, settings, step=0)
-    assert len(got) == len(tasks) * config.group_size
+    assert len(got) == len(tasks) * config.rollout.group_size
     assert exact(got) == exact(expected)  # same order, same seeds, same sampled tokens at temperature 1
     assert max_logprob_gap(got, expected) < 1e-4
     assert all(s.num_sampled > 0 for t in got for s in t.segments)
@@ -132,7 +134,7 @@ def test_ray_collect_equals_local_collect_token_for_token(trainer: Trainer) -> N
     assert exact(after) == exact(reference)
     for traj in after[:2]:  # the sampler's logprobs are the updated local model's, token by token
         segment = traj.segments[0]
-        scored = local.logprobs_of(segment.token_ids, temperature=config.temperature)
+        scored = local.logprobs_of(segment.token_ids, temperature=config.rollout.temperature)
         sampled = [(x, y) for x, y, m in zip(segment.logprobs, scored, segment.loss_mask, strict=True) if m]
         assert max(abs(x - y) for x, y in sampled) < 1e-4
 
@@ -209,7 +211,7 @@ def test_a_worker_that_dies_twice_or_fails_is_reported_with_its_tasks(model_dir:
 
 def test_cli_flags_and_lazy_import(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "--ray-address", "nonsense", "--set", f"run_dir={tmp_path}"])
-    assert isinstance(result.exception, ConfigError) and "TrainConfig.ray_address" in str(result.exception)
+    assert isinstance(result.exception, ConfigError) and "placement.ray_address" in str(result.exception)
     code = ("import sys, taskrl, taskrl.training.config, taskrl.distributed.ray_rollout, "
             "taskrl.distributed.ray_subagents; assert 'ray' not in sys.modules, 'ray imported eagerly'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)
