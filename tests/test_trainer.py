@@ -129,10 +129,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_errors_are_one_line_naming_the_field(tmp_path: Path) -> None:
     cases = {
-        ("--set", "algo.name=dpo"): "TrainConfig.algo must be one of",
-        ("--set", "learning_rate=1e-4"): "unknown TrainConfig field(s): learning_rate",
+        ("--set", "algo.name=dpo"): "algo.name must be one of",
+        ("--set", "learning_rate=1e-4"): "unknown config key(s): learning_rate",
         (str(tmp_path / "missing.toml"),): "not found; see recipes/",
-        ("--set", "steps"): "is not field=value",
+        ("--set", "steps"): "is not key=value",
+        ("--set", "temperature=0.5"): "temperature moved to rollout.temperature",
     }
     for args, fix in cases.items():
         run = _cli(*args, "--set", f'run_dir="{tmp_path / "never"}"')
@@ -171,7 +172,7 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     assert [r["step"] for r in read_metrics(out / "grpo")] == [1, 2] and (out / "start" / "config.json").exists()
     assert not (out / "config.json").exists()
     sft_only = json.loads((out / "sft_only" / "config.json").read_text())
-    assert sft_only["algo"] == "sft" and sft_only["model"] == str(out / "start")
+    assert sft_only["algo"]["name"] == "sft" and sft_only["model"] == str(out / "start")
     assert sft_only["seed"] != json.loads((out / "sft" / "config.json").read_text())["seed"]  # no replayed batches
 
 

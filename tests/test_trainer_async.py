@@ -98,7 +98,7 @@ def test_async_runs_repeat_exactly_and_resume(tmp_path: Path) -> None:
 
 
 def test_async_needs_a_separate_rollout_policy(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="rollout.async_rollout needs rollout_policy copy, server or vllm"):
+    with pytest.raises(ConfigError, match="rollout.async_rollout needs placement.rollout_policy copy, server or vllm"):
         _config(tmp_path, **{"placement.rollout_policy": "inprocess"})
     with pytest.raises(ConfigError, match="placement.rollout_policy must be one of inprocess, copy, server, vllm"):
         _config(tmp_path, **{"placement.rollout_policy": "gpu"})

@@ -153,7 +153,7 @@ def test_server_lora_sync_end_to_end(
 
         # The server's adapter v2 scores its own samples as the learner does.
         body = {"model": sync.adapter_name(2), "messages": [{"role": "user", "content": "What does the lamp cost?"}],
-                "max_tokens": 8, "rollout.temperature": 1.0, "seed": 3, "logprobs": True,
+                "max_tokens": 8, "temperature": 1.0, "seed": 3, "logprobs": True,
                 "return_token_ids": True}  # fmt: skip
         reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60, trust_env=False).json()
         sampled = reply["choices"][0]["token_ids"]
