@@ -234,7 +234,7 @@ class ProductionCycle:
             trajectories_from_store,
             self.store,
             self.config.reward_map,
-            max_staleness=self.config.rollout.max_staleness,
+            max_staleness=self.config.max_staleness,
             model=self.router.model,
             latest_version=latest,
             group_by=self.config.group_by,
