@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 
@@ -30,8 +31,8 @@ RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.toml"))
 
 @pytest.mark.parametrize("name", ["TrainConfig", "RolloutSettings", "PlacementConfig", "LoraConfig"])
 def test_every_field_has_a_docstring(name: str) -> None:
-    source = Path(__file__).parent.parent.joinpath("taskrl/training/config.py").read_text()
-    (cls,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name]
+    (cls,) = ast.parse(inspect.getsource(getattr(config_module, name))).body
+    assert isinstance(cls, ast.ClassDef)
     documented = {
         field.target.id
         for field, after in zip(cls.body, cls.body[1:], strict=False)

@@ -21,202 +21,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskrl import context
 from taskrl.algos import ALGORITHMS
 from taskrl.algos.algorithm import AlgoConfig
 from taskrl.algos.grpo import GroupConfig, GRPOConfig
 from taskrl.algos.schedules import make_schedule
+from taskrl.training.sections import (
+    DTYPES,
+    FINETUNE_MODES,
+    KL_MODES,
+    LEARNER_PRECISIONS,
+    SPLITS,
+    ConfigError,
+    LoraConfig,
+    PlacementConfig,
+    RolloutSettings,
+    need,
+    one_of,
+)
 from taskrl.validate import did_you_mean, finite_at_least, integer_at_least, require
 
-KL_MODES = ("none", "k1_reward", "k3_loss")
-FINETUNE_MODES = ("full", "lora")
-DTYPES = ("float32", "bfloat16", "float16")
-ROLLOUT_POLICIES = ("inprocess", "copy", "server", "vllm")
-DIST_BACKENDS = ("auto", "gloo", "nccl")
-LEARNER_BACKENDS = ("ddp", "fsdp2")
-LEARNER_PRECISIONS = ("float32", "bfloat16", "auto")
-ROLLOUT_DTYPES = ("same", "float32", "bfloat16", "auto")
+__all__ = ["MOVED", "ConfigError", "LoraConfig", "PlacementConfig", "RolloutSettings", "TrainConfig",
+           "config_from_dict", "load_config", "migrate_flat", "parse_overrides"]  # fmt: skip
+
 _SCHEDULE_FIELDS = ("lr", "sft_lr", "entropy_coef")
-SPLITS = ("train", "val", "test", "all")
-"""The task splits envs share (``Env.tasks(split)``); a typo such as 'valid' would silently read as a train split."""
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the field."""
-
-
-def _need(ok: bool, what: str, **field: Any) -> None:
-    """``field`` is the one (dotted) field the error names, with its value: ``_need(ok, "must be ...", kl=kl)``."""
-    if not ok:
-        ((name, value),) = field.items()
-        raise ConfigError(f"{name.replace('__', '.') if '__' in name else f'TrainConfig.{name}'} {what}, got {value!r}")
-
-
-def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
-    _need(value in choices, f"must be one of {', '.join(choices)}", **{name.replace(".", "__"): value})
-
-
-@dataclass
-class RolloutSettings:
-    """``[rollout]``: what each step plays (tasks, samples, episode budgets, sampling, staleness)."""
-
-    tasks_per_step: int = 8
-    """Tasks per step; each is played group_size times."""
-    group_size: int = 8
-    """Episodes per task (K); GRPO, CISPO and Kimi need K >= 2."""
-    max_turns: int = 4
-    """Assistant turns per episode."""
-    max_context_tokens: int = 2048
-    """Tokens in the model's context per episode."""
-    max_new_tokens: int = 128
-    """Tokens sampled per turn."""
-    summary: dict[str, Any] = field(default_factory=dict)
-    """Context compaction at a token trigger: a table of ``taskrl.context.SummaryConfig`` fields, e.g.
-    ``{trigger_tokens = 400, mode = "self"}`` (mode=self trains the summaries on the episode reward); {} = off."""
-    temperature: float = 1.0
-    """Sampling temperature; the learner scores tokens at the same temperature, so the first ratio is 1."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off)."""
-    concurrency: int = 32
-    """Episodes in flight at once (they are decoded in one batch)."""
-    async_rollout: bool = False
-    """Play step k+1's episodes while the learner updates on step k's (needs rollout_policy copy, server or vllm)."""
-    max_staleness: int = 2
-    """Samples whose policy version is more than this behind the learner are dropped."""
-
-    def __post_init__(self) -> None:
-        require("rollout", "must be an integer >= 1", integer_at_least(1), error=ConfigError,
-                tasks_per_step=self.tasks_per_step, group_size=self.group_size, max_turns=self.max_turns,
-                max_context_tokens=self.max_context_tokens, max_new_tokens=self.max_new_tokens,
-                concurrency=self.concurrency)  # fmt: skip
-        require("rollout", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
-                max_staleness=self.max_staleness)  # fmt: skip
-        require("rollout", "must be >= 0", finite_at_least(0), error=ConfigError, temperature=self.temperature)
-        _need(0 < self.top_p <= 1, "must be in (0, 1]", rollout__top_p=self.top_p)
-        try:
-            compaction = context.from_value(self.summary, "rollout.summary")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        _need(compaction is None or compaction.trigger_tokens < self.max_context_tokens,
-              f"trigger_tokens must be below rollout.max_context_tokens ({self.max_context_tokens})",
-              rollout__summary=self.summary)  # fmt: skip
-
-
-@dataclass
-class PlacementConfig:
-    """``[placement]``: where the run executes: learner processes and backends, Ray actors, the rollout engine."""
-
-    nproc: int = 1
-    """Data-parallel learner processes (torch.distributed): each plays its share of a step's tasks, gradients are
-    summed over all of them; > 1 needs device auto, cpu or cuda (one GPU per local rank)."""
-    dist_backend: str = "auto"
-    """torch.distributed backend of nproc > 1: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
-    learner_backend: str = "ddp"
-    """nproc > 1: ddp (every rank holds the whole model and optimizer, gradients all-reduced) or fsdp2 (FSDP2
-    shards parameters, gradients and AdamW state over the ranks; checkpoints are sharded torch.distributed.checkpoint
-    directories, resumable on any number of ranks). fsdp2 with nproc > 1 needs rollout_policy='copy'."""
-    ray: bool = False
-    """Play rollouts in Ray actors, each with its own policy copy and envs (same seeds, same samples as local)."""
-    ray_address: str = ""
-    """Ray cluster with ray=true: "" starts a local Ray, "auto" or "ray://host:port" connects to a running one."""
-    ray_workers: int = 2
-    """Rollout actors with ray=true; each step's task groups are dealt across them."""
-    ray_num_cpus_per_worker: float = 1.0
-    """CPUs Ray reserves for each rollout actor."""
-    ray_num_gpus_per_worker: float = 0.0
-    """GPUs Ray reserves for each rollout actor (fractions share one); device=auto uses CUDA only when one is held."""
-    rollout_policy: str = "inprocess"
-    """Who samples: inprocess (the learner's model), copy (its own model copy, synced after each update), server
-    (an OpenAI-compatible server at rollout_url; each update's LoRA adapter is pushed to it) or vllm (vLLM, token
-    in and token out: a local server taskrl starts and supervises from ``model``, or the vLLM at rollout_url; each
-    update's LoRA adapter is hot-loaded as a new version; a server that dies mid-step is restarted and the step's
-    episodes played again, never scored as failures)."""
-    rollout_url: str = ""
-    """rollout_policy=server: the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1; rollout_policy=vllm:
-    a vLLM started elsewhere (a cluster's; health-checked, not restarted), "" = start a local one."""
-    rollout_model: str = ""
-    """rollout_policy=server, or vllm with rollout_url: the served base model's name; the adapters apply to it."""
-    rollout_dtype: str = "same"
-    """Weights dtype of the rollout copy (rollout_policy='copy'): same (as dtype), float32, bfloat16 or auto (as
-    learner_precision's auto). The sampler/learner logprob gap is logged as losses/mismatch_kl and corrected by the
-    truncated importance weights."""
-    vllm: dict[str, Any] = field(default_factory=dict)
-    """rollout_policy=vllm: the local server's settings, a table of ``taskrl.policies.vllm_server.VLLMServerConfig``
-    fields, e.g. ``{threads = "0-1", kv_cache_gib = 2, max_model_len = 2048, port = 0}`` (its model is ``model``,
-    its LoRA rank limit follows ``lora_rank``); the vLLM virtualenv is ``make vllm-setup``'s ``.venv-vllm``."""
-    rollout_restarts: int = 2
-    """rollout_policy=vllm: restarts of a dead server within one step before the step fails (0: fail at once)."""
-    rollout_api_key_env: str = "TASKRL_ROLLOUT_API_KEY"
-    """rollout_policy=server: environment variable holding the server's API key (admin rights load adapters)."""
-
-    def __post_init__(self) -> None:
-        require("placement", "must be an integer >= 1", integer_at_least(1), error=ConfigError,
-                nproc=self.nproc, ray_workers=self.ray_workers)  # fmt: skip
-        require("placement", "must be an integer >= 0", integer_at_least(0), error=ConfigError,
-                rollout_restarts=self.rollout_restarts)  # fmt: skip
-        require("placement", "must be >= 0", finite_at_least(0), error=ConfigError,
-                ray_num_cpus_per_worker=self.ray_num_cpus_per_worker,
-                ray_num_gpus_per_worker=self.ray_num_gpus_per_worker)  # fmt: skip
-        _one_of(self.rollout_policy, ROLLOUT_POLICIES, "placement.rollout_policy")
-        _one_of(self.learner_backend, LEARNER_BACKENDS, "placement.learner_backend")
-        _one_of(self.rollout_dtype, ROLLOUT_DTYPES, "placement.rollout_dtype")
-        _one_of(self.dist_backend, DIST_BACKENDS, "placement.dist_backend")
-        _need(not (self.ray and self.rollout_policy == "copy"),
-              "must not be 'copy' with ray=true: the Ray actors already sample from their own copies",
-              placement__rollout_policy=self.rollout_policy)  # fmt: skip
-        server = self.rollout_policy == "server"
-        _need(not server or self.rollout_url.startswith(("http://", "https://")),
-              "must be the server's http(s) base URL with rollout_policy=server",
-              placement__rollout_url=self.rollout_url)  # fmt: skip
-        _need(not server or bool(self.rollout_model), "must name the served base model (server)",
-              placement__rollout_model=self.rollout_model)  # fmt: skip
-        _need(not self.vllm or self.rollout_policy == "vllm",
-              "is the vLLM server's table: set placement.rollout_policy='vllm'", placement__vllm=self.vllm)
-        _need(self.rollout_dtype == "same" or self.rollout_policy == "copy",
-              "must be 'same' unless rollout_policy='copy' (the in-process rollout samples the learner's own "
-              "weights; a server or Ray actors load their own)", placement__rollout_dtype=self.rollout_dtype)
-        _need(self.learner_backend != "fsdp2" or self.nproc == 1 or self.rollout_policy == "copy",
-              "'fsdp2' with nproc > 1 needs rollout_policy='copy': a sharded model cannot decode on one rank "
-              "alone, each rank samples from its own full copy",
-              placement__learner_backend=self.learner_backend)  # fmt: skip
-        _need(self.nproc == 1 or not self.ray, "must be 1 with ray=true (Ray rollouts feed one learner)",
-              placement__nproc=self.nproc)  # fmt: skip
-        _need(self.nproc == 1 or self.rollout_policy not in ("server", "vllm"),
-              f"must be 1 with rollout_policy={self.rollout_policy!r} (every rank would load the same adapter)",
-              placement__nproc=self.nproc)  # fmt: skip
-        _need(self.ray_address in ("", "auto") or self.ray_address.startswith(("ray://", "http://"))
-              or ":" in self.ray_address, 'must be "", "auto", "ray://host:port" or "host:port"',
-              placement__ray_address=self.ray_address)  # fmt: skip
-        if self.rollout_policy == "vllm":
-            _need(not self.rollout_url or self.rollout_url.startswith(("http://", "https://")),
-                  "must be a vLLM's http(s) base URL, or \"\" to start a local one",
-                  placement__rollout_url=self.rollout_url)  # fmt: skip
-            _need(not self.rollout_url or bool(self.rollout_model),
-                  "must name the served base model when rollout_url points at a vLLM",
-                  placement__rollout_model=self.rollout_model)  # fmt: skip
-
-
-@dataclass
-class LoraConfig:
-    """``[lora]``: the adapters of ``finetune = "lora"``."""
-
-    rank: int = 16
-    """LoRA rank r."""
-    alpha: float = 32.0
-    """LoRA scaling alpha (effective scale alpha / r)."""
-    dropout: float = 0.0
-    """Dropout on the LoRA input; > 0 makes the first-update ratio differ from 1."""
-    targets: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    """Module names that get LoRA adapters."""
-
-    def __post_init__(self) -> None:
-        require("lora", "must be an integer >= 1", integer_at_least(1), error=ConfigError, rank=self.rank)
-        require("lora", "must be >= 0", finite_at_least(0), error=ConfigError, alpha=self.alpha)
-        _need(0 <= self.dropout < 1, "must be in [0, 1)", lora__dropout=self.dropout)
-        _need(bool(self.targets), "must name at least one module", lora__targets=self.targets)
-
 
 @dataclass
 class TrainConfig:
@@ -351,51 +178,51 @@ class TrainConfig:
                 is_truncation=self.is_truncation)  # fmt: skip
         for name, section, kind in (("rollout", self.rollout, RolloutSettings), ("lora", self.lora, LoraConfig),
                                     ("placement", self.placement, PlacementConfig), ("algo", self.algo, AlgoConfig)):
-            _need(isinstance(section, kind), f"must be a {kind.__name__} (a TOML table [{name}])", **{name: section})
-        _need(self.algo.name in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}",
+            need(isinstance(section, kind), f"must be a {kind.__name__} (a TOML table [{name}])", **{name: section})
+        need(self.algo.name in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}",
               algo__name=self.algo.name)  # the table, read now
         chosen = ALGORITHMS[self.algo.name]
-        _need(isinstance(self.algo, chosen.config),
+        need(isinstance(self.algo, chosen.config),
               f"is {type(self.algo).__name__}, but algo.name={self.algo.name!r} takes {chosen.config.__name__}",
               algo=self.algo)  # fmt: skip
-        _one_of(self.split, SPLITS, "split")
-        _one_of(self.eval_split, SPLITS, "eval_split")
-        _one_of(self.kl, KL_MODES, "kl")
-        _one_of(self.finetune, FINETUNE_MODES, "finetune")
-        _one_of(self.dtype, DTYPES, "dtype")
-        _one_of(self.learner_precision, LEARNER_PRECISIONS, "learner_precision")
+        one_of(self.split, SPLITS, "split")
+        one_of(self.eval_split, SPLITS, "eval_split")
+        one_of(self.kl, KL_MODES, "kl")
+        one_of(self.finetune, FINETUNE_MODES, "finetune")
+        one_of(self.dtype, DTYPES, "dtype")
+        one_of(self.learner_precision, LEARNER_PRECISIONS, "learner_precision")
         rollout, place = self.rollout, self.placement
-        _need(not rollout.async_rollout or place.rollout_policy != "inprocess" or place.ray,
+        need(not rollout.async_rollout or place.rollout_policy != "inprocess" or place.ray,
               "needs placement.rollout_policy copy, server or vllm, or placement.ray (rollouts must not sample "
               "weights mid-update)", rollout__async_rollout=rollout.async_rollout)  # fmt: skip
-        _need(place.rollout_policy not in ("server", "vllm") or self.finetune == "lora",
+        need(place.rollout_policy not in ("server", "vllm") or self.finetune == "lora",
               f"must not be {place.rollout_policy!r} with finetune='full': only LoRA adapters can be loaded into "
               "a running server (hot-loaded adapters), full weights would need a restart; use rollout_policy='copy'",
               placement__rollout_policy=place.rollout_policy)  # fmt: skip
         if place.rollout_policy == "vllm":
             self._check_vllm()
-        _need(place.nproc <= rollout.tasks_per_step, f"must be <= rollout.tasks_per_step ({rollout.tasks_per_step})",
+        need(place.nproc <= rollout.tasks_per_step, f"must be <= rollout.tasks_per_step ({rollout.tasks_per_step})",
               placement__nproc=place.nproc)  # fmt: skip
-        _need(place.nproc == 1 or self.device in ("auto", "cpu", "cuda"),
+        need(place.nproc == 1 or self.device in ("auto", "cpu", "cuda"),
               "must be auto, cpu or cuda when placement.nproc > 1 (each rank takes cuda:LOCAL_RANK)",
               device=self.device)  # fmt: skip
-        _need(not (place.dist_backend == "nccl" and self.device == "cpu"), "nccl needs CUDA devices",
+        need(not (place.dist_backend == "nccl" and self.device == "cpu"), "nccl needs CUDA devices",
               placement__dist_backend=place.dist_backend)  # fmt: skip
-        _need(self.sft_warmup_steps <= self.steps, f"must be <= steps ({self.steps})",
+        need(self.sft_warmup_steps <= self.steps, f"must be <= steps ({self.steps})",
               sft_warmup_steps=self.sft_warmup_steps)  # fmt: skip
-        _need(self.kl == "none" or self.kl_coef > 0, f"must be > 0 when kl={self.kl!r}", kl_coef=self.kl_coef)
+        need(self.kl == "none" or self.kl_coef > 0, f"must be > 0 when kl={self.kl!r}", kl_coef=self.kl_coef)
         rl = not chosen.imitation and self.sft_warmup_steps < self.steps
-        _need(not rl or rollout.group_size >= chosen.min_group_size,
+        need(not rl or rollout.group_size >= chosen.min_group_size,
               f"must be >= {chosen.min_group_size} for {self.algo.name}", rollout__group_size=rollout.group_size)
         group_relative = [name for name, a in ALGORITHMS.items() if a.min_group_size >= 2]
-        _need(not self.dynamic_sampling or chosen.min_group_size >= 2,
+        need(not self.dynamic_sampling or chosen.min_group_size >= 2,
               f"must be false for algo.name={self.algo.name!r}: it keeps groups whose rewards differ, which only "
               f"the group-relative algorithms ({', '.join(group_relative)}) need",
               dynamic_sampling=self.dynamic_sampling)  # fmt: skip
-        _need(not self.dynamic_sampling or (isinstance(self.algo, GroupConfig) and self.algo.drop_zero_variance),
+        need(not self.dynamic_sampling or (isinstance(self.algo, GroupConfig) and self.algo.drop_zero_variance),
               "must be true with dynamic_sampling=true (dynamic sampling drops the zero-variance groups)",
               algo__drop_zero_variance=getattr(self.algo, "drop_zero_variance", None))  # fmt: skip
-        _need(not self.dynamic_sampling or place.nproc == 1,
+        need(not self.dynamic_sampling or place.nproc == 1,
               "must be 1 with dynamic_sampling=true (the extra rounds are played by one process)",
               placement__nproc=place.nproc)  # fmt: skip
         try:
@@ -410,7 +237,7 @@ class TrainConfig:
         """rollout_policy='vllm': logprobs the learner can match, a valid server table."""
         from taskrl.policies.vllm_server import vllm_server_config
 
-        _need(self.rollout.top_p == 1.0,
+        need(self.rollout.top_p == 1.0,
               "must be 1 with placement.rollout_policy='vllm': vLLM renormalises logprobs after top-p truncation, "
               "which the learner cannot match", rollout__top_p=self.rollout.top_p)  # fmt: skip
         try:
@@ -630,7 +457,7 @@ def _algo(table: dict[str, Any]) -> AlgoConfig:
     """The ``[algo]`` table -> the named algorithm's own config; a field of another algorithm fails naming it."""
     table = dict(table)
     name = table.pop("name", "grpo")
-    _need(isinstance(name, str) and name in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}", algo__name=name)
+    need(isinstance(name, str) and name in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}", algo__name=name)
     cls = ALGORITHMS[name].config
     fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
     foreign = sorted(set(table) - fields)
