@@ -119,7 +119,7 @@ class Service:
         self.val = make_tasks(spec["val_tasks"], "val")
         self.test = make_tasks(spec["test_tasks"], "test")
         gate = GateConfig(n_boot=spec["n_boot"], seed=spec["seed"])
-        common = {"min_trajectories": spec["min_trajectories"], "rollout.max_staleness": spec["max_staleness"],
+        common = {"min_trajectories": spec["min_trajectories"], "max_staleness": spec["max_staleness"],
                   "group_by": "prompt", "gate": gate}  # fmt: skip
         suites = {"val": suite(self.val, spec["max_tokens"])}
         self.cycle = ProductionCycle(

@@ -18,9 +18,8 @@ from experiments.plots import plot_tool_use  # noqa: E402
 
 
 def _args(**changes: object) -> argparse.Namespace:
-    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "rollout.max_turns": 4, "rollout.max_new_tokens": 96,
-              "sft_steps": 4,
-              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 2e-4, "tasks": 4, "rollout.group_size": 6, "entropy_coef": 0.0,
+    values = {"seed": 0, "sft_seed": 0, "device": "cpu", "max_turns": 4, "max_new_tokens": 96, "sft_steps": 4,
+              "sft_tasks": 8, "sft_lr": 1e-3, "lr": 2e-4, "tasks": 4, "group_size": 6, "entropy_coef": 0.0,
               "lookup_credit": 0.3, "max_steps": 10_000, "dtype": "bfloat16", "design": "prices3"}  # fmt: skip
     return argparse.Namespace(**{**values, **changes})
 
@@ -31,11 +30,11 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     shape = bench.DESIGNS[design]
     start = tmp_path / "start"
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
-    assert (sft.algo, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, shape["sft"], "smollm2")
+    assert (sft.algo.name, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, shape["sft"], "smollm2")
     arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
-    assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs == shape["sft"]
-    assert arms["grpo"].algo == "grpo" and arms["grpo"].env_kwargs["min_items"] > shape["sft"]["max_items"]
+    assert arms["sft_only"].algo.name == "sft" and arms["sft_only"].env_kwargs == shape["sft"]
+    assert arms["grpo"].algo.name == "grpo" and arms["grpo"].env_kwargs["min_items"] > shape["sft"]["max_items"]
     assert arms["grpo"].env == sft.env == shape["env"]
     shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "temperature", "seed", "dtype", "env")
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
@@ -47,9 +46,9 @@ def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_pat
     args, start = _args(design="prices3", rft_min_reward=1.0), tmp_path / "start"
     arms = {arm: bench.stage_config(arm, tmp_path / arm, start, args) for arm in bench.LADDER}
     configs = {arm: config_from_dict(dict(c)) for arm, c in arms.items()}
-    assert configs["sft3"].algo == "sft" and configs["sft3"].sft_data == "expert"
+    assert configs["sft3"].algo.name == "sft" and configs["sft3"].sft_data == "expert"
     assert configs["sft3"].env_kwargs == bench.DESIGNS["prices3"]["rl"]  # 3-item demonstrations
-    assert (configs["rft"].algo, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
+    assert (configs["rft"].algo.name, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
     assert all(arms["rft"][f] == arms["grpo"][f] for f in MATCHED_FIELDS if f in arms["grpo"])
     assert {c.model for c in configs.values()} == {str(start)}
 
@@ -131,7 +130,7 @@ def test_every_arm_and_the_start_become_new_run_records(tmp_path: Path) -> None:
                  resume=False)  # fmt: skip
     study = bench._study(args)
     steps = [{"step": 1, "charts/episodes": 12.0, "charts/sampled_tokens": 900.0, "charts/trained_trajectories": 3.0}]
-    arms = {arm: {"config": {"algo.name": arm}, "steps": steps, "train_s": 60.0,
+    arms = {arm: {"config": {"algo": arm}, "steps": steps, "train_s": 60.0,
                   "final": {**_evals(0.5), "greedy": {**_evals(0.5)["greedy"], "tasks": 64}}}
             for arm in bench.LADDER}  # fmt: skip
     start = {**_evals(0.2), "greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0,
