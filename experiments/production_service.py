@@ -66,8 +66,8 @@ def _train_config(spec: dict[str, Any], run_dir: Path) -> Any:
 
     return config_from_dict({
         "run_dir": str(run_dir / "learner"), "seed": spec["seed"], "model": "smollm2", "device": spec["device"],
-        "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "algo": "grpo", "lr": spec["lr"],
-        "normalize_std": True, "max_staleness": spec["max_staleness"], "progress": False,
+        "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "algo.name": "grpo", "lr": spec["lr"],
+        "algo.normalize_std": True, "rollout.max_staleness": spec["max_staleness"], "progress": False,
         # 1024, not 4096: a 4096-token fp32 micro-batch of SmolLM2 (activations + 49k-vocab logits) took the
         # service past 17 GB RSS and it was OOM-killed beside another job; accumulation gives the same gradient.
         "micro_batch_tokens": 1024,

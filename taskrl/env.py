@@ -50,10 +50,10 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from taskrl.hooks import HOOK_ARITY, REMOVED_HOOKS, call_hook, declared
 from taskrl.tools import ToolSet
@@ -62,6 +62,8 @@ from taskrl.validate import did_you_mean
 
 if TYPE_CHECKING:
     from taskrl.scoring import Rubric
+
+T = TypeVar("T")
 
 
 class StepOutput(NamedTuple):
@@ -88,18 +90,31 @@ class EnvCheckError(AssertionError):
     """An env breaks the contract; the message names the env, the method and what was wrong."""
 
 
+ResetOutput = tuple[list[Message], dict[str, Any]]
+"""What ``reset`` returns: the episode's first messages and an info dict."""
+StepResult = StepOutput | tuple[list[ToolResult], bool, bool, dict[str, Any]]
+"""What ``step`` returns: a ``StepOutput`` or the same four values as a plain tuple (read by ``step_output``)."""
+RewardOutput = dict[str, float | None] | float
+"""What ``reward`` returns: unweighted measured terms (None = not applicable), or one number (the term
+``reward``); read by ``reward_terms``."""
+MaybeAwaitable = T | Awaitable[T]
+"""A method of the contract may be sync or async."""
+
+
 @runtime_checkable
 class Env(Protocol):
+    """The required contract (see the module docstring); methods may be sync or async."""
+
     name: str
     tools: ToolSet
 
     def tasks(self, split: str = "train") -> Sequence[Task]: ...
 
-    def reset(self, task: Task, seed: int | None = None) -> Any: ...
+    def reset(self, task: Task, seed: int | None = None) -> MaybeAwaitable[ResetOutput]: ...
 
-    def step(self, tool_calls: list[ToolCall]) -> Any: ...
+    def step(self, tool_calls: list[ToolCall]) -> MaybeAwaitable[StepResult]: ...
 
-    def reward(self, trajectory: Trajectory) -> Any: ...
+    def reward(self, trajectory: Trajectory) -> MaybeAwaitable[RewardOutput]: ...
 
 
 def step_output(value: Any, env_name: str) -> StepOutput:
@@ -187,13 +202,13 @@ class Wrapper(EnvDefaults):
     def tasks(self, split: str = "train") -> Sequence[Task]:
         return self.env.tasks(split)
 
-    def reset(self, task: Task, seed: int | None = None) -> Any:
+    def reset(self, task: Task, seed: int | None = None) -> MaybeAwaitable[ResetOutput]:
         return self.env.reset(task, seed=seed)
 
-    def step(self, tool_calls: list[ToolCall]) -> Any:
+    def step(self, tool_calls: list[ToolCall]) -> MaybeAwaitable[StepResult]:
         return self.env.step(tool_calls)
 
-    def reward(self, trajectory: Trajectory) -> Any:
+    def reward(self, trajectory: Trajectory) -> MaybeAwaitable[RewardOutput]:
         return self.env.reward(trajectory)
 
     @property

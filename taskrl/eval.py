@@ -11,7 +11,6 @@ line (``taskrl.commands.eval``).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import time
@@ -23,11 +22,11 @@ import numpy as np
 
 from taskrl import context
 from taskrl.algos.schedules import Schedule
-from taskrl.env import Env, call_hook, maybe_await
+from taskrl.env import Env
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, error_note, run_episode
+from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog, read_trajectories
 from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
@@ -211,40 +210,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-") or "policy"
 
 
-async def _play(
-    env_factory: Callable[[], Env],
-    policy: Policy,
-    tasks: Sequence[Task],
-    rollout: RolloutConfig,
-    done: dict[int, Trajectory],
-    sink: Callable[[Trajectory], None],
-) -> list[Trajectory]:
-    """Like ``run_episodes`` (same seeds and group ids) but skips episodes already in ``done`` (by seed)."""
-    limit = asyncio.Semaphore(rollout.concurrency)
-
-    async def one(index: int, task: Task, k: int) -> Trajectory:
-        seed = derive_seed(rollout.seed, index, task.id, k)
-        if seed in done:
-            return done[seed]
-        async with limit:
-            env = env_factory()
-            try:
-                traj = await run_episode(env, policy, task, rollout, seed=seed, group_id=f"{task.id}#{rollout.seed}")
-            finally:
-                await maybe_await(call_hook(env, "close"))
-        sink(traj)
-        return traj
-
-    jobs = [asyncio.ensure_future(one(i, t, k)) for i, t in enumerate(tasks) for k in range(rollout.group_size)]
-    try:
-        return list(await asyncio.gather(*jobs))
-    except BaseException:
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-        raise
-
-
 async def evaluate(
     env_factory: Callable[[], Env],
     policies: dict[str, Policy],
@@ -291,7 +256,7 @@ async def evaluate(
             if on_trajectory is not None:
                 on_trajectory(policy_name, traj)
 
-        played = await _play(env_factory, policy, tasks, rollout, done, sink)
+        played = await run_episodes(env_factory, policy, tasks, rollout, on_trajectory=sink, done=done)
         score_collected(played, probe, clock, rubric=rubric, reward_weights=reward_weights, task_of=task_of)
         by_policy[policy_name] = played
     result = {

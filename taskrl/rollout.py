@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
@@ -378,6 +378,7 @@ async def run_episodes(
     *,
     on_trajectory: Callable[[Trajectory], Any] | None = None,
     task_indices: Sequence[int] | None = None,
+    done: Mapping[int, Trajectory] | None = None,
 ) -> list[Trajectory]:
     """Play ``config.group_size`` episodes of every task, at most ``config.concurrency`` at once.
 
@@ -385,6 +386,8 @@ async def run_episodes(
     ``on_trajectory`` sees each one as soon as it finishes. Episode seeds come from ``config.seed``, the task's
     index and id and the sample number; ``task_indices`` gives each task its index in the whole batch when
     ``tasks`` is a share of it (a data-parallel rank, a Ray worker), so every share samples what one process would.
+    ``done`` holds episodes already played, by seed (a resumed evaluation): each is returned in its place as it
+    is, neither replayed nor passed to ``on_trajectory``.
     """
     if task_indices is not None and len(task_indices) != len(tasks):
         raise ValueError(f"task_indices has {len(task_indices)} entries for {len(tasks)} tasks")
@@ -392,9 +395,11 @@ async def run_episodes(
     limit = asyncio.Semaphore(config.concurrency)
 
     async def play(task_index: int, task: Task, k: int) -> Trajectory:
+        seed = derive_seed(config.seed, task_index, task.id, k)
+        if done is not None and seed in done:
+            return done[seed]
         async with limit:
             env = env_factory()
-            seed = derive_seed(config.seed, task_index, task.id, k)
             group = f"{task.id}#{config.seed}" if config.group_size > 1 else None
             try:
                 traj = await run_episode(env, policy, task, config, seed=seed, group_id=group)

@@ -247,7 +247,7 @@ class Segment:
     policy_version: int = 0
     temperature: float | None = None
     """Temperature the sampled tokens were drawn at (``logprobs`` are of that distribution); None means the
-    trainer's ``TrainConfig.temperature``. Production rows served at their own temperature set it."""
+    trainer's ``rollout.temperature``. Production rows served at their own temperature set it."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

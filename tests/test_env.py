@@ -586,3 +586,16 @@ async def test_wrapper_of_an_env_without_env_defaults() -> None:
     await acheck_env(wrapped)
     assert wrapped.rubric is None and wrapped.user_turn is None and wrapped.unwrapped is wrapped.env
     assert wrapped.close() is None
+
+
+def test_the_env_protocol_is_typed_without_any_returns() -> None:
+    """Issue 39 item 5: every required method of ``Env`` says what it returns (sync or async), none ``Any``."""
+    import typing
+
+    import taskrl.env as env_module
+    from taskrl.env import Env
+
+    for method in ("tasks", "reset", "step", "reward"):
+        hints = typing.get_type_hints(getattr(Env, method), vars(env_module))
+        assert hints["return"] is not typing.Any, method
+        assert "typing.Any]" not in str(hints["return"]).replace("dict[str, typing.Any]", ""), (method, hints)

@@ -22,7 +22,7 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.scoring import Clock, GateRule, Rubric, TermWeight
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.trainer import Trainer
 from taskrl.types import Message, Task, Trajectory
 
@@ -109,9 +109,9 @@ def test_eval_and_the_trainer_score_the_same_trajectories_alike(
     ))
     assert len(scored) == len(tasks) * 3
 
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), env=name if name in registry() else "price", finetune="lora",
-                      lora_rank=4, steps=1, tasks_per_step=1, group_size=3, reward_weights=weights,
-                      progress=False)  # fmt: skip
+    cfg = config_from_dict({"run_dir": str(tmp_path / "run"), "env": name if name in registry() else "price",
+                            "finetune": "lora", "lora.rank": 4, "steps": 1, "rollout.tasks_per_step": 1,
+                            "rollout.group_size": 3, "reward_weights": weights, "progress": False})  # fmt: skip
     trainer = Trainer(cfg, policy=tiny_policy, env_factory=factory)
     try:
         trainer._clocks[2] = clock

@@ -240,6 +240,32 @@ async def test_groups_seeds_and_determinism(fmt: ChatFormat) -> None:
         assert (a.seed, a.segments, a.messages, a.rewards) == (b.seed, b.segments, b.messages, b.rewards)
 
 
+async def test_episodes_already_played_are_returned_in_place_not_replayed(fmt: ChatFormat) -> None:
+    """Issue 39 item 5: ``eval`` resumes through ``run_episodes(done=...)``, the one episode runner."""
+    env = make("shop")
+    config = RolloutConfig(group_size=2, seed=3)
+    tasks = env.tasks()[:2]
+    policy = ScriptedPolicy(env.scripted_rule, chat_format=fmt)
+    first = await run_episodes(lambda: make("shop"), policy, tasks, config)
+    kept = {first[1].seed: first[1], first[2].seed: first[2]}
+    made, seen = [], []
+
+    def factory() -> ToolEnv:
+        made.append(1)
+        return make("shop")
+
+    again = await run_episodes(factory, policy, tasks, config, done=kept, on_trajectory=seen.append)
+    assert again[1] is first[1] and again[2] is first[2] and len(made) == 2 and len(seen) == 2
+    assert [t.seed for t in again] == [t.seed for t in first]
+    assert [(t.segments, t.rewards) for t in again] == [(t.segments, t.rewards) for t in first]
+
+
+def test_eval_has_no_episode_runner_of_its_own() -> None:
+    import taskrl.eval as eval_module
+
+    assert not hasattr(eval_module, "_play") and eval_module.run_episodes is run_episodes
+
+
 async def test_concurrency_is_bounded() -> None:
     live, peak = 0, 0
 

@@ -16,17 +16,18 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
 from taskrl.scoring import Rubric, TermWeight
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.trainer import InProcessSync, Trainer, train
 from taskrl.types import Task, Trajectory
 
 
 def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / "run"), "env": "price", "finetune": "lora", "lora_rank": 4, "steps": 3,
-            "sft_warmup_steps": 1, "sft_lr": 1e-2, "lr": 1e-3, "tasks_per_step": 2, "group_size": 3,
-            "max_turns": 3, "max_new_tokens": 40, "checkpoint_every": 2, "eval_every": 3, "eval_tasks": 2,
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "finetune": "lora", "lora.rank": 4, "steps": 3,
+            "sft_warmup_steps": 1, "sft_lr": 1e-2, "lr": 1e-3, "rollout.tasks_per_step": 2, "rollout.group_size": 3,
+            "rollout.max_turns": 3, "rollout.max_new_tokens": 40, "checkpoint_every": 2, "eval_every": 3,
+            "eval_tasks": 2,
             "progress": False}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    return config_from_dict({**{**base, **changes}})
 
 
 def _policy() -> HFPolicy:
@@ -112,10 +113,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_errors_are_one_line_naming_the_field(tmp_path: Path) -> None:
     cases = {
-        ("--set", "algo=dpo"): "TrainConfig.algo must be one of",
-        ("--set", "learning_rate=1e-4"): "unknown TrainConfig field(s): learning_rate",
+        ("--set", "algo.name=dpo"): "algo.name must be one of",
+        ("--set", "learning_rate=1e-4"): "unknown config key(s): learning_rate",
         (str(tmp_path / "missing.toml"),): "not found; see recipes/",
-        ("--set", "steps"): "is not field=value",
+        ("--set", "steps"): "is not key=value",
+        ("--set", "temperature=0.5"): "temperature moved to rollout.temperature",
     }
     for args, fix in cases.items():
         run = _cli(*args, "--set", f'run_dir="{tmp_path / "never"}"')
@@ -138,8 +140,9 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     out.mkdir()
     (out / "config.json").write_text("{}")  # a previous demo's run is replaced
     console = Console(record=True, width=140)
-    overrides = {"model": str(model_dir), "steps": 2, "eval_tasks": 2, "group_size": 2, "tasks_per_step": 1,
-                 "max_turns": 2, "max_new_tokens": 12, "dtype": "float32"}  # fmt: skip
+    overrides = {"model": str(model_dir), "steps": 2, "eval_tasks": 2, "rollout.group_size": 2,
+                 "rollout.tasks_per_step": 1,
+                 "rollout.max_turns": 2, "rollout.max_new_tokens": 12, "dtype": "float32"}  # fmt: skip
     results = run_demo(out, device="cpu", console=console, overrides=overrides, sft_overrides={"steps": 1})
     assert {"start", "sft_only", "sft_grpo"} <= set(results) and results["sft_only_steps"] >= 1
     text = console.export_text()
@@ -153,7 +156,7 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     assert [r["step"] for r in read_metrics(out / "grpo")] == [1, 2] and (out / "start" / "config.json").exists()
     assert not (out / "config.json").exists()
     sft_only = json.loads((out / "sft_only" / "config.json").read_text())
-    assert sft_only["algo"] == "sft" and sft_only["model"] == str(out / "start")
+    assert sft_only["algo"]["name"] == "sft" and sft_only["model"] == str(out / "start")
     assert sft_only["seed"] != json.loads((out / "sft" / "config.json").read_text())["seed"]  # no replayed batches
 
 

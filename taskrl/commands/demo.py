@@ -136,8 +136,8 @@ def run_demo(
     out_dir.mkdir(parents=True)
     eval_kwargs = {k: v for k, v in rl_config.env_kwargs.items() if k not in SHAPING_KWARGS}
     tasks = list(make(rl_config.env, **eval_kwargs).tasks(rl_config.eval_split))[: rl_config.eval_tasks]
-    eval_config = EvalConfig(samples_per_task=1, temperature=0.0, max_turns=rl_config.max_turns,
-                             max_new_tokens=rl_config.max_new_tokens, concurrency=rl_config.concurrency,
+    eval_config = EvalConfig(samples_per_task=1, temperature=0.0, max_turns=rl_config.rollout.max_turns,
+                             max_new_tokens=rl_config.rollout.max_new_tokens, concurrency=rl_config.rollout.concurrency,
                              seed=rl_config.seed)  # fmt: skip
 
     def held_out(trainer: Trainer, name: str) -> dict[str, Any]:
@@ -164,8 +164,8 @@ def run_demo(
         trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start_dir))
     finally:
         trainer.close()
-    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.tasks_per_step} tasks "
-                  f"{_shape(rl_config.env_kwargs)} x {rl_config.group_size} samples each) from the warm start "
+    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.rollout.tasks_per_step} tasks "
+                  f"{_shape(rl_config.env_kwargs)} x {rl_config.rollout.group_size} samples each) from the warm start "
                   f"({RL_RECIPE.name})")  # fmt: skip
     trainer = Trainer(config_from_dict({**rl_recipe, "model": str(start_dir)}), console=console)
     try:
@@ -203,7 +203,8 @@ def run_demo(
     for limit in paired["limits"]:
         console.print(f"- {limit}", highlight=False, markup=False)
     sampled = " -> ".join(f"{row['rewards/total']:.2f}" for row in rl_rows)
-    console.print(f"GRPO training reward per step (temperature {rl_config.temperature}, partial credit included): "
+    console.print(f"GRPO training reward per step (temperature {rl_config.rollout.temperature}, partial credit "
+                  "included): "
                   f"{sampled}")  # fmt: skip
     console.print(f"{time.perf_counter() - began:.0f}s in all; run dir {out_dir} (sft/, grpo/, sft_only/: "
                   f"metrics.jsonl, trajectories/; eval/): `taskrl report {out_dir / 'grpo'}`")  # fmt: skip

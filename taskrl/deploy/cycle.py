@@ -336,7 +336,7 @@ def train_from_store(
 
     with InteractionStore(store_url) as store:
         trajectories, stats = trajectories_from_store(
-            store, reward_map, max_staleness=train_config.max_staleness, model=model_name, group_by=group_by
+            store, reward_map, max_staleness=train_config.rollout.max_staleness, model=model_name, group_by=group_by
         )
     run = RunLog(train_config.run_dir)
     run.write_config(train_config)

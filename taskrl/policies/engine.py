@@ -21,6 +21,7 @@ import torch
 
 from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.drafts import default_decode_budget, plan_drafts
+from taskrl.policies.engine_config import EngineConfig
 from taskrl.policies.fastpath import FastForward
 from taskrl.policies.kvcache import PrefixCache, RowKV
 from taskrl.policies.sampling import DecodeHost, Request, sample
@@ -64,36 +65,29 @@ class ContinuousEngine:
     def __init__(
         self,
         policy: DecodeHost,
+        config: EngineConfig,
         *,
-        max_batch_size: int,
-        prefill_chunk_tokens: int,
-        prefix_cache_bytes: int,
         share_min_tokens: int = 32,
         idle_release_s: float = 30.0,
-        draft_tokens: int = 0,
-        decode_token_budget: int | None = None,
-        schedule: str = "latency",
-        priority_tokens: int = 0,
-        fast_forward: bool = False,
     ) -> None:
-        """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
-        ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
-        the most (padded) positions of a decode forward that drafts may fill (None: ``drafts.DECODE_TOKEN_BUDGETS``).
-        ``schedule``: "latency" or "throughput" (see ``_prefill_budget`` and ``step``); ``priority_tokens``: in the
-        "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none).
-        ``fast_forward``: run forwards through a ``FastDecoder`` of the current weights (rebuilt after every weight
-        change) where it reproduces the model; otherwise, and in training mode, transformers' forward."""
+        """``config``: the policy's ``EngineConfig`` (batch and prefill sizes, prefix cache, drafts, schedule,
+        priority lane, fast forward). ``idle_release_s``: the batch KV buffers are kept between requests and freed
+        after this long idle. ``fast_forward`` runs forwards through a ``FastDecoder`` of the current weights
+        (rebuilt after every weight change) where it reproduces the model; otherwise, and in training mode,
+        transformers' forward. The settings are copied onto the engine: benchmarks switch them per run."""
+        max_batch_size = config.max_batch_size
+        fast_forward = config.fast_forward
         self.policy = policy
-        self.schedule = schedule
-        self.priority_tokens = priority_tokens
+        self.schedule = config.schedule
+        self.priority_tokens = config.priority_tokens
         self._priority_streak = 0
         self._yielded = False
-        self.draft_tokens = draft_tokens
-        self.decode_token_budget = decode_token_budget
+        self.draft_tokens = config.draft_tokens
+        self.decode_token_budget = config.decode_token_budget
         self.max_batch_size = max_batch_size
-        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_chunk_tokens = config.prefill_chunk_tokens
         self.share_min_tokens = share_min_tokens
-        self.prefix = PrefixCache(prefix_cache_bytes)
+        self.prefix = PrefixCache(config.prefix_cache_bytes)
         config = policy.model.config
         layers = int(config.get_text_config().num_hidden_layers)
         eager = config._attn_implementation == "eager"
@@ -115,7 +109,8 @@ class ContinuousEngine:
         self._idle = threading.Event()
         self._idle.set()
         self._weights: Any = None
-        self.fast = FastForward(fast_forward)
+        on_cpu = policy.device.type == "cpu"
+        self.fast = FastForward(on_cpu if fast_forward == "auto" else bool(fast_forward))
 
     # -- any thread --------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:

@@ -31,7 +31,7 @@ class StaticBatcher:
 
     def submit(self, request: Request) -> None:
         self.pending.append(request)
-        if len(self.pending) >= self.policy.max_batch_size:
+        if len(self.pending) >= self.policy.engine_config.max_batch_size:
             self.full.set()
         if self.worker is None or self.worker.done():
             self.worker = self.loop.create_task(self._run())
@@ -39,13 +39,13 @@ class StaticBatcher:
     async def _run(self) -> None:
         policy = self.policy
         while self.pending:
-            if len(self.pending) < policy.max_batch_size:
+            if len(self.pending) < policy.engine_config.max_batch_size:
                 # The short wait lets episodes that resume in the same loop tick join this batch.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.full.wait(), timeout=policy.batch_wait_s)
+                    await asyncio.wait_for(self.full.wait(), timeout=policy.engine_config.batch_wait_s)
             self.full.clear()
-            batch = [r for r in self.pending[: policy.max_batch_size] if not r.future.done()]
-            del self.pending[: policy.max_batch_size]
+            batch = [r for r in self.pending[: policy.engine_config.max_batch_size] if not r.future.done()]
+            del self.pending[: policy.engine_config.max_batch_size]
             if not batch:
                 continue
             try:

@@ -3,7 +3,8 @@
 Context-1: ``f_beta``, ``f_beta_sets``, ``fact_recall``, ``output_precision``, ``answer_correct``,
 ``prune_penalty``, ``turn_penalty`` (the ``context1`` preset's terms and the search env's metrics both call these;
 the clamp is ``taskrl.scoring.context1_clamp``); Composer:
-``effort_penalty``; PARL: ``r_parallel``, ``r_finish``, ``r_efficiency``. Inputs are validated: a bad value raises
+``effort_penalty``; PARL: ``r_parallel``, ``r_finish``, ``r_efficiency``, and ``max_overlap`` (the one count of
+intervals open at once, on the step clock or the wall clock). Inputs are validated: a bad value raises
 ``ValueError`` naming the argument, so a bad config fails at start instead of producing NaN rewards.
 """
 
@@ -171,6 +172,17 @@ def answer_correct(given: str | None, gold: str | None) -> bool:
     return given is not None and gold is not None and bool(normalise_answer(gold)) and (
         normalise_answer(given) == normalise_answer(gold)
     )
+
+
+def max_overlap(spans: Sequence[tuple[float, float]]) -> int:
+    """Most intervals open at one instant; one ending where another starts does not overlap it, and an empty
+    interval (end <= start) is never open."""
+    events = sorted([(s, 1) for s, e in spans if e > s] + [(e, -1) for s, e in spans if e > s])  # ends sort first
+    running = best = 0
+    for _, delta in events:
+        running += delta
+        best = max(best, running)
+    return best
 
 
 __getattr__ = moved_names(__name__, {"context1_clamp": "taskrl.scoring"})

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from taskrl.policies.base import InvalidRequestError, PolicyError, SamplingParams
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.kvcache import PrefixCache
 
 TOL = 1e-4
@@ -23,7 +23,9 @@ TOL = 1e-4
 
 def make_policy(tiny: tuple[Any, Any], *, own_weights: bool = False, **kwargs: Any) -> HFPolicy:
     model, tokenizer = tiny
-    policy = HFPolicy(copy.deepcopy(model) if own_weights else model, tokenizer, device="cpu", **kwargs)
+    engine_config = EngineConfig(**kwargs)  # the engine settings under test
+    policy = HFPolicy(copy.deepcopy(model) if own_weights else model, tokenizer, device="cpu",
+                      engine_config=engine_config)
     policy.chat_format.stop_token_ids = set()  # every request decodes exactly max_new_tokens
     return policy
 
@@ -370,13 +372,12 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
                          fast_forward=False)  # fmt: skip
     copy_policy = rollout_copy(source)
     try:
-        assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
-        assert (copy_policy.prefix_cache_bytes, copy_policy.max_batch_size) == (12345, 5)
-        assert copy_policy._engine.prefix.max_bytes == 12345
+        assert copy_policy.engine_config == source.engine_config  # one value carries every setting
+        assert (copy_policy.engine_config.engine, copy_policy.engine_config.prefill_chunk_tokens) == ("static", 48)
+        assert copy_policy._engine.prefix.max_bytes == 12345 and copy_policy._engine.max_batch_size == 5
         engine = copy_policy._engine
         assert (engine.draft_tokens, engine.decode_token_budget, engine.schedule) == (2, 9, "throughput")
-        assert copy_policy.priority_tokens == engine.priority_tokens == 3
-        assert copy_policy.fast_forward is engine.fast.enabled is False
+        assert engine.priority_tokens == 3 and engine.fast.enabled is False
     finally:
         copy_policy.close()
         source.close()

@@ -9,13 +9,12 @@ from hypothesis import strategies as st
 from rubric_weigh import weigh
 
 from taskrl.envs.swarm.critical import critical_steps
-from taskrl.rewards.formulas import r_efficiency
+from taskrl.rewards.formulas import max_overlap, r_efficiency
 from taskrl.rewards.parl import (
     CriticalEfficiency,
     UsefulFinish,
     UsefulParallelism,
     is_trivial,
-    max_overlap,
     schedule_length,
     step_schedule,
     subtasks,
@@ -115,3 +114,15 @@ def test_decoys_never_raise_an_honest_episodes_reward(
     reward = parl(anneal=anneal)  # type: ignore[arg-type]
     total = lambda t: sum(v for v in weigh(reward, t, TASK, Clock(step)).values() if v is not None)  # noqa: E731
     assert total(cheat) < total(honest)
+
+
+def test_the_overlap_count_is_written_once() -> None:
+    """Issue 39 item 5: PARL's step-clock overlap, the wall-clock parallel credit and the swarm env's metric all
+    count with ``formulas.max_overlap``; no module keeps its own sweep."""
+    import importlib
+
+    # by module path: the packages export functions named like these modules (``taskrl.rewards.parl``, ``env``)
+    parl, cheating, formulas, swarm_env = (importlib.import_module(f"taskrl.{name}") for name in
+                                           ("rewards.parl", "rewards.cheating", "rewards.formulas", "envs.swarm.env"))
+    assert parl.max_overlap is cheating.max_overlap is swarm_env.max_overlap is formulas.max_overlap
+    assert not hasattr(cheating, "max_concurrency") and not hasattr(swarm_env, "_max_overlap")

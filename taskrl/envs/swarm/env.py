@@ -29,7 +29,8 @@ from taskrl.envs.swarm.scripted import fanout_rule
 from taskrl.envs.swarm.subagents import Subagent, SubagentRuntime
 from taskrl.envs.swarm.tasks import item_scores
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rewards.cheating import max_concurrency, subagent_intervals
+from taskrl.rewards.cheating import subagent_intervals
+from taskrl.rewards.formulas import max_overlap
 from taskrl.rewards.parl import (
     TASK_SIZE_KEY,
     child_steps,
@@ -400,7 +401,7 @@ class SwarmEnv(ToolEnv):
              "swarm/wall_time_s": ended - self._started, "swarm/subagents_created": float(len(self.agents)),
              "swarm/assignments": float(len(children)),
              "swarm/subagents_finished": float(sum(bool((c.final_answer or "").strip()) for c in children)),
-             "swarm/max_concurrency": float(_max_overlap(children)),
+             "swarm/max_concurrency": float(max_overlap(subagent_intervals(trajectory))),
              "swarm/useful_parallelism": float(useful_overlap(subtasks(trajectory))),
              **{f"swarm/{k}": float(v) for k, v in counts.items()}}
         )  # fmt: skip
@@ -411,8 +412,3 @@ class SwarmEnv(ToolEnv):
         scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
         trajectory.metrics.update({f"swarm/{k}": v for k, v in scores.items()})
         return self.rubric.measure(trajectory, self.task)  # unweighted: score anneals λ1, λ2
-
-
-def _max_overlap(children: Sequence[Trajectory]) -> int:
-    holder = Trajectory(children=list(children))
-    return max_concurrency(subagent_intervals(holder))
