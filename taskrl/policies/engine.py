@@ -33,6 +33,10 @@ _STATS = (
 )  # fmt: skip
 _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
+AGING_PASSES = 16
+"""A request passed over (others started, it did not) in this many admission passes goes before every younger one,
+skips the wait for in-flight KV, and holds a row slot while it cannot start: once among the first ``max_batch_size``
+queued, it waits at most this many passes (each starts <= ``max_batch_size``), then for older aged ones and a slot."""
 _PRIORITY_STREAK = 2  # the priority lane runs at most this many times priority_tokens steps in a row
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
 
@@ -256,27 +260,38 @@ class ContinuousEngine:
                 kv.remove_rows(rows)  # its slot and KV are free for the next row
 
     def _admit(self, *, priority_only: bool = False) -> None:
-        """Start prefilling queued requests, fewest prompt tokens left to compute first (a short prompt skips
-        ahead of long ones, which cannot starve: rows are bounded and short ones finish within a step or two),
-        while row slots last and each prefilling row still gets ``_MIN_PREFILL_SHARE`` tokens of the budget.
-        Requests of the priority lane prefill apart from the others (``priority_only``: only they start)."""
+        """Start prefilling queued requests, fewest prompt tokens left to compute first (a short prompt skips ahead
+        of long ones; ``AGING_PASSES`` bounds for how long), while row slots last and each prefilling row still gets
+        ``_MIN_PREFILL_SHARE`` tokens of the budget. Requests of the priority lane prefill apart from the others
+        (``priority_only``: only they start)."""
         most = max(1, self._prefill_budget() // _MIN_PREFILL_SHARE)
+        window = self.queue[: self.max_batch_size]
+        held = 0  # row slots kept for aged requests that cannot start in this pass
         candidates = []
-        for order, request in enumerate(self.queue[: self.max_batch_size]):
+        for order, request in enumerate(window):
+            aged = request.passed_over >= AGING_PASSES
             if priority_only and not self._prioritised(request):
+                held += aged
                 continue
             prompt = request.prompt_tensor
             cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
-            candidates.append((len(prompt) - cached, order, request, prompt, cached))
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        for _, _, request, prompt, cached in candidates:
+            key = (0, order) if aged else (1, len(prompt) - cached, order)
+            candidates.append((key, aged, request, prompt, cached))
+        candidates.sort(key=lambda c: c[0])
+        started: set[int] = set()
+        for _, aged, request, prompt, cached in candidates:
             target = self.priority_prefilling if self._prioritised(request) else self.prefilling
-            if self._rows() >= self.max_batch_size or target.rows >= most:
+            if self._rows() + held >= self.max_batch_size or target.rows >= most:
+                held += aged
                 continue
-            if target.rows and self._shares_inflight(target, prompt, cached):
+            if not aged and target.rows and self._shares_inflight(target, prompt, cached):
                 continue  # wait a step, then reuse the in-flight KV from the cache
             self.queue.remove(request)
             self._start(request, prompt, target)
+            started.add(id(request))
+        if started:  # the others in the window were passed over
+            for request in window:
+                request.passed_over += id(request) not in started
 
     def _shares_inflight(self, kv: RowKV, prompt: torch.Tensor, cached: int) -> bool:
         for row in kv.owners:

@@ -64,6 +64,8 @@ class Request:
     cancelled: bool = False
     """Set (on the event loop) when the caller stopped waiting; the engine drops the request at its next step."""
     submitted: float = field(default_factory=time.perf_counter)
+    passed_over: int = 0
+    """Admission passes in which other requests started while this one waited (the engine's aging rule)."""
     prompt_tensor: torch.Tensor = field(init=False)
     info: dict[str, Any] = field(default_factory=dict)
     constraint: Any = None
