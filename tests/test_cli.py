@@ -118,7 +118,7 @@ def test_a_typo_in_env_kwargs_or_a_config_key_is_one_line_with_did_you_mean(tmp_
             "arguments: num_tasks, min_items, max_items, lookup_credit",
         ("train", "--set", "env_kwargs={num_task=3}", "--set", f"run_dir='{tmp_path / 'run'}'"):
             "error: env 'shop' takes no argument 'num_task' (did you mean 'num_tasks'?)",
-        ("train", "--set", "stepz=3"): "error: unknown TrainConfig field(s): stepz (did you mean 'steps'?)",
+        ("train", "--set", "stepz=3"): "error: unknown config key(s): stepz (did you mean 'steps'?)",
     }  # fmt: skip
     for args, message in cases.items():
         run = taskrl(*args)
