@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -68,14 +69,17 @@ ENGINES = ("continuous", "continuous_hf", "continuous_plain", "static", "static_
 def use_engine(policy: HFPolicy, engine: str, schedule: str = "latency") -> None:
     """Switch ``policy`` to one of ``ENGINES`` (not ``generate``), cold: no KV from an earlier engine's run.
     ``schedule``: "throughput" as the trainer's rollouts use it, "latency" as ``taskrl serve`` does."""
-    policy.engine = "static" if engine.startswith("static") else "continuous"
+    settings = policy.engine_config
+    kind = "static" if engine.startswith("static") else "continuous"
+    policy.engine_config = dataclasses.replace(settings, engine=kind, schedule=schedule)
     plain = engine == "continuous_plain"  # this engine without drafts and without a priority lane
-    on_by_default = policy.fast_forward is True or (policy.fast_forward == "auto" and policy.device.type == "cpu")
+    fast = settings.fast_forward
+    on_by_default = fast is True or (fast == "auto" and policy.device.type == "cpu")
     policy._engine.fast.enabled = engine == "continuous" and on_by_default
     policy._engine.fast.invalidate()
-    policy._engine.draft_tokens = 0 if plain else policy.draft_tokens
-    policy._engine.priority_tokens = 0 if plain else policy.priority_tokens
-    policy.schedule = policy._engine.schedule = schedule
+    policy._engine.draft_tokens = 0 if plain else settings.draft_tokens
+    policy._engine.priority_tokens = 0 if plain else settings.priority_tokens
+    policy._engine.schedule = schedule
     policy.invalidate_kv_cache()
 
 
@@ -358,9 +362,9 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
     """``make demo``'s two recipes as the demo runs them: the SFT warm start (``recipes/demo_sft.toml``) once,
     merged into a checkpoint, then ``args.demo_grpo_steps`` steps of ``recipes/demo.toml`` from it with each
     engine (same tasks, same seeds: only the engine differs)."""
-    from taskrl.trainer import Trainer
+    from taskrl.commands.demo import RL_RECIPE, SFT_RECIPE, load_recipe
     from taskrl.training.config import config_from_dict
-    from taskrl.training.demo import RL_RECIPE, SFT_RECIPE, load_recipe
+    from taskrl.training.trainer import Trainer
 
     common = {"device": args.device, "resume": False, "progress": False}
     sft_recipe, rl_recipe = {**load_recipe(SFT_RECIPE), **common}, {**load_recipe(RL_RECIPE), **common}
@@ -425,12 +429,12 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
 def warm_start(policy: HFPolicy, args: argparse.Namespace) -> None:
     """A few SFT steps on the shop env's expert (the demo's recipe): the base model never calls a tool, so
     its episodes would end after one turn; after this it plays multi-turn tool episodes, as in a GRPO step."""
-    from taskrl.trainer import Trainer
+    from taskrl.commands.demo import SFT_RECIPE, load_recipe
     from taskrl.training.config import config_from_dict
-    from taskrl.training.demo import SFT_RECIPE, load_recipe
+    from taskrl.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as run_dir:
-        fields = {**load_recipe(SFT_RECIPE), "env": "shop", "env_kwargs": {}, "max_turns": 5}
+        fields = {**load_recipe(SFT_RECIPE), "env": "shop", "env_kwargs": {}, "rollout.max_turns": 5}
         fields.update(steps=args.warm_start_steps, run_dir=run_dir, device=str(policy.device), resume=False)
         fields.update(progress=False)
         trainer = Trainer(config_from_dict(fields), policy=policy)
@@ -490,10 +494,12 @@ def main() -> None:
         if args.decode_token_budget is not None:
             policy._engine.decode_token_budget = args.decode_token_budget
         if args.draft_tokens is not None:
-            policy.draft_tokens = args.draft_tokens  # use_engine hands it to the engine
+            # use_engine hands it to the engine
+            policy.engine_config = dataclasses.replace(policy.engine_config, draft_tokens=args.draft_tokens)
         print(
             f"device {policy.device}, weights {args.dtype}, decode budget "
-            f"{args.decode_token_budget or 'default (drafts.DECODE_TOKEN_BUDGETS)'}, drafts {policy.draft_tokens}",
+            f"{args.decode_token_budget or 'default (drafts.DECODE_TOKEN_BUDGETS)'}, "
+            f"drafts {policy.engine_config.draft_tokens}",
             flush=True,
         )
         try:

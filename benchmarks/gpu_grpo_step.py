@@ -2,8 +2,8 @@
 
 No download and no weights: the model is built from a config (``--model-size 0.5b``: Qwen3-0.6B's shape, 28 layers,
 hidden 1024, 16 query / 8 KV heads of 128, MLP 3072, tied embeddings, with SmolLM2's 49,152-token vocabulary, so
-about 0.49B parameters; ``tiny``: the same architecture at toy size, for CPU tests). ``taskrl.trainer.Trainer`` runs
-full fine-tuning exactly as ``taskrl train`` would: fp32 master weights with the learner in bf16 autocast
+about 0.49B parameters; ``tiny``: the same architecture at toy size, for CPU tests). ``taskrl.training.trainer.Trainer``
+runs full fine-tuning exactly as ``taskrl train`` would: fp32 master weights with the learner in bf16 autocast
 (``learner_precision="bfloat16"``), rollouts sampled by a bf16 copy synced after every update
 (``rollout_policy="copy"``), ``--prompts`` x ``--samples`` single-turn episodes per step of up to
 ``--max-new-tokens`` tokens at temperature 1 (a random model almost never stops early), every group kept.
@@ -35,10 +35,10 @@ import torch
 from grpo_vs_trl import PROMPTS, PromptEnv
 from rich.console import Console
 
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import resolve_device, smollm2_tokenizer
-from taskrl.trainer import Trainer
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
+from taskrl.training.trainer import Trainer
 from taskrl.types import Task
 
 PRIME_RL_TOKENS_PER_S = 11_900.0
@@ -138,32 +138,34 @@ def machine() -> dict[str, str | None]:
 def bench_config(args: argparse.Namespace, run_dir: str) -> TrainConfig:
     """The run: full fine-tuning, fp32 master weights + bf16 learner autocast, a bf16 rollout copy, GRPO."""
     rollouts = args.prompts * args.samples
-    return TrainConfig(
-        run_dir=run_dir,
-        seed=args.seed,
-        steps=10_000,  # never reached: no final checkpoint or export inside the timed steps
-        checkpoint_every=0,
-        log_trajectories=False,
-        progress=False,
-        device=args.device,
-        dtype="float32",
-        learner_precision="bfloat16",
-        rollout_policy="copy",
-        rollout_dtype="bfloat16",
-        finetune="full",
-        gradient_checkpointing=args.gradient_checkpointing,
-        env=BenchPromptEnv.name,
-        tasks_per_step=args.prompts,
-        group_size=args.samples,
-        max_turns=1,
-        max_new_tokens=args.max_new_tokens,
-        max_context_tokens=args.max_new_tokens + 512,
-        temperature=1.0,
-        concurrency=rollouts,
-        algo="grpo",
-        lr=1e-6,
-        drop_zero_variance=False,  # every sampled token is trained on: the throughput is of the whole batch
-        micro_batch_tokens=args.micro_batch_tokens,
+    return config_from_dict(
+        {
+            "run_dir": run_dir,
+            "seed": args.seed,
+            "steps": 10_000,
+            "checkpoint_every": 0,
+            "log_trajectories": False,
+            "progress": False,
+            "device": args.device,
+            "dtype": "float32",
+            "learner_precision": "bfloat16",
+            "placement.rollout_policy": "copy",
+            "placement.rollout_dtype": "bfloat16",
+            "finetune": "full",
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "env": BenchPromptEnv.name,
+            "rollout.tasks_per_step": args.prompts,
+            "rollout.group_size": args.samples,
+            "rollout.max_turns": 1,
+            "rollout.max_new_tokens": args.max_new_tokens,
+            "rollout.max_context_tokens": args.max_new_tokens + 512,
+            "rollout.temperature": 1.0,
+            "rollout.concurrency": rollouts,
+            "algo.name": "grpo",
+            "lr": 1e-6,
+            "algo.drop_zero_variance": False,
+            "micro_batch_tokens": args.micro_batch_tokens,
+        }
     )
 
 
@@ -177,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     peak = args.peak_tflops or peak_tflops(gpu)
     rollouts = args.prompts * args.samples
     policy = HFPolicy(model, tokenizer, name=f"random-qwen3-{args.model_size}", device=device,
-                      max_batch_size=rollouts, schedule="throughput")  # fmt: skip
+                      engine_config=EngineConfig(max_batch_size=rollouts, schedule="throughput"))  # fmt: skip
     steps: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="gpu_grpo_step_") as run_dir:
         config = bench_config(args, run_dir)

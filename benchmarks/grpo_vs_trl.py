@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from taskrl.env import ToolEnv
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.data import TaskSampler
 from taskrl.types import Task, Trajectory
 
@@ -102,39 +102,41 @@ class InOrder(TaskSampler):
 def taskrl_config(args: argparse.Namespace, mode: str, run_dir: str, setting: str = "fp32") -> TrainConfig:
     """The taskrl side of the comparison; every field the comparison fixes is set here explicitly."""
     best = setting == "best"
-    return TrainConfig(
-        run_dir=run_dir,
-        seed=args.seed,
-        steps=10_000,  # never reached: no final checkpoint or export inside the timed steps (TRL saves nothing)
-        checkpoint_every=0,
-        progress=False,
-        device=args.device,
-        model="smollm2",
-        dtype="float32",
-        finetune=mode,
-        lora_rank=args.lora_rank,
-        lora_alpha=float(args.lora_alpha),
-        lora_targets=list(LORA_TARGETS),
-        env=PromptEnv.name,
-        tasks_per_step=1,
-        group_size=args.group_size,
-        max_turns=1,
-        max_new_tokens=args.max_completion_length,
-        temperature=1.0,
-        concurrency=args.group_size,
-        algo="grpo",
-        lr=args.lr,
-        normalize_std=True,  # TRL's default scale_rewards="group"
-        drop_zero_variance=False,  # never skip an update TRL would make
-        learner_precision="auto" if best else "float32",
-        gradient_checkpointing=best,
+    return config_from_dict(
+        {
+            "run_dir": run_dir,
+            "seed": args.seed,
+            "steps": 10_000,
+            "checkpoint_every": 0,
+            "progress": False,
+            "device": args.device,
+            "model": "smollm2",
+            "dtype": "float32",
+            "finetune": mode,
+            "lora.rank": args.lora_rank,
+            "lora.alpha": float(args.lora_alpha),
+            "lora.targets": list(LORA_TARGETS),
+            "env": PromptEnv.name,
+            "rollout.tasks_per_step": 1,
+            "rollout.group_size": args.group_size,
+            "rollout.max_turns": 1,
+            "rollout.max_new_tokens": args.max_completion_length,
+            "rollout.temperature": 1.0,
+            "rollout.concurrency": args.group_size,
+            "algo.name": "grpo",
+            "lr": args.lr,
+            "algo.normalize_std": True,
+            "algo.drop_zero_variance": False,
+            "learner_precision": "auto" if best else "float32",
+            "gradient_checkpointing": best,
+        }
     )
 
 
 def run_taskrl(args: argparse.Namespace, mode: str, setting: str = "fp32") -> dict[str, Any]:
     import tempfile
 
-    from taskrl.trainer import Trainer
+    from taskrl.training.trainer import Trainer
 
     ends: list[tuple[float, float]] = []
     tokens, rewards = [], []

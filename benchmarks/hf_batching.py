@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from taskrl.policies.base import SamplingParams
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.types import Message
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--engine", default="continuous", choices=["continuous", "static"])
     args = ap.parse_args()
-    policy = HFPolicy.from_pretrained("smollm2", device=args.device, engine=args.engine)
+    policy = HFPolicy.from_pretrained("smollm2", device=args.device, engine_config=EngineConfig(engine=args.engine))
     questions = ["Name a prime number.", "What is a tool call?", "Describe the sea.", "Count to five."]
     prompts = [
         policy.chat_format.prompt_ids([Message("user", f"{questions[i % 4]} (#{i})")]) for i in range(args.requests)

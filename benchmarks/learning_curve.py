@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 PRICE_RECIPE: dict[str, Any] = {
-    "model": "smollm2", "env": "price", "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "algo": "grpo",
-    "sft_data": "expert", "sft_lr": 1e-3, "lr": 2e-4, "tasks_per_step": 4, "group_size": 4, "max_turns": 3,
-    "max_new_tokens": 40, "temperature": 1.0,
+    "model": "smollm2", "env": "price", "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "algo.name": "grpo",
+    "sft_data": "expert", "sft_lr": 1e-3, "lr": 2e-4, "rollout.tasks_per_step": 4, "rollout.group_size": 4,
+    "rollout.max_turns": 3,
+    "rollout.max_new_tokens": 40, "rollout.temperature": 1.0,
 }  # fmt: skip
 """The `price` recipe of the issue-3 curve (the demo's recipe until issue 14 moved the demo to `shop`)."""
 
@@ -69,8 +70,8 @@ def run_arm(arm: str, out: Path, args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     run_dir = Path(args.run_dir) / arm.replace("+", "_")
     if run_dir.exists():  # every invocation is a fresh curve

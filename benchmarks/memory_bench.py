@@ -18,7 +18,6 @@ import gc
 import os
 import random
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from taskrl.distributed.ddp import DataParallel, spawn  # noqa: E402
-from taskrl.training.config import TrainConfig  # noqa: E402
+from taskrl.training.config import TrainConfig, config_from_dict  # noqa: E402
 from taskrl.training.memory import PeakMemory, optimizer_bytes, tensor_bytes  # noqa: E402
 from taskrl.types import Segment, Trajectory  # noqa: E402
 
 MB = 2**20
-BACKENDS = {"ddp": {"learner_backend": "ddp"}, "fsdp2": {"learner_backend": "fsdp2"},
-            "fsdp2+ckpt": {"learner_backend": "fsdp2", "gradient_checkpointing": True}}  # fmt: skip
+BACKENDS = {"ddp": {"placement.learner_backend": "ddp"}, "fsdp2": {"placement.learner_backend": "fsdp2"},
+            "fsdp2+ckpt": {"placement.learner_backend": "fsdp2", "gradient_checkpointing": True}}  # fmt: skip
 LLAMA_7B = {"params": 6.74e9, "hidden": 4096, "layers": 32, "intermediate": 11008, "vocab": 32000}
 
 
@@ -70,8 +69,8 @@ def measure(config: TrainConfig, trajectories: list[Trajectory]) -> dict[str, fl
         return step(*a, **k)
 
     learner.optimizer.step = spy  # type: ignore[method-assign]
-    share = group.shard(list(range(len(trajectories) // config.group_size)))
-    own = [t for g in share for t in trajectories[g * config.group_size : (g + 1) * config.group_size]]
+    share = group.shard(list(range(len(trajectories) // config.rollout.group_size)))
+    own = [t for g in share for t in trajectories[g * config.rollout.group_size : (g + 1) * config.rollout.group_size]]
     with PeakMemory() as peak:
         learner.update(own, step=0)
     out = {"params_mb": params / MB, "grads_mb": max(grads, default=0) / MB,
@@ -83,9 +82,10 @@ def measure(config: TrainConfig, trajectories: list[Trajectory]) -> dict[str, fl
 
 
 def rank_main(args: argparse.Namespace, trajectories: list[Trajectory]) -> dict[str, dict[str, float]]:
-    base = TrainConfig(finetune="full", group_size=args.samples, lr=1e-5, progress=False, rollout_policy="copy",
-                       micro_batch_tokens=args.micro_batch_tokens)  # fmt: skip
-    return {name: measure(replace(base, **changes), trajectories) for name, changes in BACKENDS.items()}
+    base = config_from_dict({"finetune": "full", "rollout.group_size": args.samples, "lr": 1e-5, "progress": False,
+                             "placement.rollout_policy": "copy",
+                             "micro_batch_tokens": args.micro_batch_tokens})  # fmt: skip
+    return {name: measure(base.override({**changes}), trajectories) for name, changes in BACKENDS.items()}
 
 
 def activation_coefficients(args: argparse.Namespace) -> tuple[float, float]:

@@ -1,6 +1,7 @@
 """Cost of the reward toolkit: scoring one trajectory with each preset, and LoopGuard's cost per env step.
 
-Scoring: a 32-turn trajectory (two calls per turn) scored by each preset's ``ComposedReward`` against a
+Scoring: a 32-turn trajectory (two calls per turn) measured by each preset's ``Rubric`` and scored by
+``taskrl.scoring.score`` against a
 hand-written function computing the same Composer terms inline (the limit: no composition, no validation,
 no raw-metric recording). LoopGuard: the ``noop`` env played through the agent loop with and without the guard.
 
@@ -22,7 +23,15 @@ from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards.loops import LoopGuard
 from taskrl.rewards.presets import PRESETS
 from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.scoring import Clock, Rubric, score
 from taskrl.types import Message, Task, ToolCall, Trajectory
+
+
+def score_one(rubric: Rubric, traj: Trajectory, task: Task) -> float:
+    """Measure and score one trajectory, as an env and the trainer do."""
+    traj.terms = rubric.measure(traj, task)
+    score([traj], rubric, Clock())
+    return traj.reward
 
 
 def long_trajectory(turns: int = 32) -> Trajectory:
@@ -88,7 +97,7 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, build in PRESETS.items():
         reward = build()
-        us = per_call_us(lambda reward=reward: reward(traj, task), args.repeats)
+        us = per_call_us(lambda reward=reward: score_one(reward, traj, task), args.repeats)
         print(f"| {name} | {us:.1f} | {us / baseline:.1f}x |")
     # Alternate the two so load on the shared machine hits both alike; keep the best of each.
     runs = [(loop_us_per_step(False, args.episodes), loop_us_per_step(True, args.episodes)) for _ in range(7)]

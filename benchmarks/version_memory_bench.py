@@ -70,7 +70,7 @@ def run(mode: str, args: argparse.Namespace) -> list[float]:
         router_module.release_freed = gc.collect
     base = HFPolicy.from_pretrained("smollm2", device="cpu", name="m")
     config = config_from_dict({"run_dir": str(ROOT / "runs" / "version_memory"), "model": "smollm2",
-                               "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "algo": "grpo",
+                               "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "algo.name": "grpo",
                                "progress": False, "micro_batch_tokens": 1024})  # fmt: skip
     learner = Learner(prepare_model(base.model, config), config, pad_id=base._pad_id)
     router = Router("m", HFPolicy(copy.deepcopy(base.model), base.tokenizer, name="m-v0", device="cpu"),

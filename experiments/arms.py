@@ -21,34 +21,49 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-MATCHED_FIELDS = ("seed", "env", "env_kwargs", "split", "tasks_per_step", "group_size", "temperature", "top_p",
-                  "max_turns", "max_new_tokens", "max_context_tokens", "steps")  # fmt: skip
+MATCHED_FIELDS = ("seed", "env", "env_kwargs", "split", "rollout.tasks_per_step", "rollout.group_size",
+                  "rollout.temperature", "rollout.top_p", "rollout.max_turns", "rollout.max_new_tokens",
+                  "rollout.max_context_tokens", "steps")  # fmt: skip
 """Fields an RFT arm takes unchanged from its RL arm: the prompts drawn and the episodes sampled per step."""
-_RL_ONLY = ("dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "normalize_std",
-            "drop_zero_variance", "clip_eps_low", "clip_eps_high", "entropy_coef", "kl", "kl_coef",
+_RL_ONLY = ("dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "entropy_coef", "kl", "kl_coef",
             "sft_warmup_steps")  # fmt: skip
+"""Fields of the RL arm an RFT arm drops, with every ``algo.*`` field (the RL algorithm's own settings)."""
 
 
 def grpo_config(base: dict[str, Any], *, lr: float, tasks_per_step: int, group_size: int,
                 **options: Any) -> dict[str, Any]:  # fmt: skip
     """A GRPO arm: ``base`` (model, env, episode limits, seed ...) plus the RL fields and any options
     (``normalize_std``, ``overlong_filter``, ``dynamic_sampling`` ...)."""
-    return {**base, "algo": "grpo", "lr": lr, "tasks_per_step": tasks_per_step, "group_size": group_size, **options}
+    return {
+        **base,
+        "algo.name": "grpo",
+        "lr": lr,
+        "rollout.tasks_per_step": tasks_per_step,
+        "rollout.group_size": group_size,
+        **options,
+    }
 
 
 def rft_config(rl: dict[str, Any], *, min_reward: float, lr: float | None = None, keep: str = "all") -> dict[str, Any]:
     """The RFT arm matched to the RL arm ``rl``: the same ``MATCHED_FIELDS`` (so the same prompts in the same order
     and ``group_size`` samples of each), SFT on the samples whose reward is ``>= min_reward``, at ``lr`` (default
     the RL arm's). A dynamic-sampling RL arm samples more episodes than this: compare the recorded budgets."""
-    out = {k: v for k, v in rl.items() if k not in _RL_ONLY}
-    out.update(algo="sft", sft_data="policy", sft_min_reward=float(min_reward), sft_keep=keep,
-               lr=lr if lr is not None else rl["lr"])  # fmt: skip
+    out = {k: v for k, v in rl.items() if k not in _RL_ONLY and not k.startswith("algo.")}
+    out.update({"algo.name": "sft", "sft_data": "policy", "sft_min_reward": float(min_reward), "sft_keep": keep,
+                "lr": lr if lr is not None else rl["lr"]})
     return out
 
 
 def sft_config(base: dict[str, Any], *, lr: float, tasks_per_step: int) -> dict[str, Any]:
     """An SFT arm on the env's expert demonstrations (``scripted_rule``, one episode per prompt)."""
-    return {**base, "algo": "sft", "sft_data": "expert", "lr": lr, "tasks_per_step": tasks_per_step, "group_size": 1}
+    return {
+        **base,
+        "algo.name": "sft",
+        "sft_data": "expert",
+        "lr": lr,
+        "rollout.tasks_per_step": tasks_per_step,
+        "rollout.group_size": 1,
+    }
 
 
 def budget_of(rows: Sequence[dict[str, Any]], train_s: float, *, time_limited: bool) -> dict[str, Any]:
@@ -66,8 +81,8 @@ def train_arm(config: dict[str, Any], *, minutes: float, policy: Any = None, env
     """Train ``config`` one step at a time until ``config["steps"]`` or ``minutes`` of training wall-clock, never
     starting a step the last one's duration says would end past the limit. Returns the open ``Trainer`` (close it)
     and the arm's budget (``budget_of``) with the per-step rewards."""
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     cfg = config_from_dict(dict(config))
     trainer = Trainer(cfg, policy=policy, env_factory=env_factory)

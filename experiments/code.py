@@ -76,14 +76,15 @@ PILOT = {"sft_steps": 2, "sft_tasks": 2, "tasks": 1, "group_size": 2, "eval_task
 def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig of ``sft`` (the warm start), ``sft_only`` or ``grpo``; arms start from ``start``."""
     config = {
-        "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "max_turns": args.max_turns,
-        "max_new_tokens": args.max_new_tokens, "max_context_tokens": args.context, "temperature": 1.0,
+        "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "rollout.max_turns": args.max_turns,
+        "rollout.max_new_tokens": args.max_new_tokens, "rollout.max_context_tokens": args.context,
+        "rollout.temperature": 1.0,
         "device": args.device, "dtype": args.dtype, "seed": args.seed, "progress": False, "env": "code-bugs",
-        "split": "all", "run_dir": str(run_dir), "resume": True, "concurrency": args.concurrency,
+        "split": "all", "run_dir": str(run_dir), "resume": True, "rollout.concurrency": args.concurrency,
     }  # fmt: skip
-    sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr,
+    sft = {"algo.name": "sft", "sft_data": "expert", "lr": args.sft_lr,
            "env_kwargs": env_kwargs("sft", args.hint_lines, args.design),
-           "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
+           "rollout.tasks_per_step": args.sft_tasks, "rollout.group_size": 1}  # fmt: skip
     if stage == "sft":
         return {**config, **sft, "seed": args.sft_seed, "model": "smollm2", "steps": args.sft_steps,
                 "checkpoint_every": 0}  # fmt: skip
@@ -93,9 +94,10 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
         config["micro_batch_tokens"] = args.micro_batch_tokens
     if stage == "sft_only":
         return {**config, **sft}
-    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args.hint_lines, args.design),
-            "tasks_per_step": args.tasks, "group_size": args.group_size, "entropy_coef": args.entropy_coef,
-            "normalize_std": True}  # fmt: skip
+    return {**config, "algo.name": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args.hint_lines, args.design),
+            "rollout.tasks_per_step": args.tasks, "rollout.group_size": args.group_size,
+            "entropy_coef": args.entropy_coef,
+            "algo.normalize_std": True}  # fmt: skip
 
 
 def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:

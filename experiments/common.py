@@ -90,8 +90,8 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: C
     import torch
 
     torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     record_path = seed_dir / f"{arm}.json"
     if record_path.exists() and "final" in json.loads(record_path.read_text()):
@@ -143,8 +143,8 @@ def run_sft(sft_dir: Path, args: Any, *, stage_config: Callable[..., dict[str, A
     import torch
 
     torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     start, record_path = sft_dir / "start", sft_dir / "start.json"
     config = stage_config("sft", sft_dir / "sft", None, args)

@@ -86,16 +86,17 @@ def _env_kwargs(spec: LadderSpec, args: argparse.Namespace) -> dict[str, Any]:
 
 def base_config(spec: LadderSpec, args: argparse.Namespace, seed: int, model: str, run_dir: Path) -> dict[str, Any]:
     """Fields every stage shares (model, env, episode limits, seed)."""
-    return {"run_dir": str(run_dir), "model": model, "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0,
-            "env": spec.env, "env_kwargs": _env_kwargs(spec, args), "split": "train", "max_turns": 1,
-            "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "device": args.device, "dtype": args.dtype,
+    return {"run_dir": str(run_dir), "model": model, "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0,
+            "env": spec.env, "env_kwargs": _env_kwargs(spec, args), "split": "train", "rollout.max_turns": 1,
+            "rollout.max_new_tokens": args.max_new_tokens, "rollout.temperature": 1.0, "device": args.device,
+            "dtype": args.dtype,
             "seed": seed, "steps": args.max_steps, "progress": False, "checkpoint_every": 0,
             "eval_every": 0}  # fmt: skip
 
 
 def arm_configs(spec: LadderSpec, args: argparse.Namespace, base: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each trained arm's TrainConfig: GRPO, the RFT matched to it, and SFT on as many demonstrations per step."""
-    options = {"normalize_std": args.normalize_std, "dynamic_sampling": args.dynamic_sampling,
+    options = {"algo.normalize_std": args.normalize_std, "dynamic_sampling": args.dynamic_sampling,
                "overlong_filter": args.overlong_filter}  # fmt: skip
     rl = grpo_config(base, lr=args.lr, tasks_per_step=args.tasks_per_step, group_size=args.group_size, **options)
     return {
@@ -154,8 +155,8 @@ def _start(spec: LadderSpec, args: argparse.Namespace, seed: int, model: str, wo
 def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study, model: str) -> list[Path]:
     """One seed: the start, then each arm from it; one new record per evaluated arm. Returns the record paths."""
     from taskrl.env import make
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     tasks = list(make(spec.env, **_env_kwargs(spec, args)).tasks(args.split))
     distinct = Study.check_held_out(tasks)
@@ -170,7 +171,7 @@ def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study
     common = {"design_args": vars(args), "held_out_tasks": distinct, "baseline_arm": "rft",
               "start_model": start, **warm}  # fmt: skip
     base = base_config(spec, args, seed, start, work / "start_eval")
-    trainer = Trainer(config_from_dict({**base, "algo": "sft", "sft_data": "policy"}))
+    trainer = Trainer(config_from_dict({**base, "algo.name": "sft", "sft_data": "policy"}))
     try:
         outcome = _evaluate(spec, args, trainer, tasks, seed, "start")
     finally:

@@ -66,8 +66,8 @@ def _train_config(spec: dict[str, Any], run_dir: Path) -> Any:
 
     return config_from_dict({
         "run_dir": str(run_dir / "learner"), "seed": spec["seed"], "model": "smollm2", "device": spec["device"],
-        "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "algo": "grpo", "lr": spec["lr"],
-        "normalize_std": True, "max_staleness": spec["max_staleness"], "progress": False,
+        "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "algo.name": "grpo", "lr": spec["lr"],
+        "algo.normalize_std": True, "rollout.max_staleness": spec["max_staleness"], "progress": False,
         # 1024, not 4096: a 4096-token fp32 micro-batch of SmolLM2 (activations + 49k-vocab logits) took the
         # service past 17 GB RSS and it was OOM-killed beside another job; accumulation gives the same gradient.
         "micro_batch_tokens": 1024,
@@ -83,11 +83,11 @@ class Service:
         from taskrl.deploy.config import ServeConfig
         from taskrl.deploy.cycle import CycleConfig, ProductionCycle
         from taskrl.deploy.feedback import RewardMap
+        from taskrl.deploy.feedback_trust import TrustedFeedbackStore
         from taskrl.deploy.gate import GateConfig
         from taskrl.deploy.router import RouterConfig
         from taskrl.deploy.server import create_app
         from taskrl.deploy.store import InteractionStore
-        from taskrl.feedback_trust import TrustedFeedbackStore
         from taskrl.policies.hf import HFPolicy
         from taskrl.training.learner import Learner
         from taskrl.training.model import prepare_model

@@ -186,8 +186,8 @@ def prepare(data_dir: Path, design: str = "onehop", device: str = "auto") -> dic
         if summary.get("design", "onehop") != design:
             raise ValueError(f"{data_dir} holds the {summary.get('design', 'onehop')} design's data, not {design}")
         return summary
-    from taskrl.datagen.multihop import write_tasks
     from taskrl.envs.search.build import build_corpus
+    from taskrl.types import write_tasks
 
     store, _ = build_corpus(corpus_source(design, data_dir), data_dir / "corpus", chunk_tokens=CHUNK_TOKENS,
                             device=device)  # fmt: skip

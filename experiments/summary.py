@@ -75,26 +75,30 @@ def summary_config(args: argparse.Namespace, trigger: int | None, mode: str | No
 def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig of ``sft`` (the warm start), ``grpo``, or an evaluation-only trainer of the warm start
     (``sft_only``: what ``common.run_sft`` evaluates the start with; ``baselines``)."""
-    config = {"finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "max_turns": args.max_turns,
-              "max_new_tokens": args.max_new_tokens, "max_context_tokens": args.max_context_tokens,
-              "temperature": 1.0, "device": args.device, "dtype": args.dtype, "seed": args.seed, "progress": False,
+    config = {"finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "rollout.max_turns": args.max_turns,
+              "rollout.max_new_tokens": args.max_new_tokens, "rollout.max_context_tokens": args.max_context_tokens,
+              "rollout.temperature": 1.0, "device": args.device, "dtype": args.dtype, "seed": args.seed,
+              "progress": False,
               "env": "prices", "split": "train", "run_dir": str(run_dir), "resume": True}  # fmt: skip
     if stage == "sft":  # with --sft-summaries the expert's episodes compact at the low trigger (self-summaries)
         summary = summary_config(args, args.triggers[0], "self") if args.sft_summaries else {}
         sft_data = "expert"
         if mixed_demonstrations(args):  # played beforehand: the file holds the compacted and the uncompacted ones
             sft_data, summary = str(demonstrations_path(run_dir.parent)), {}
-        return {**config, "seed": args.sft_seed, "model": args.model, "algo": "sft", "steps": args.sft_steps,
-                "sft_data": sft_data, "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1,
-                "env_kwargs": env_kwargs(args, demos=True), "checkpoint_every": 0, "summary": summary}  # fmt: skip
+        return {**config, "seed": args.sft_seed, "model": args.model, "algo.name": "sft", "steps": args.sft_steps,
+                "sft_data": sft_data, "lr": args.sft_lr, "rollout.tasks_per_step": args.sft_tasks,
+                "rollout.group_size": 1,
+                "env_kwargs": env_kwargs(args,
+                                         demos=True), "checkpoint_every": 0, "rollout.summary": summary}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "checkpoint_every": 1})
     if stage in ("sft_only", "baselines"):  # never trained: only its evaluations run
-        return {**config, "algo": "sft", "sft_data": "expert", "steps": 1, "lr": args.sft_lr, "tasks_per_step": 1,
-                "group_size": 1, "env_kwargs": env_kwargs(args, demos=True)}  # fmt: skip
-    return {**config, "algo": "grpo", "steps": args.max_steps, "lr": args.lr, "env_kwargs": env_kwargs(args),
-            "tasks_per_step": args.tasks, "group_size": args.group_size, "normalize_std": True,
-            "summary": summary_config(args, args.triggers[0], "self")}  # fmt: skip
+        return {**config, "algo.name": "sft", "sft_data": "expert", "steps": 1, "lr": args.sft_lr,
+                "rollout.tasks_per_step": 1,
+                "rollout.group_size": 1, "env_kwargs": env_kwargs(args, demos=True)}  # fmt: skip
+    return {**config, "algo.name": "grpo", "steps": args.max_steps, "lr": args.lr, "env_kwargs": env_kwargs(args),
+            "rollout.tasks_per_step": args.tasks, "rollout.group_size": args.group_size, "algo.normalize_std": True,
+            "rollout.summary": summary_config(args, args.triggers[0], "self")}  # fmt: skip
 
 
 def mixed_demonstrations(args: argparse.Namespace) -> bool:
@@ -229,8 +233,8 @@ def run_baselines(seed_dir: Path, start: Path, args: argparse.Namespace, trigger
     import torch
 
     torch.set_num_threads(args.threads)
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     for trigger in triggers:
         path = seed_dir / f"baselines_{trigger}.json"

@@ -67,15 +67,16 @@ def env_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig of ``sft`` (the warm start), ``sft_only`` or ``grpo``; arms start from ``start``."""
     config = {
-        "finetune": "lora", "lora_rank": 16, "lora_alpha": 32.0, "max_turns": args.max_turns,
-        "max_new_tokens": args.max_new_tokens, "max_context_tokens": args.context, "temperature": 1.0,
+        "finetune": "lora", "lora.rank": 16, "lora.alpha": 32.0, "rollout.max_turns": args.max_turns,
+        "rollout.max_new_tokens": args.max_new_tokens, "rollout.max_context_tokens": args.context,
+        "rollout.temperature": 1.0,
         "device": args.device, "dtype": args.dtype, "learner_precision": args.learner_precision, "seed": args.seed,
         "progress": False, "env": "swarm", "split": "train", "run_dir": str(run_dir), "resume": True,
     }  # fmt: skip
     if args.micro_batch_tokens:  # peak memory of forward/backward (same math); 0: the trainer's default
         config["micro_batch_tokens"] = args.micro_batch_tokens
-    sft = {"algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args),
-           "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
+    sft = {"algo.name": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": env_kwargs("sft", args),
+           "rollout.tasks_per_step": args.sft_tasks, "rollout.group_size": 1}  # fmt: skip
     if stage == "sft":
         # A checkpoint per step: a warm start killed half-way (a shared machine) resumes, and one cut short by the
         # clock ends at the steps done by rerunning with a smaller --sft-steps (``steps`` may change on resume).
@@ -87,12 +88,14 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
     config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1, "micro_batch_tokens": micro})
     if stage == "sft_only":
         return {**config, **sft}
-    return {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args), "tasks_per_step": args.tasks,
-            "group_size": args.group_size, "entropy_coef": args.entropy_coef, "normalize_std": True}  # fmt: skip
+    return {**config, "algo.name": "grpo", "lr": args.lr, "env_kwargs": env_kwargs("rl", args),
+            "rollout.tasks_per_step": args.tasks,
+            "rollout.group_size": args.group_size, "entropy_coef": args.entropy_coef,
+            "algo.normalize_std": True}  # fmt: skip
 
 
 def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
-    from taskrl.datagen.multihop import read_tasks
+    from taskrl.types import read_tasks
 
     return read_tasks(args.data["files"]["eval"])[:n]
 

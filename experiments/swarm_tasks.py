@@ -93,9 +93,10 @@ def prepare(data_dir: Path) -> dict[str, Any]:
         if summary.get("settings") != settings:
             raise ValueError(f"{data_dir} holds tasks made with other settings; remove it (and the runs on it)")
         return summary
-    from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, write_tasks
-    from taskrl.envs.search.build import ensure_default_corpus
+    from taskrl.datagen.defaults import ensure_default_corpus
+    from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig
     from taskrl.envs.search.store import CorpusStore
+    from taskrl.types import write_tasks
 
     config = GenerationConfig(n=ROWS_REQUESTED, seed=GENERATION_SEED, hops=(1,), distractors=0, max_words=MAX_WORDS)
     rows, report = ExtractiveGenerator(CorpusStore(ensure_default_corpus()), config).generate()

@@ -68,11 +68,11 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
     """Fields every stage shares: the model format, episode limits and the seed."""
     return {
         "finetune": "lora",
-        "lora_rank": 16,
-        "lora_alpha": 32.0,
-        "max_turns": args.max_turns,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": 1.0,
+        "lora.rank": 16,
+        "lora.alpha": 32.0,
+        "rollout.max_turns": args.max_turns,
+        "rollout.max_new_tokens": args.max_new_tokens,
+        "rollout.temperature": 1.0,
         "device": args.device,
         "dtype": args.dtype,
         "seed": args.seed,
@@ -88,22 +88,23 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
     if stage == "sft":
         config["seed"] = args.sft_seed
         # algo=sft trains at ``lr`` (``sft_lr`` is the warm-up's rate of an RL run)
-        return {**config, "model": "smollm2", "algo": "sft", "steps": args.sft_steps, "sft_data": "expert",
-                "lr": args.sft_lr, "tasks_per_step": args.sft_tasks, "group_size": 1,
+        return {**config, "model": "smollm2", "algo.name": "sft", "steps": args.sft_steps, "sft_data": "expert",
+                "lr": args.sft_lr, "rollout.tasks_per_step": args.sft_tasks, "rollout.group_size": 1,
                 "env_kwargs": DESIGNS[args.design]["sft"], "checkpoint_every": 0}  # fmt: skip
     assert start is not None
     config.update({"model": str(start), "steps": args.max_steps, "checkpoint_every": 1})
     if stage == "sft_only":
-        return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr,
+        return {**config, "algo.name": "sft", "sft_data": "expert", "lr": args.sft_lr,
                 "env_kwargs": DESIGNS[args.design]["sft"],
-                "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
+                "rollout.tasks_per_step": args.sft_tasks, "rollout.group_size": 1}  # fmt: skip
     if stage == "sft3":  # the expert handles any length: imitation on the held-out task shape
-        return {**config, "algo": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": rl_env(args),
-                "tasks_per_step": args.sft_tasks, "group_size": 1}  # fmt: skip
-    grpo = {**config, "algo": "grpo", "lr": args.lr, "env_kwargs": rl_env(args), "tasks_per_step": args.tasks,
-            "group_size": args.group_size, "entropy_coef": args.entropy_coef,
+        return {**config, "algo.name": "sft", "sft_data": "expert", "lr": args.sft_lr, "env_kwargs": rl_env(args),
+                "rollout.tasks_per_step": args.sft_tasks, "rollout.group_size": 1}  # fmt: skip
+    grpo = {**config, "algo.name": "grpo", "lr": args.lr, "env_kwargs": rl_env(args),
+            "rollout.tasks_per_step": args.tasks,
+            "rollout.group_size": args.group_size, "entropy_coef": args.entropy_coef,
             # std-normalised advantages: partial-credit rewards differ by ~0.1, and ~10 updates must count
-            "normalize_std": True}  # fmt: skip
+            "algo.normalize_std": True}  # fmt: skip
     if stage == "rft":
         from experiments.arms import rft_config
 

@@ -1,7 +1,9 @@
-"""The ``taskrl`` command line: ``env list``, ``env check``, ``rollout`` and ``demo``.
+"""The ``taskrl`` command line: registers every command and defines the small ones (``env list``, ``env check``,
+``rollout``).
 
-Every command is a thin shell over the library (``taskrl.env``, ``taskrl.rollout``, ``taskrl.policies``);
-errors a user can fix print one line naming the problem and the fix, with exit code 2.
+Every command is a thin shell over the library; the larger ones live in ``taskrl.commands`` (``train``, ``demo``,
+``eval``, ``datagen ...``), the serving ones in ``taskrl.deploy.cli``. Errors a user can fix print one line naming
+the problem and the fix, with exit code 2.
 """
 
 from __future__ import annotations
@@ -23,19 +25,20 @@ from rich.table import Table
 
 import taskrl.cli_options as opts
 from taskrl import __version__
-from taskrl.datagen.codebugs import MiningError, codebugs_command
-from taskrl.datagen.multihop import multihop_command
-from taskrl.datagen.widesearch import deepsearch_command, widesearch_command
+from taskrl.commands.datagen import codebugs_command, deepsearch_command, multihop_command, widesearch_command
+from taskrl.commands.demo import demo_command
+from taskrl.commands.eval import eval_command
+from taskrl.commands.train import train_command
+from taskrl.datagen.codebugs import MiningError
 from taskrl.deploy.cli import cycle_command, serve_command, train_from_store_command
 from taskrl.env import Env, EnvCheckError, UnknownEnvError, acheck_env, make, registry
 from taskrl.envs.code.sandbox import SandboxUnavailableError
 from taskrl.envs.search.cli import corpus_app
-from taskrl.eval import eval_command
 from taskrl.policies import POLICY_KINDS, Policy, PolicyError, SamplingParams, make_policy
 from taskrl.report.cli import report_command
 from taskrl.rewards.cli import rewards_app
-from taskrl.rollout import RolloutConfig, error_note, run_episodes, summarize
-from taskrl.training.command import train_command
+from taskrl.rollout import RolloutConfig, error_note, run_episodes
+from taskrl.scoring import batch_metrics
 from taskrl.training.config import fields_help
 from taskrl.types import Task, Trajectory
 
@@ -112,18 +115,18 @@ def _summary_table(rows: dict[str, list[Trajectory]], title: str) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, trajectories in rows.items():
-        s = summarize(trajectories)
+        s = batch_metrics(trajectories)
         table.add_row(
             name,
-            f"{s['episodes']:.0f}" + (f" ({s['errors']:.0f} err)" if s["errors"] else ""),
-            f"{s['reward']:.3f}",
-            f"{s['turns']:.2f}",
-            f"{s['tool_calls']:.2f}",
-            f"{s['invalid_tool_calls']:.2f}",
-            f"{s['tokens']:.0f}",
-            f"{s['sampled_tokens']:.0f}",
-            f"{s['terminated']:.0%}",
-            f"{s['truncated']:.0%}",
+            f"{s['charts/episodes']:.0f}" + (f" ({s['charts/errors']:.0f} err)" if s["charts/errors"] else ""),
+            f"{s['rewards/total']:.3f}",
+            f"{s['tools/turns']:.2f}",
+            f"{s['tools/tool_calls']:.2f}",
+            f"{s['tools/invalid_tool_calls']:.2f}",
+            f"{s['charts/mean_tokens']:.0f}",
+            f"{s['charts/mean_sampled_tokens']:.0f}",
+            f"{s['charts/terminated']:.0%}",
+            f"{s['charts/truncated']:.0%}",
         )
     return table
 
@@ -168,7 +171,7 @@ def _write_meta(out: Path, config: RolloutConfig, trajectories: list[Trajectory]
         "python": platform.python_version(),
         "argv": sys.argv,
         "config": json.loads(json.dumps(config, default=lambda o: o.__dict__)),
-        "summary": summarize(trajectories),
+        "summary": batch_metrics(trajectories),
         **extra,
     }
     path = out.with_suffix(".meta.json")
@@ -232,32 +235,7 @@ def rollout(
     console.print(f"trajectories: {out}   run info: {meta}")
 
 
-def _show_episode(traj: Trajectory) -> None:
-    console.rule(f"one episode: task {traj.task_id}, reward {traj.reward:.2f}")
-    for m in traj.messages:
-        if m.role == "system":
-            continue
-        text = m.content + "".join(f"\n-> {c.name}({json.dumps(c.arguments)})" for c in m.tool_calls)
-        console.print(f"[bold]{m.role}[/bold]: {text.strip()[:400]}", markup=True, highlight=False)
-
-
-@app.command()
-def demo(
-    out_dir: Annotated[Path, typer.Option(help="run directory (replaced on every demo)")] = Path("runs/demo"),
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
-    seed: Annotated[int | None, typer.Option(help="seed of both recipes (default: the recipes' own, 0)")] = None,
-) -> None:
-    """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on 1-2 item price listings, then an SFT-only arm
-    and an SFT -> GRPO arm on 3-item listings, side by side on held-out tasks (recipes/demo*.toml). ``--seed``
-    reruns the whole comparison with another seed (task order, sampling; the held-out tasks stay the same)."""
-    from taskrl.runlog import read_trajectories
-    from taskrl.training.demo import run_demo
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    run_demo(out_dir, device=device, console=console, overrides=None if seed is None else {"seed": seed})
-    after = read_trajectories(out_dir / "grpo", "sft_grpo-policy").get(0, [])
-    if after:
-        _show_episode(max(after, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))
+app.command("demo")(demo_command)  # after rollout: `taskrl --help` lists the commands in the order users meet them
 
 
 def main() -> None:

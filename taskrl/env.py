@@ -19,18 +19,17 @@ episode's answer when the env decides it (a submit tool).
 The optional contract, declared with its defaults on ``EnvDefaults`` (``ToolEnv`` inherits it; ``check_env``
 checks every hook an env has):
 
-- ``rubric`` (None): a ``taskrl.scoring.Rubric``, how the measured terms become the reward. None: every term at
-  weight 1, failures at ``failure_reward``.
+- ``rubric`` (None): a ``taskrl.scoring.Rubric``, the reward declared: its terms with their measuring functions
+  (``ToolEnv.reward`` returns ``rubric.measure(trajectory, task)`` by default), measurements, derived terms, group
+  terms, gates and clamp. None: every term ``reward`` returns at weight 1, failures at ``failure_reward``.
+  An env is told nothing about training: schedules (annealed weights, Context-1's β) are the rubric's, applied
+  by ``taskrl.scoring.score`` at the batch's ``Clock`` (there is no ``set_step`` or ``finalize_group`` hook).
 - ``failure_reward`` (0.0): the reward of a failed episode; no invalid call and no failed gate scores above it.
 - ``training`` (True): the loop sets it to ``RolloutConfig.training`` before reset; envs that add guidance only in
   training rollouts (Context-1's "prune or answer" note) read it. Eval and sub-agents play with False.
 - ``user_turn`` (None): ``user_turn(text) -> (messages, terminated, truncated, info)``, a simulated user who answers
   a turn without tool calls and lets the conversation go on. None: such a turn ends the episode.
-- ``finalize_group`` (None): ``finalize_group(group, task)``, a legacy group measurement writing terms into each
-  trajectory of a group of K samples of one task (declare group terms on the rubric instead).
 - ``scripted_rule`` (None): ``rule(messages, tools) -> str``, the env's expert (``--policy scripted``, SFT warm-up).
-- ``set_step(step, epoch)`` (no-op): the training clock, told before every reset and before group scoring. An env
-  forwards it to what it holds that has a schedule (the search env's beta, a composed reward's weights).
 - ``observe_context(used_tokens, max_tokens)`` (no-op): after every sampled turn and before ``step``, how many
   tokens the model's view holds (token budgets, "[Token usage: ...]" lines).
 - ``record_episode(trajectory)`` (no-op): write the env's keys and children into a trajectory without scoring it
@@ -51,18 +50,20 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from taskrl.hooks import HOOK_ARITY, call_hook, declared
+from taskrl.hooks import HOOK_ARITY, REMOVED_HOOKS, call_hook, declared
 from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 from taskrl.validate import did_you_mean
 
 if TYPE_CHECKING:
     from taskrl.scoring import Rubric
+
+T = TypeVar("T")
 
 
 class StepOutput(NamedTuple):
@@ -89,18 +90,31 @@ class EnvCheckError(AssertionError):
     """An env breaks the contract; the message names the env, the method and what was wrong."""
 
 
+ResetOutput = tuple[list[Message], dict[str, Any]]
+"""What ``reset`` returns: the episode's first messages and an info dict."""
+StepResult = StepOutput | tuple[list[ToolResult], bool, bool, dict[str, Any]]
+"""What ``step`` returns: a ``StepOutput`` or the same four values as a plain tuple (read by ``step_output``)."""
+RewardOutput = dict[str, float | None] | float
+"""What ``reward`` returns: unweighted measured terms (None = not applicable), or one number (the term
+``reward``); read by ``reward_terms``."""
+MaybeAwaitable = T | Awaitable[T]
+"""A method of the contract may be sync or async."""
+
+
 @runtime_checkable
 class Env(Protocol):
+    """The required contract (see the module docstring); methods may be sync or async."""
+
     name: str
     tools: ToolSet
 
     def tasks(self, split: str = "train") -> Sequence[Task]: ...
 
-    def reset(self, task: Task, seed: int | None = None) -> Any: ...
+    def reset(self, task: Task, seed: int | None = None) -> MaybeAwaitable[ResetOutput]: ...
 
-    def step(self, tool_calls: list[ToolCall]) -> Any: ...
+    def step(self, tool_calls: list[ToolCall]) -> MaybeAwaitable[StepResult]: ...
 
-    def reward(self, trajectory: Trajectory) -> Any: ...
+    def reward(self, trajectory: Trajectory) -> MaybeAwaitable[RewardOutput]: ...
 
 
 def step_output(value: Any, env_name: str) -> StepOutput:
@@ -148,13 +162,8 @@ class EnvDefaults:
     """Set by the loop before reset (``RolloutConfig.training``): False in eval and sub-agent episodes."""
     user_turn: Callable[[str], Any] | None = None
     """``user_turn(text) -> (messages, terminated, truncated, info)``; None: a turn without tool calls ends it."""
-    finalize_group: Callable[[Sequence[Trajectory], Task | None], None] | None = None
-    """Legacy group measurement ``finalize_group(group, task)``; prefer ``Rubric.group_terms``."""
     scripted_rule: Callable[[list[Message], list[dict[str, Any]] | None], str] | None = None
     """The env's expert ``rule(messages, tools) -> str``; None: the env has none."""
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        """The training clock (before reset and before group scoring); forward it to what has a schedule."""
 
     def observe_context(self, used_tokens: int, max_tokens: int) -> None:
         """Tokens in the model's view after a sampled turn, before ``step``."""
@@ -193,13 +202,13 @@ class Wrapper(EnvDefaults):
     def tasks(self, split: str = "train") -> Sequence[Task]:
         return self.env.tasks(split)
 
-    def reset(self, task: Task, seed: int | None = None) -> Any:
+    def reset(self, task: Task, seed: int | None = None) -> MaybeAwaitable[ResetOutput]:
         return self.env.reset(task, seed=seed)
 
-    def step(self, tool_calls: list[ToolCall]) -> Any:
+    def step(self, tool_calls: list[ToolCall]) -> MaybeAwaitable[StepResult]:
         return self.env.step(tool_calls)
 
-    def reward(self, trajectory: Trajectory) -> Any:
+    def reward(self, trajectory: Trajectory) -> MaybeAwaitable[RewardOutput]:
         return self.env.reward(trajectory)
 
     @property
@@ -223,15 +232,8 @@ class Wrapper(EnvDefaults):
         return declared(self.env, "user_turn")
 
     @property
-    def finalize_group(self) -> Callable[[Sequence[Trajectory], Task | None], None] | None:  # type: ignore[override]
-        return declared(self.env, "finalize_group")
-
-    @property
     def scripted_rule(self) -> Callable[[list[Message], list[dict[str, Any]] | None], str] | None:  # type: ignore[override]
         return declared(self.env, "scripted_rule")
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        call_hook(self.env, "set_step", step, epoch)
 
     def observe_context(self, used_tokens: int, max_tokens: int) -> None:
         call_hook(self.env, "observe_context", used_tokens, max_tokens)
@@ -250,8 +252,9 @@ class Wrapper(EnvDefaults):
 class ToolEnv(EnvDefaults):
     """Base class: an env whose actions are calls to its ``@tool`` methods.
 
-    Subclasses set ``name`` and ``system_prompt``, define ``@tool`` methods, ``tasks`` and ``reward``;
-    ``reset`` stores the task in ``self.task`` and opens with the system prompt and the task prompt.
+    Subclasses set ``name`` and ``system_prompt``, define ``@tool`` methods, ``tasks``, and a ``rubric`` (whose
+    terms measure the episode: the default ``reward``) or their own ``reward``; ``reset`` stores the task in
+    ``self.task`` and opens with the system prompt and the task prompt.
     """
 
     name: str = "tool_env"
@@ -276,7 +279,8 @@ class ToolEnv(EnvDefaults):
         return StepOutput(await self.tools.execute(tool_calls), False, False, {})
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        return {}
+        """The rubric's measurement of the episode (``Rubric.measure``); {} without a rubric."""
+        return self.rubric.measure(trajectory, self.task) if self.rubric is not None else {}
 
 
 @dataclass(frozen=True)
@@ -357,9 +361,9 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
     "code-humaneval": ("taskrl.envs.code:make_humaneval_env",
                        "Composer coding: HumanEval in a sandbox, hidden tests"),
     "code-bugs": ("taskrl.envs.code:make_codebugs_env", "Composer coding: fix bugs mined from PyPI projects"),
-    "swarm": ("taskrl.envs.swarm:make_swarm_env",
+    "swarm": ("taskrl.recipes:make_swarm_env",
               "Kimi PARL agent swarm: orchestrator + frozen concurrent sub-agents"),
-    "search": ("taskrl.envs.search:make_search_env",
+    "search": ("taskrl.recipes:make_search_env",
                "Context-1 agentic search: hybrid search, prune_chunks, F-beta reward"),
 }  # fmt: skip
 """The built-in envs: name -> (entry point, description)."""
@@ -468,6 +472,9 @@ def _check_optional(env: Any, fail: Callable[[str], None]) -> None:
         fail(f"failure_reward must be a finite float, got {failure!r}")
     if not isinstance(declared(env, "training"), bool):
         fail(f"training must be a bool, got {declared(env, 'training')!r}")
+    for name, replacement in REMOVED_HOOKS.items():
+        if getattr(env, name, None) is not None:
+            fail(f"'{name}' is no longer part of the env contract: {replacement}")
     for name, arity in HOOK_ARITY.items():
         fn = declared(env, name)
         if fn is None:
@@ -492,11 +499,15 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
             fail(f"{method} raised {type(e).__name__}: {e}")
 
     async def reward_for_answer(task: Task, messages: list[Message], answer: str) -> float:
+        """The episode's scored total (``taskrl.scoring.score`` with the env's rubric, as training scores it)."""
+        from taskrl.scoring import Clock, rubric_of, score
+
         await call("reset", env.reset, task, seed=0)
         traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
         traj.info["final_answer"] = answer
-        rewards = reward_terms(await call("reward", env.reward, traj), env_name)
-        return float(sum(v for v in rewards.values() if v is not None))
+        traj.terms = reward_terms(await call("reward", env.reward, traj), env_name)
+        score([traj], rubric_of(env), Clock())
+        return traj.reward
 
     for attr in ("tools", "tasks", "reset", "step", "reward"):
         if not hasattr(env, attr):

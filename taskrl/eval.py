@@ -5,32 +5,30 @@ policy (same seeds for every policy, so the comparison is paired), counts reward
 pass and returns JSON-ready results: mean reward, success rate and pass@k (the unbiased estimator of Chen et
 al. 2021) with percentile-bootstrap 95% CIs over tasks, a per-task table, paired differences against the first
 policy, and the monitors. With a ``RunLog`` it writes ``eval/NAME.json`` and each policy's trajectories as they
-finish, and resumes an interrupted evaluation without replaying finished episodes. ``taskrl eval`` is the CLI.
+finish, and resumes an interrupted evaluation without replaying finished episodes. ``taskrl eval`` is its command
+line (``taskrl.commands.eval``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Annotated, Any
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
-import typer
 
-import taskrl.cli_options as opts
 from taskrl import context
 from taskrl.algos.schedules import Schedule
-from taskrl.env import Env, call_hook, maybe_await
+from taskrl.env import Env
 from taskrl.monitor import MonitorConfig, Monitors
+from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rollout import RolloutConfig, error_note, run_episode, summarize
+from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog, read_trajectories
-from taskrl.scoring import Clock, rubric_of, score_collected
+from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
 from taskrl.validate import at_least, require
@@ -141,6 +139,9 @@ def _estimate(values: Sequence[float], config: EvalConfig, salt: str) -> dict[st
     return {"value": mean, "low": ci[0] if ci else None, "high": ci[1] if ci else None}
 
 
+TOTALS = ("rewards/total", "rewards/std")
+
+
 def score(
     by_policy: dict[str, list[Trajectory]],
     tasks: Sequence[Task],
@@ -173,19 +174,20 @@ def score(
                 series.setdefault(f"pass@{k}", []).append(value)
             per_task[tid][name] = row
         stats[name] = series
-        summary = summarize(trajectories)
+        summary = batch_metrics(trajectories)
         monitors = Monitors(monitor_config, tool_names=tool_names, max_turns=config.max_turns)
         metrics, alerts = monitors.check(step, trajectories)
         policies[name] = {
             "episodes": len(trajectories),
             **{key: _estimate(values, config, f"{name}/{key}") for key, values in series.items()},
-            "turns": summary.get("turns"),
-            "tool_calls": summary.get("tool_calls"),
-            "invalid_tool_calls": summary.get("invalid_tool_calls"),
-            "tokens": summary.get("tokens"),
-            "errors": summary.get("errors", 0.0),
+            "turns": summary["tools/turns"],
+            "tool_calls": summary["tools/tool_calls"],
+            "invalid_tool_calls": summary["tools/invalid_tool_calls"],
+            "tokens": summary["charts/mean_tokens"],
+            "errors": summary["charts/errors"],
             "error_note": error_note(trajectories),
-            "reward_terms": {k.removeprefix("reward/"): v for k, v in summary.items() if k.startswith("reward/")},
+            "reward_terms": {k.removeprefix("rewards/"): v for k, v in summary.items()
+                             if k.startswith("rewards/") and k.count("/") == 1 and k not in TOTALS},  # fmt: skip
             "monitors": metrics,
             "alerts": [a.to_dict() for a in alerts],
         }
@@ -206,40 +208,6 @@ def score(
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-") or "policy"
-
-
-async def _play(
-    env_factory: Callable[[], Env],
-    policy: Policy,
-    tasks: Sequence[Task],
-    rollout: RolloutConfig,
-    done: dict[int, Trajectory],
-    sink: Callable[[Trajectory], None],
-) -> list[Trajectory]:
-    """Like ``run_episodes`` (same seeds and group ids) but skips episodes already in ``done`` (by seed)."""
-    limit = asyncio.Semaphore(rollout.concurrency)
-
-    async def one(index: int, task: Task, k: int) -> Trajectory:
-        seed = derive_seed(rollout.seed, index, task.id, k)
-        if seed in done:
-            return done[seed]
-        async with limit:
-            env = env_factory()
-            try:
-                traj = await run_episode(env, policy, task, rollout, seed=seed, group_id=f"{task.id}#{rollout.seed}")
-            finally:
-                await maybe_await(call_hook(env, "close"))
-        sink(traj)
-        return traj
-
-    jobs = [asyncio.ensure_future(one(i, t, k)) for i, t in enumerate(tasks) for k in range(rollout.group_size)]
-    try:
-        return list(await asyncio.gather(*jobs))
-    except BaseException:
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-        raise
 
 
 async def evaluate(
@@ -267,7 +235,7 @@ async def evaluate(
         raise EvalError("no tasks to evaluate; check the env's split or --n")
     if not policies:
         raise EvalError("no policy to evaluate")
-    rollout = replace(config.rollout_config(), clock=clock)
+    rollout = config.rollout_config()  # the envs know no clock: ``clock`` enters when the episodes are scored
     probe = env_factory()
     rubric = rubric_of(probe)
     task_of = {t.id: t for t in tasks}.get
@@ -288,7 +256,7 @@ async def evaluate(
             if on_trajectory is not None:
                 on_trajectory(policy_name, traj)
 
-        played = await _play(env_factory, policy, tasks, rollout, done, sink)
+        played = await run_episodes(env_factory, policy, tasks, rollout, on_trajectory=sink, done=done)
         score_collected(played, probe, clock, rubric=rubric, reward_weights=reward_weights, task_of=task_of)
         by_policy[policy_name] = played
     result = {
@@ -306,115 +274,4 @@ async def evaluate(
     return result
 
 
-# ---- command line -----------------------------------------------------------------------------------------
-
-
-def _format(estimate: dict[str, Any] | None, percent: bool = False) -> str:
-    if not estimate or estimate.get("value") is None or math.isnan(estimate["value"]):
-        return "-"
-    fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:.3f}")
-    if estimate["low"] is None:
-        return fmt(estimate["value"])
-    return f"{fmt(estimate['value'])} [{fmt(estimate['low'])}, {fmt(estimate['high'])}]"
-
-
-def results_table(result: dict[str, Any]) -> Any:
-    """A rich table of one evaluation: one row per policy."""
-    from rich.table import Table
-
-    ks = list(result["config"]["pass_ks"])
-    table = Table(title=f"eval {result['name']}: env {result['env']}, {result['tasks']} tasks x "
-                        f"{result['samples_per_task']} samples (95% CI)")  # fmt: skip
-    for col in ("policy", "mean reward", "success", *[f"pass@{k}" for k in ks], "tool calls", "alerts"):
-        table.add_column(col, justify="left" if col in ("policy", "alerts") else "right")
-    for name, p in result["policies"].items():
-        table.add_row(
-            name, _format(p["mean_reward"]), _format(p["success_rate"], True),
-            *[_format(p[f"pass@{k}"], True) for k in ks],
-            f"{p['tool_calls']:.2f}" if p["tool_calls"] is not None else "-",
-            ", ".join(a["monitor"] for a in p["alerts"]) or "-",
-        )  # fmt: skip
-    return table
-
-
-async def _evaluate_with_progress(
-    factory: Callable[[], Env], policies: dict[str, Policy], tasks: list[Task], config: EvalConfig, run_log: RunLog,
-    name: str, console: Any,
-) -> dict[str, Any]:
-    """``evaluate`` with a progress bar per policy (episodes done / total, mean reward so far, ETA)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    total = len(tasks) * config.samples_per_task
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("reward {task.fields[reward]:.2f}"), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
-    rewards: dict[str, list[float]] = {}
-    with Progress(*columns, console=console, transient=False) as bar:
-        jobs = {p: bar.add_task(f"eval {p}", total=total, reward=0.0) for p in policies}
-
-        def done(policy_name: str, traj: Trajectory) -> None:
-            seen = rewards.setdefault(policy_name, [])
-            seen.append(traj.reward)
-            bar.update(jobs[policy_name], advance=1, reward=sum(seen) / len(seen))
-
-        return await evaluate(factory, policies, tasks, config, run_log=run_log, name=name, on_trajectory=done)
-
-
-def eval_command(
-    env: opts.EnvName,
-    policy: Annotated[list[str], typer.Option(help="KIND[:MODEL], repeat to compare: scripted, hf, hf:PATH, "
-                                                   "openai:MODEL (with --base-url)")] = ["scripted"],  # noqa: B006
-    out: Annotated[Path, typer.Option(help="run directory (eval/NAME.json + trajectories)")] = Path("runs/eval"),
-    name: Annotated[str, typer.Option(help="name of this evaluation in the run directory")] = "eval",
-    split: opts.Split = "test",
-    n: Annotated[int, typer.Option(help="number of tasks (0: all)")] = 16,
-    k: Annotated[int, typer.Option(help="samples per task (K)")] = 4,
-    pass_k: Annotated[list[int], typer.Option(help="report pass@k for this k (K is always reported)")] = [1],  # noqa: B006
-    threshold: Annotated[float, typer.Option(help="reward >= threshold counts as a pass")] = 1.0,
-    base_url: opts.BaseUrl = None,
-    api_key: opts.ApiKey = None,
-    timeout_s: opts.TimeoutS = 120.0,
-    device: opts.Device = "auto",
-    max_turns: opts.MaxTurns = 8,
-    max_new_tokens: opts.MaxNewTokens = 256,
-    max_context_tokens: opts.MaxContextTokens = 4096,
-    temperature: opts.Temperature = 1.0,
-    concurrency: opts.Concurrency = 8,
-    seed: opts.Seed = 0,
-    env_kwargs: opts.EnvKwargs = None,
-    corpus: opts.Corpus = None,
-    tasks_from: opts.Tasks = None,
-    task_columns: opts.TaskColumns = None,
-) -> None:
-    """Evaluate policies on an env: K samples per task, pass@k and mean with 95% CIs, per-task table."""
-    from rich.console import Console
-
-    from taskrl.policies import make_policy
-
-    config = EvalConfig(
-        samples_per_task=k, pass_ks=tuple(pass_k), success_threshold=threshold, max_turns=max_turns,
-        max_context_tokens=max_context_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
-        concurrency=concurrency, seed=seed,
-    )  # fmt: skip
-    env_obj, factory = opts.env_factory(env, opts.parse_env_kwargs(env_kwargs, corpus), tasks_from, task_columns)
-    tasks = list(env_obj.tasks(split))
-    tasks = tasks[:n] if n > 0 else tasks
-    if not tasks:
-        raise EvalError(f"env '{env}' has no tasks in split '{split}'")
-    if len(set(policy)) != len(policy):
-        raise EvalError(f"--policy given twice: {policy}; each policy is evaluated once")
-    policies = {}
-    for spec in policy:
-        kind, _, model = spec.partition(":")
-        policies[spec] = make_policy(kind, model=model or "smollm2", base_url=base_url, api_key=api_key,
-                                     device=device, env=env_obj, timeout_s=timeout_s)  # fmt: skip
-    console = Console()
-    if not console.is_terminal:  # logs and CI: wide enough that the table is not wrapped
-        console.width = max(console.width, 120)
-    result = asyncio.run(_evaluate_with_progress(factory, policies, tasks, config, RunLog(out), name, console))
-    console.print(results_table(result))
-    for p_name, p in result["policies"].items():
-        for alert in p["alerts"]:
-            console.print(f"[yellow]alert[/yellow] {p_name}: {alert['message']}", highlight=False)
-        if p.get("error_note"):
-            console.print(f"[yellow]warning[/yellow] {p_name}: {p['error_note']}", highlight=False)
-    console.print(f"results: {out / 'eval' / (name + '.json')}   report: taskrl report {out} -o {out}/report.html")
+__getattr__ = moved_names(__name__, dict.fromkeys(("eval_command", "results_table"), "taskrl.commands.eval"))

@@ -8,11 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 OPTIONAL_DEFAULTS: dict[str, Any] = {
-    "name": "", "rubric": None, "failure_reward": 0.0, "training": True, "user_turn": None, "finalize_group": None,
-    "scripted_rule": None, "set_step": None, "observe_context": None, "record_episode": None, "close": None,
+    "name": "", "rubric": None, "failure_reward": 0.0, "training": True, "user_turn": None, "scripted_rule": None,
+    "observe_context": None, "record_episode": None, "close": None,
 }  # fmt: skip
-HOOK_ARITY = {"user_turn": 1, "finalize_group": 2, "scripted_rule": 2, "set_step": 2, "observe_context": 2,
-          "record_episode": 1, "close": 0}  # fmt: skip
+HOOK_ARITY = {"user_turn": 1, "scripted_rule": 2, "observe_context": 2, "record_episode": 1, "close": 0}
+REMOVED_HOOKS = {
+    "set_step": "envs are told nothing about training: declare the schedule on the env's rubric (a weight schedule, "
+                "or a DerivedTerm whose param anneals, like Context-1's beta); taskrl.scoring.score applies it at "
+                "the batch's Clock",
+    "finalize_group": "declare the group measurement as a group term of the env's rubric (Rubric.group_terms); "
+                      "taskrl.scoring.score computes it per group of samples",
+}  # fmt: skip
+"""Hooks the contract no longer has, with what replaces them (``check_env`` refuses an env that defines one)."""
 
 
 def declared(env: Any, name: str) -> Any:
@@ -31,4 +38,4 @@ def call_hook(env: Any, name: str, *args: Any) -> Any:
     return fn(*args) if fn is not None else None
 
 
-__all__ = ["HOOK_ARITY", "OPTIONAL_DEFAULTS", "call_hook", "declared"]
+__all__ = ["HOOK_ARITY", "OPTIONAL_DEFAULTS", "REMOVED_HOOKS", "call_hook", "declared"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict
 
@@ -70,9 +70,6 @@ class RolloutConfig:
     """Set on every env (``env.training``) before reset: some add guidance only in training."""
     summary: SummaryConfig | None = None
     """Self-summarization at a token trigger (see ``taskrl.context``); None = off."""
-    clock: Clock = field(default_factory=Clock)
-    """The training position: told to each env (``set_step``) before reset, and the clock the episode's
-    provisional score is computed at (the trainer re-scores the whole batch at the same clock)."""
     engine_failures: Literal["raise", "drop"] = "raise"
     """A ``PolicyError`` of the engine (server down, bad response; never an ``InvalidRequestError``, which is
     the caller's bug): ``raise`` stops the run, ``drop`` ends only that episode as an infrastructure failure
@@ -193,7 +190,6 @@ async def run_episode(
     )
     segments = _SegmentBuilder()
     try:
-        call_hook(env, "set_step", config.clock.step, config.clock.epoch)  # measurement schedules (Context-1's beta)
         env.training = config.training
         messages, info = await maybe_await(env.reset(task, seed=seed))
         traj.info.update({k: v for k, v in info.items() if k != "context"})
@@ -289,7 +285,9 @@ async def run_episode(
     metrics["sampled_tokens"] = traj.num_sampled_tokens
     metrics["wall_time_s"] = time.perf_counter() - start
     traj.metrics.update(metrics)
-    score([traj], rubric_of(env), config.clock)  # this episode alone; group terms need the whole batch
+    # A provisional score of this episode alone at the start of training: group terms need the whole batch and
+    # the training clock is the scorer's (the trainer and eval re-score the batch at theirs); envs never see it.
+    score([traj], rubric_of(env), Clock())
     return traj
 
 
@@ -380,6 +378,7 @@ async def run_episodes(
     *,
     on_trajectory: Callable[[Trajectory], Any] | None = None,
     task_indices: Sequence[int] | None = None,
+    done: Mapping[int, Trajectory] | None = None,
 ) -> list[Trajectory]:
     """Play ``config.group_size`` episodes of every task, at most ``config.concurrency`` at once.
 
@@ -387,6 +386,8 @@ async def run_episodes(
     ``on_trajectory`` sees each one as soon as it finishes. Episode seeds come from ``config.seed``, the task's
     index and id and the sample number; ``task_indices`` gives each task its index in the whole batch when
     ``tasks`` is a share of it (a data-parallel rank, a Ray worker), so every share samples what one process would.
+    ``done`` holds episodes already played, by seed (a resumed evaluation): each is returned in its place as it
+    is, neither replayed nor passed to ``on_trajectory``.
     """
     if task_indices is not None and len(task_indices) != len(tasks):
         raise ValueError(f"task_indices has {len(task_indices)} entries for {len(tasks)} tasks")
@@ -394,9 +395,11 @@ async def run_episodes(
     limit = asyncio.Semaphore(config.concurrency)
 
     async def play(task_index: int, task: Task, k: int) -> Trajectory:
+        seed = derive_seed(config.seed, task_index, task.id, k)
+        if done is not None and seed in done:
+            return done[seed]
         async with limit:
             env = env_factory()
-            seed = derive_seed(config.seed, task_index, task.id, k)
             group = f"{task.id}#{config.seed}" if config.group_size > 1 else None
             try:
                 traj = await run_episode(env, policy, task, config, seed=seed, group_id=group)
@@ -428,29 +431,10 @@ def error_note(trajectories: Sequence[Trajectory]) -> str | None:
     return f"{len(failed)} of {len(trajectories)} episodes ended in an error (reward 0), e.g. {failed[0].error}"
 
 
-def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Batch means of what users look at first: reward, tool use, tokens, how episodes ended."""
-    n = len(trajectories)
-    if n == 0:
-        return {"episodes": 0}
-
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values) if values else float("nan")
-
-    out = {
-        "episodes": float(n),
-        "reward": mean([t.reward for t in trajectories]),
-        "turns": mean([t.metrics.get("turns", 0.0) for t in trajectories]),
-        "tool_calls": mean([t.metrics.get("tool_calls", 0.0) for t in trajectories]),
-        "invalid_tool_calls": mean([t.metrics.get("invalid_tool_calls", 0.0) for t in trajectories]),
-        "tokens": mean([float(t.num_tokens) for t in trajectories]),
-        "sampled_tokens": mean([float(t.num_sampled_tokens) for t in trajectories]),
-        "terminated": mean([float(t.terminated) for t in trajectories]),
-        "truncated": mean([float(t.truncated) for t in trajectories]),
-        "errors": float(sum(t.error is not None for t in trajectories)),
-        "infra_failures": float(sum(t.infra_failure is not None for t in trajectories)),
-    }
-    for term in sorted({k for t in trajectories for k in t.rewards}):
-        values = [t.rewards[term] for t in trajectories if t.rewards.get(term) is not None]
-        out[f"reward/{term}"] = mean(values)  # type: ignore[arg-type]
-    return out
+def __getattr__(name: str) -> Any:
+    if name == "summarize":  # an ImportError: ``from taskrl.rollout import summarize`` keeps this message
+        raise ImportError(
+            "taskrl.rollout.summarize was removed: use taskrl.scoring.batch_metrics (keys rewards/total, "
+            "rewards/<term>, tools/turns, tools/tool_calls, charts/episodes, charts/errors, ...)"
+        )
+    raise AttributeError(f"module 'taskrl.rollout' has no attribute {name!r}")

@@ -1,8 +1,11 @@
-"""One owner for the reward: ``score`` turns an episode's measured terms into its training reward.
+"""One owner for the reward: a ``Rubric`` declares it, ``score`` turns an episode's measurements into it.
 
-Envs and rollouts only measure: ``env.reward(trajectory)`` returns unweighted values, kept in
+A ``Rubric`` lists weighted terms (each with the function that measures it), unweighted measurements, derived
+terms (computed from measurements at the training clock: Context-1's F_β with its annealed β), group terms,
+gates and the Context-1 clamp. Envs and rollouts only measure, knowing nothing of training:
+``env.reward(trajectory)`` returns unweighted values (``rubric.measure``, ``ToolEnv``'s default), kept in
 ``Trajectory.terms``. ``score(trajectories, rubric, clock)`` writes ``Trajectory.rewards`` from them, applying
-once and in this order: term weights at the clock, group terms, the Context-1 clamp, gates (a cheat scores
+once and in this order: term weights at the clock, derived terms, group terms, the clamp, gates (a cheat scores
 exactly like a failure), the invalid-call cap. The trainer, ``taskrl eval``, the Ray actors and ``taskrl rewards
 score`` all call it, so one trajectory gets one reward everywhere; ``batch_metrics`` is the one aggregator.
 """
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from taskrl.algos.schedules import Schedule, make_schedule
-from taskrl.hooks import call_hook, declared
+from taskrl.hooks import declared
 from taskrl.types import Task, Trajectory
 
 INVALID_CALL_CAP = "invalid_tool_call_cap"
@@ -25,6 +28,9 @@ CLAMP = "clamp"
 CAP_SUFFIX = "_cap"
 """A gate's adjustment term is ``<gate>_cap``."""
 ClockKind = Literal["step", "epoch"]
+TermFn = Callable[[Trajectory, "Task | None"], "float | None"]
+"""Measures one term of an episode: ``f(trajectory, task) -> float | None`` (None: not applicable, excluded from
+sums and means, never zero). It may carry ``value_range = (lo, hi)``."""
 GroupFn = Callable[[Sequence[Trajectory], "Task | None"], "Sequence[float | None]"]
 """A group term: all K samples of one task in, one value (or None) per sample out."""
 
@@ -73,25 +79,104 @@ def check_value(name: str, fn: Any, value: Any) -> float | None:
     return value
 
 
+def _check_name(name: str, what: str) -> None:
+    if not name or not isinstance(name, str) or "/" in name:
+        raise ValueError(f"{what} name must be a non-empty string without '/', got {name!r}")
+
+
+def _check_clock(kind: str, what: str) -> None:
+    if kind not in ("step", "epoch"):
+        raise ValueError(f"{what}: clock must be 'step' or 'epoch', got {kind!r}")
+
+
 @dataclass(frozen=True)
 class TermWeight:
-    """The weight of one measured term (or group term) and the clock its schedule runs on."""
+    """One weighted term: its name, the function that measures it, its weight and the clock its schedule runs on."""
 
     name: str
+    """Key in ``Trajectory.terms``/``rewards`` and in the logs."""
     weight: float | dict[str, Any] | Schedule = 1.0
     """A number or a schedule spec (constant/linear/cosine/piecewise/step)."""
     clock: ClockKind = "step"
     """What drives the schedule: trainer steps or epochs."""
-    fn: GroupFn | None = None
-    """Only for group terms: computes the term over a group of samples."""
+    fn: TermFn | GroupFn | None = None
+    """An episode term's ``TermFn`` (``Rubric.measure`` calls it; None: the env's ``reward`` measures the term
+    itself); a group term's ``GroupFn`` over all K samples of a task (required)."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "TermWeight")
+        _check_clock(self.clock, f"TermWeight '{self.name}'")
+        if self.fn is not None and not callable(self.fn):
+            raise ValueError(f"TermWeight '{self.name}': fn must be callable, got {type(self.fn).__name__}")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """An unweighted measurement ``Rubric.measure`` records in ``Trajectory.terms`` (an input of a derived term,
+    a diagnostic): never a reward term itself."""
+
+    name: str
+    fn: TermFn
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "Measure")
+        if not callable(self.fn):
+            raise ValueError(f"Measure '{self.name}': fn must be callable, got {type(self.fn).__name__}")
+
+
+@dataclass(frozen=True)
+class DerivedTerm:
+    """A term computed by ``score`` at the clock from measurements: ``fn(*inputs, param)`` with ``param`` read
+    from its schedule (Context-1's F_β = ``f_beta(precision, recall, β)``, β annealed by epoch). The env measures
+    the inputs only, so an episode is scored at the clock of the batch it is scored in, never at the clock some
+    other batch left behind. None when any input is None."""
+
+    name: str
+    inputs: tuple[str, ...]
+    """Names of ``Rubric.measures`` passed to ``fn`` in this order."""
+    fn: Callable[..., float]
+    """``fn(*input_values, param) -> float``; may carry ``value_range``."""
+    param: float | dict[str, Any] | Schedule = 1.0
+    """A number or a schedule spec over ``param_clock`` (Context-1's β)."""
+    param_clock: ClockKind = "step"
+    """What drives the ``param`` schedule."""
+    weight: float | dict[str, Any] | Schedule = 1.0
+    """The term's weight (a number or schedule spec over ``clock``)."""
+    clock: ClockKind = "step"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "DerivedTerm")
+        _check_clock(self.clock, f"DerivedTerm '{self.name}'")
+        _check_clock(self.param_clock, f"DerivedTerm '{self.name}'.param_clock")
+        if not self.inputs or not callable(self.fn):
+            raise ValueError(f"DerivedTerm '{self.name}': needs inputs and a callable fn")
+
+    def param_at(self, clock: Clock) -> float:
+        return float(make_weight(self.param, field=f"DerivedTerm '{self.name}'.param")(clock.at(self.param_clock)))
 
 
 @dataclass(frozen=True)
 class GateRule:
-    """An episode whose measured ``terms[name]`` is below ``min_value`` scores as a failure (None: passes)."""
+    """An episode whose ``terms[name]`` (measured by ``check``) is below ``min_value`` scores as a failure
+    (None: not applicable, passes)."""
 
     name: str
     min_value: float = 1.0
+    check: TermFn | None = None
+    """Measures the gate's value (``Rubric.measure``); None: the env's ``reward`` measures it itself."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "GateRule")
+        if self.check is not None and not callable(self.check):
+            raise ValueError(f"GateRule '{self.name}': check must be callable")
+
+
+def context1_clamp(total: float, pre_penalty: float, *, epsilon: float, completed: bool) -> float:
+    """Context-1's clamp(total, ε, r_pre): capped at the pre-penalty reward r_pre, then floored at ε for an
+    episode that completed (final answer, no error) and at 0 otherwise. The floor wins when r_pre < ε, so a
+    completed episode always beats a failed one (the search env's reward reads docs/design/index.md §6 the same
+    way). ``ClampRule`` applies it in ``score``."""
+    return max(epsilon if completed else 0.0, min(total, pre_penalty))
 
 
 @dataclass(frozen=True)
@@ -114,14 +199,20 @@ class ClampRule:
 
 @dataclass
 class Rubric:
-    """How an env's measured terms become its reward: weights, group terms, clamp, gates, failure reward.
+    """An env's reward, declared: weighted terms with their measuring functions, measurements, derived terms,
+    group terms, gates, clamp and failure reward. ``measure`` gives an episode's unweighted values; ``score``
+    turns them into its reward at a clock. Presets (``taskrl.rewards.presets``) return one.
 
     Terms the rubric does not list weigh ``default_weight``; an env without a rubric gets ``Rubric()`` (every
     measured term at weight 1, which is how envs that return final terms keep their totals).
     """
 
     terms: Sequence[TermWeight] = ()
-    """Weights of the per-episode measured terms."""
+    """The per-episode weighted terms."""
+    measures: Sequence[Measure] = ()
+    """Unweighted measurements kept in ``Trajectory.terms`` (derived terms' inputs)."""
+    derived: Sequence[DerivedTerm] = ()
+    """Terms ``score`` computes from measurements at the clock."""
     group_terms: Sequence[TermWeight] = ()
     """Terms over all K samples of a task, each with its ``fn``; added by ``score`` per ``group_id``."""
     gates: Sequence[GateRule] = ()
@@ -136,7 +227,8 @@ class Rubric:
 
     def __post_init__(self) -> None:
         self.terms, self.group_terms, self.gates = list(self.terms), list(self.group_terms), list(self.gates)
-        names = [t.name for t in [*self.terms, *self.group_terms]]
+        self.measures, self.derived = list(self.measures), list(self.derived)
+        names = [t.name for t in [*self.terms, *self.measures, *self.derived, *self.group_terms]]
         names += [n for g in self.gates for n in (g.name, g.name + CAP_SUFFIX)]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -144,32 +236,44 @@ class Rubric:
         for t in self.group_terms:
             if t.fn is None:
                 raise ValueError(f"Rubric: group term '{t.name}' needs fn")
+        measured = {m.name for m in self.measures}
+        for d in self.derived:
+            missing = [name for name in d.inputs if name not in measured]
+            if missing:
+                raise ValueError(f"Rubric: derived term '{d.name}' reads {missing}, which are not in measures")
+            d.param_at(Clock())  # a bad schedule spec fails here, naming the field
         self._schedules = {
             t.name: (make_weight(t.weight, field=f"Rubric term '{t.name}'.weight"), t.clock)
-            for t in [*self.terms, *self.group_terms]
+            for t in [*self.terms, *self.derived, *self.group_terms]
         }
         self.failure_reward = float(self.failure_reward)
+
+    def measure(self, trajectory: Trajectory, task: Task | None = None) -> dict[str, float | None]:
+        """An episode's unweighted values: every term with a ``fn``, every measurement and every gate with a
+        ``check``, validated (``check_value``). Clock-free: what an env's ``reward`` returns."""
+        out: dict[str, float | None] = {}
+        for name, fn in [*((t.name, t.fn) for t in self.terms), *((m.name, m.fn) for m in self.measures),
+                         *((g.name, g.check) for g in self.gates)]:  # fmt: skip
+            if fn is not None:
+                out[name] = check_value(name, fn, fn(trajectory, task))
+        return out
+
+    def params(self, clock: Clock) -> dict[str, float]:
+        """Each derived term's parameter at ``clock`` (Context-1's β), for the logs."""
+        return {d.name: d.param_at(clock) for d in self.derived}
 
     def weights(self, clock: Clock) -> dict[str, float]:
         """The weight of every listed term at ``clock``."""
         return {name: float(schedule(clock.at(kind))) for name, (schedule, kind) in self._schedules.items()}
 
     @property
-    def gate_names(self) -> frozenset[str]:
-        return frozenset(g.name for g in self.gates)
+    def unweighted(self) -> frozenset[str]:
+        """Measured names that are no reward term: gate checks and measurements."""
+        return frozenset([*(g.name for g in self.gates), *(m.name for m in self.measures)])
 
 
 def _total(values: Mapping[str, float | None]) -> float:
     return float(sum(v for v in values.values() if v is not None))
-
-
-def measured_terms(trajectory: Trajectory) -> dict[str, float | None]:
-    """``trajectory.terms``; a trajectory scored before terms existed (schema v1, or built by hand with only
-    ``rewards``) has its reward terms read as weight-1 measurements, the invalid-call cap left for ``score``."""
-    if trajectory.terms or not trajectory.rewards:
-        return trajectory.terms
-    trajectory.terms = {k: v for k, v in trajectory.rewards.items() if k != INVALID_CALL_CAP}
-    return trajectory.terms
 
 
 def _group_key(trajectory: Trajectory) -> str:
@@ -186,45 +290,40 @@ def score(
 ) -> None:
     """Write each trajectory's ``rewards`` from its measured ``terms`` (idempotent: a re-score gives the same).
 
-    ``reward_weights`` multiply the rubric's weights (a number, or a schedule over ``clock.step``); group terms
-    are computed for every ``group_id`` with two samples or more (``task_of`` maps a task id to its Task).
+    ``reward_weights`` multiply the rubric's weights (a number, or a schedule over ``clock.step``); derived terms
+    are computed at ``clock`` and written to ``terms``; group terms are computed for every ``group_id`` with two
+    samples or more, in the order given (``task_of`` maps a task id to its Task).
     """
-    from taskrl.rewards.formulas import context1_clamp  # the one clamp rule; a leaf, but its package imports this
-
     weights = rubric.weights(clock)
     for name, extra in (reward_weights or {}).items():
         factor = float(extra(clock.step)) if callable(extra) else float(extra)
         weights[name] = weights.get(name, rubric.default_weight) * factor
-    gates = rubric.gate_names
+    skipped = rubric.unweighted | {d.name for d in rubric.derived} | {t.name for t in rubric.group_terms}
+    params = rubric.params(clock)
     weighted_by_id: dict[str, dict[str, float | None]] = {}
-    legacy_failed: dict[str, list[str]] = {}
-    for traj in trajectories:  # 1. the measured terms at their weights
+    for traj in trajectories:  # 1. the measured terms at their weights, then the derived terms at the clock
         weighted: dict[str, float | None] = {}
-        failed: list[str] = []
-        for name, value in measured_terms(traj).items():
-            if name in gates or name == INVALID_CALL_CAP:
-                continue
-            if name.endswith(CAP_SUFFIX) and name not in weights:  # a gate verdict of an env without a rubric
-                weighted[name] = None if value is None else 0.0
-                if value is not None and value < -1e-12:
-                    failed.append(name)
+        for name, value in traj.terms.items():
+            if name in skipped or name == INVALID_CALL_CAP:
                 continue
             weighted[name] = None if value is None else weights.get(name, rubric.default_weight) * value
-        weighted_by_id[traj.id], legacy_failed[traj.id] = weighted, failed
+        for derived in rubric.derived:
+            inputs = [traj.terms.get(name) for name in derived.inputs]
+            value = None if any(v is None for v in inputs) else derived.fn(*inputs, params[derived.name])
+            traj.terms[derived.name] = check_value(derived.name, derived.fn, value)
+            weighted[derived.name] = None if value is None else weights[derived.name] * float(value)
+        weighted_by_id[traj.id] = weighted
     if rubric.group_terms:  # 2. group terms, per group of samples of one task (infra failures are no samples)
-        groups: dict[str, list[Trajectory]] = {}
         for traj in trajectories:
-            if traj.infra_failure is None:
-                groups.setdefault(_group_key(traj), []).append(traj)
-            else:
+            if traj.infra_failure is not None:
                 traj.terms.update(dict.fromkeys((term.name for term in rubric.group_terms), None))
-        for group in groups.values():
+        for group in _groups(trajectories).values():
             if len(group) < 2:
                 continue
             task = task_of(group[0].task_id) if task_of is not None else None
             for term in rubric.group_terms:
                 assert term.fn is not None
-                values = list(term.fn(group, task))
+                values = list(term.fn(group, task))  # type: ignore[arg-type]
                 if len(values) != len(group):
                     raise RewardTermError(
                         f"group term '{term.name}' returned {len(values)} values for {len(group)} trajectories"
@@ -251,11 +350,31 @@ def score(
                 continue
             total = _total(weighted)
             weighted[gate.name + CAP_SUFFIX] = floor - total if value < gate.min_value and total > floor else 0.0
-        for name in legacy_failed[traj.id]:
-            total = _total(weighted)
-            weighted[name] = floor - total if total > floor else 0.0
         cap_invalid_calls(traj, weighted, floor)  # 5. an invalid tool call never beats a failure
         traj.rewards = weighted
+
+
+def rescore(
+    trajectories: Sequence[Trajectory],
+    rubric: Rubric,
+    clock: Clock,
+    *,
+    task_of: Callable[[str], Task | None] | None = None,
+) -> None:
+    """Measure saved trajectories again with ``rubric`` (its terms replace ``terms``) and ``score`` them at
+    ``clock``: what another reward, or the same one later in its annealing, would have said about them."""
+    for traj in trajectories:
+        traj.terms = rubric.measure(traj, task_of(traj.task_id) if task_of is not None else None)
+    score(trajectories, rubric, clock, task_of=task_of)
+
+
+def _groups(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """The samples of each task (``group_id``); infrastructure failures say nothing of the policy: left out."""
+    groups: dict[str, list[Trajectory]] = {}
+    for traj in trajectories:
+        if traj.infra_failure is None:
+            groups.setdefault(_group_key(traj), []).append(traj)
+    return groups
 
 
 def cap_invalid_calls(trajectory: Trajectory, weighted: dict[str, float | None], failure_reward: float) -> None:
@@ -267,13 +386,13 @@ def cap_invalid_calls(trajectory: Trajectory, weighted: dict[str, float | None],
         weighted[INVALID_CALL_CAP] = failure_reward - total
 
 
-def is_adjustment(name: str) -> bool:
-    """A term ``score`` writes itself (clamp, gate caps, the invalid-call cap), never a measurement."""
-    return name in (CLAMP, INVALID_CALL_CAP) or name.endswith(CAP_SUFFIX)
-
-
 MeasureFn = Callable[[int, list[Trajectory]], None]
-"""Extra measurements over a batch: ``fn(step, trajectories)`` adds terms (reward models, shaping) in place."""
+"""Extra measurements over a batch: ``fn(step, trajectories)`` adds terms (reward models, shaping) to each
+trajectory's ``terms`` in place; writing ``rewards`` (which ``score`` overwrites) is refused."""
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
 
 
 def score_collected(
@@ -287,33 +406,22 @@ def score_collected(
     measure: MeasureFn | None = None,
 ) -> None:
     """The one scoring path of a collected batch, shared by the trainer and ``taskrl eval`` (so one trajectory
-    gets one reward in both): the env's legacy ``finalize_group`` hook per group of two samples or more (after
-    ``set_step`` at ``clock``; an env forwards both to the reward objects it holds), ``measure``, then ``score``.
-
-    ``env`` is a probe env of the run, used only for its hooks and rubric; ``rubric`` defaults to its rubric.
-    """
+    gets one reward in both): ``measure``, then ``score`` at ``clock``. ``rubric`` defaults to ``env``'s
+    (``rubric_of``); the env is told nothing about the clock."""
     rubric = rubric if rubric is not None else rubric_of(env)
-    for traj in trajectories:
-        measured_terms(traj)  # hand-built or schema-1 trajectories: their reward terms are the measurements
-    finalize = declared(env, "finalize_group")
-    groups: dict[str, list[Trajectory]] = {}
-    for traj in trajectories:  # an infrastructure failure says nothing of the policy: no member of its group
-        if traj.infra_failure is None:
-            groups.setdefault(_group_key(traj), []).append(traj)
-    for group in groups.values():  # one order however the episodes finished: order-dependent hooks agree
-        group.sort(key=lambda t: (t.seed if t.seed is not None else -1, t.id))
-    if finalize is not None and any(len(g) > 1 for g in groups.values()):
-        call_hook(env, "set_step", clock.step, clock.epoch)  # the group terms' weights at this batch's clock
-        for group in groups.values():
-            if len(group) > 1:
-                finalize(group, task_of(group[0].task_id) if task_of is not None else None)
     if measure is not None:
+        before = [dict(traj.rewards) for traj in trajectories]
         measure(clock.step, trajectories)
-    for traj in trajectories:  # reward keys a hook added (measure, a legacy finalize_group) are measurements
-        for name, value in traj.rewards.items():
-            if not is_adjustment(name):
-                traj.terms.setdefault(name, value)
-    score(trajectories, rubric, clock, reward_weights=reward_weights, task_of=task_of)
+        for traj, rewards in zip(trajectories, before, strict=True):
+            changed = sorted(k for k in {*traj.rewards, *rewards} if not _same(traj.rewards.get(k), rewards.get(k)))
+            if changed:
+                raise RewardTermError(
+                    f"score_fn wrote Trajectory.rewards {changed}: write measurements to Trajectory.terms instead "
+                    "(taskrl.scoring.score weighs them, 1 unless the rubric lists them, and writes rewards itself)"
+                )
+    # one order however the episodes finished, so order-dependent group terms agree
+    ordered = sorted(trajectories, key=lambda t: (t.seed if t.seed is not None else -1, t.id))
+    score(ordered, rubric, clock, reward_weights=reward_weights, task_of=task_of)
 
 
 def rubric_of(env: Any) -> Rubric:
@@ -329,11 +437,13 @@ def _mean(values: Sequence[float]) -> float:
 def batch_metrics(
     trajectories: Sequence[Trajectory], rubric: Rubric | None = None, clock: Clock | None = None
 ) -> dict[str, float]:
-    """The one aggregator of a batch, in one namespace: ``rewards/total`` and ``rewards/std``, per term the
-    weighted mean ``rewards/<term>``, its share ``rewards/applicable/<term>`` and the measured mean
-    ``rewards_raw/<term>``, with a rubric and clock ``rewards/weight/<term>``; ``tools/*`` and ``charts/*``
-    per episode. A term never applicable in the batch is left out. ``rewards/total`` and ``rewards/std`` leave
-    out infrastructure failures (``Trajectory.infra_failure``), counted in ``charts/infra_failures``."""
+    """The one aggregator of a batch, in one namespace, for the trainer's log, ``taskrl eval``, ``taskrl rollout``
+    and ``taskrl rewards score``: ``rewards/total`` and ``rewards/std``, per term the weighted mean
+    ``rewards/<term>``, its share ``rewards/applicable/<term>`` and the measured mean ``rewards_raw/<term>``, with a
+    rubric and clock ``rewards/weight/<term>`` and each derived term's ``rewards/param/<term>`` (Context-1's β);
+    ``tools/*`` per-episode means, ``charts/*`` counts and shares. A term never applicable in the batch is left
+    out. ``rewards/total`` and ``rewards/std`` leave out infrastructure failures (``Trajectory.infra_failure``),
+    counted in ``charts/infra_failures``."""
     rewards = [t.reward for t in trajectories if t.infra_failure is None]  # infra failures are no scores
     mean = _mean(rewards)
     out: dict[str, float] = {
@@ -341,6 +451,8 @@ def batch_metrics(
         "rewards/std": math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else float("nan"),
         "charts/episodes": float(len(trajectories)),
         "charts/sampled_tokens": float(sum(t.num_sampled_tokens for t in trajectories)),
+        "charts/mean_tokens": _mean([float(t.num_tokens) for t in trajectories]),
+        "charts/mean_sampled_tokens": _mean([float(t.num_sampled_tokens) for t in trajectories]),
         "charts/terminated": _mean([float(t.terminated) for t in trajectories]),
         "charts/truncated": _mean([float(t.truncated) for t in trajectories]),
         "charts/errors": float(sum(t.error is not None for t in trajectories)),
@@ -359,6 +471,7 @@ def batch_metrics(
             out[f"rewards_raw/{name}"] = _mean(values)
     if rubric is not None and clock is not None:
         out.update({f"rewards/weight/{name}": w for name, w in rubric.weights(clock).items()})
+        out.update({f"rewards/param/{name}": p for name, p in rubric.params(clock).items()})
     for name in ("tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "turns"):
         out[f"tools/{name}"] = _mean([t.metrics.get(name, 0.0) for t in trajectories])
     return out

@@ -1,7 +1,8 @@
 """Core data types that flow through taskrl: messages, tool calls, token segments, trajectories.
 
 Everything here is a plain dataclass that round-trips exactly through JSON (``to_json``/``from_json``),
-so trajectories written by a rollout can be re-read by a trainer, a report or another process.
+so trajectories written by a rollout can be re-read by a trainer, a report or another process; task sets are
+JSONL files of ``Task`` rows (``write_tasks``/``read_tasks``).
 ``SCHEMA_VERSION`` is bumped on any incompatible change; readers refuse newer versions.
 Serialisation cannot be crashed by model output: values nested deeper than ``MAX_VALUE_DEPTH`` (a tool call's
 arguments, ``info``) are stored as a truncated JSON string (``bound_value``), and objects JSON cannot hold as text.
@@ -13,7 +14,9 @@ import dataclasses
 import json
 import math
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 SCHEMA_VERSION = 2
@@ -244,7 +247,7 @@ class Segment:
     policy_version: int = 0
     temperature: float | None = None
     """Temperature the sampled tokens were drawn at (``logprobs`` are of that distribution); None means the
-    trainer's ``TrainConfig.temperature``. Production rows served at their own temperature set it."""
+    trainer's ``rollout.temperature``. Production rows served at their own temperature set it."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -283,6 +286,31 @@ class Task:
     prompt: str
     answer: Any = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
+    """Write tasks as JSONL atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(dataclasses.asdict(t), ensure_ascii=False) + "\n" for t in tasks),
+                   encoding="utf-8")  # fmt: skip
+    tmp.replace(path)
+    return path
+
+
+def read_tasks(path: str | Path) -> list[Task]:
+    """Tasks from JSONL written by ``write_tasks``; a bad line is an error naming the file and line."""
+    tasks = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                tasks.append(Task(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: not a task row ({e})") from None
+    return tasks
 
 
 @dataclass

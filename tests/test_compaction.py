@@ -128,12 +128,12 @@ def test_summary_option_of_the_eval_and_train_configs() -> None:
                        ({"trigger_tokens": 5000}, "EvalConfig.summary.trigger_tokens")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             EvalConfig(summary=bad)
-    assert config_from_dict({"summary": {"trigger_tokens": 300}}).summary == {"trigger_tokens": 300}
-    for bad, match in (({"trigger_tokens": 300, "mode": "x"}, "TrainConfig.summary: SummaryConfig.mode"),
-                       ({"trigger_tokens": 4096}, "TrainConfig.summary .*max_context_tokens"),
-                       ("self", "TrainConfig.summary must be a")):  # fmt: skip
+    assert config_from_dict({"rollout.summary": {"trigger_tokens": 300}}).rollout.summary == {"trigger_tokens": 300}
+    for bad, match in (({"trigger_tokens": 300, "mode": "x"}, "rollout.summary: SummaryConfig.mode"),
+                       ({"trigger_tokens": 4096}, "rollout.summary .*max_context_tokens"),
+                       ("self", "rollout.summary must be a")):  # fmt: skip
         with pytest.raises(ConfigError, match=match):
-            config_from_dict({"summary": bad})
+            config_from_dict({"rollout.summary": bad})
 
 
 def test_evaluate_runs_with_a_summary(fmt: ChatFormat) -> None:
@@ -152,16 +152,17 @@ def test_the_trainer_plays_its_episodes_with_the_configured_summary(tmp_path: An
     from taskrl.policies.hf import HFPolicy
     from taskrl.policies.models import tiny_model
     from taskrl.runlog import read_trajectories
-    from taskrl.trainer import Trainer
-    from taskrl.training.config import TrainConfig
+    from taskrl.training.trainer import Trainer
 
     model, tokenizer = tiny_model(seed=0)
     policy = HFPolicy(model, tokenizer, device="cpu")
     kwargs = {"min_items": 5, "max_items": 6, "one_call_per_turn": True}
-    config = TrainConfig(run_dir=str(tmp_path / "run"), env="prices", env_kwargs=kwargs, finetune="lora", lora_rank=4,
-                         algo="sft", steps=1, tasks_per_step=1, group_size=1, max_turns=8, max_new_tokens=32,
-                         max_context_tokens=1024, log_trajectories=True, progress=False, checkpoint_every=0,
-                         summary={"trigger_tokens": 330, "mode": "state_dump"})  # fmt: skip
+    config = config_from_dict({"run_dir": str(tmp_path / "run"), "env": "prices", "env_kwargs": kwargs,
+                               "finetune": "lora", "lora.rank": 4, "algo.name": "sft", "steps": 1,
+                               "rollout.tasks_per_step": 1, "rollout.group_size": 1, "rollout.max_turns": 8,
+                               "rollout.max_new_tokens": 32, "rollout.max_context_tokens": 1024,
+                               "log_trajectories": True, "progress": False, "checkpoint_every": 0,
+                               "rollout.summary": {"trigger_tokens": 330, "mode": "state_dump"}})  # fmt: skip
     trainer = Trainer(config, policy=policy)
     try:
         trainer.train()

@@ -25,7 +25,7 @@ from taskrl.env import (
     step_output,
 )
 from taskrl.envs.builtin import PRICES, NoopEnv, ShopEnv, last_number, make_shop_tasks, safe_eval
-from taskrl.scoring import Rubric, rubric_of
+from taskrl.scoring import GateRule, Rubric, rubric_of
 from taskrl.tools import ToolSet, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
@@ -408,8 +408,16 @@ class TrainingNotABool(GoodEnv):
     training = "yes"  # type: ignore[assignment]
 
 
-class SetStepNotCallable(GoodEnv):
-    set_step = 3  # type: ignore[assignment]
+class KeepsTheTrainingClock(GoodEnv):
+    """An env written for the removed ``set_step`` hook: refused, naming what replaces it."""
+
+    def set_step(self, step: int, epoch: int = 0) -> None:
+        pass
+
+
+class ScoresItsOwnGroups(GoodEnv):
+    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
+        pass
 
 
 class UserTurnTakesNothing(GoodEnv):
@@ -419,11 +427,6 @@ class UserTurnTakesNothing(GoodEnv):
 
 class ObserveContextOneArgument(GoodEnv):
     def observe_context(self, used_tokens: int) -> None:  # type: ignore[override]
-        pass
-
-
-class FinalizeGroupWithoutTask(GoodEnv):
-    def finalize_group(self, trajectories: list[Trajectory]) -> None:  # type: ignore[override]
         pass
 
 
@@ -442,10 +445,12 @@ class CloseNeedsAnArgument(GoodEnv):
         (RubricNotARubric, "rubric must be a taskrl.scoring.Rubric or None, got dict"),
         (FailureRewardNotANumber, "failure_reward must be a finite float, got '0'"),
         (TrainingNotABool, "training must be a bool, got 'yes'"),
-        (SetStepNotCallable, "set_step must be callable or None, got int"),
+        (KeepsTheTrainingClock, "'set_step' is no longer part of the env contract: envs are told nothing about "
+                                "training: declare the schedule on the env's rubric"),
+        (ScoresItsOwnGroups, "'finalize_group' is no longer part of the env contract: declare the group "
+                             "measurement as a group term of the env's rubric (Rubric.group_terms)"),
         (UserTurnTakesNothing, "user_turn must take 1 positional argument: ()"),
         (ObserveContextOneArgument, "observe_context must take 2 positional arguments: (used_tokens: int)"),
-        (FinalizeGroupWithoutTask, "finalize_group must take 2 positional arguments"),
         (RuleWithoutTools, "scripted_rule must take 2 positional arguments: (messages)"),
         (CloseNeedsAnArgument, "close must take 0 positional arguments: (force: bool)"),
     ],
@@ -454,6 +459,21 @@ async def test_check_env_checks_the_optional_contract(env_cls: type, problem: st
     with pytest.raises(EnvCheckError) as err:
         await acheck_env(env_cls())
     assert str(err.value).startswith("env 'good': ") and problem in str(err.value), str(err.value)
+
+
+class GateRejectsTheGoldAnswer(GoodEnv):
+    """Its measured terms favour the gold answer (1 + 0 against 0 + 0), but its gate fails on every answer, so
+    training scores both as failures: a raw sum would pass it, the scored totals do not."""
+
+    rubric = Rubric(gates=[GateRule("cited")])
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        return {**super().reward(trajectory), "cited": 0.0}
+
+
+async def test_check_env_compares_scored_totals_not_raw_sums() -> None:
+    with pytest.raises(EnvCheckError, match="the gold answer scores 0.0, not more than a wrong answer \\(0.0\\)"):
+        await acheck_env(GateRejectsTheGoldAnswer())
 
 
 class PlainEnv:
@@ -484,7 +504,7 @@ async def test_an_env_without_env_defaults_passes_and_reads_the_defaults() -> No
     await acheck_env(env)
     assert declared(env, "rubric") is None and declared(env, "failure_reward") == 0.0
     assert declared(env, "training") is True and declared(env, "user_turn") is None
-    assert call_hook(env, "set_step", 3, 1) is None and call_hook(env, "close") is None
+    assert call_hook(env, "observe_context", 3, 1) is None and call_hook(env, "close") is None
     assert rubric_of(env).failure_reward == 0.0
     with pytest.raises(ValueError, match="'reward_fn' is not part of the optional env contract"):
         declared(env, "reward_fn")
@@ -496,8 +516,9 @@ def test_tool_env_declares_the_defaults() -> None:
     env = GoodEnv()
     assert isinstance(env, EnvDefaults) and env.unwrapped is env
     assert (env.rubric, env.failure_reward, env.training) == (None, 0.0, True)
-    assert env.user_turn is None and env.finalize_group is None and env.scripted_rule is None
-    assert env.set_step(1, 0) is None and env.observe_context(1, 2) is None and env.close() is None
+    assert env.user_turn is None and env.scripted_rule is None
+    assert env.observe_context(1, 2) is None and env.close() is None
+    assert not hasattr(env, "set_step") and not hasattr(env, "finalize_group")  # envs know nothing of training
 
 
 def test_step_output_reads_plain_tuples_and_names_the_env_on_a_wrong_shape() -> None:
@@ -530,14 +551,8 @@ class Recorder(GoodEnv):
     def user_turn(self, text: str) -> Any:
         return [Message("user", "go on")], True, False, {}
 
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        self.calls.append(("finalize_group", len(trajectories)))
-
     def scripted_rule(self, messages: list[Message], tools: Any) -> str:
         return "4"
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.calls.append(("set_step", step, epoch))
 
     def observe_context(self, used_tokens: int, max_tokens: int) -> None:
         self.calls.append(("observe_context", used_tokens, max_tokens))
@@ -556,13 +571,10 @@ async def test_wrapper_forwards_the_whole_contract_explicitly() -> None:
     assert wrapped.name == "good" and wrapped.tools is inner.tools and wrapped.tasks() == [TASK]
     assert wrapped.unwrapped is inner and wrapped.rubric is inner.rubric and wrapped.failure_reward == -1.0
     assert wrapped.user_turn("x")[1] is True and wrapped.scripted_rule([], None) == "4"
-    wrapped.set_step(7, 2)
     wrapped.observe_context(10, 20)
     wrapped.record_episode(Trajectory(id="t"))
-    wrapped.finalize_group([Trajectory(), Trajectory()], None)
     wrapped.close()
-    assert inner.calls == [("set_step", 7, 2), ("observe_context", 10, 20), ("record_episode", "t"),
-                           ("finalize_group", 2), ("close",)]  # fmt: skip
+    assert inner.calls == [("observe_context", 10, 20), ("record_episode", "t"), ("close",)]
     wrapped.training, wrapped.name = False, "renamed"  # the loop's and make's writes reach the wrapped env
     assert inner.training is False and inner.name == "renamed"
     with pytest.raises(AttributeError):  # no __getattr__: only the declared contract is forwarded
@@ -573,4 +585,17 @@ async def test_wrapper_of_an_env_without_env_defaults() -> None:
     wrapped = Wrapper(PlainEnv())
     await acheck_env(wrapped)
     assert wrapped.rubric is None and wrapped.user_turn is None and wrapped.unwrapped is wrapped.env
-    assert wrapped.set_step(1, 0) is None and wrapped.close() is None
+    assert wrapped.close() is None
+
+
+def test_the_env_protocol_is_typed_without_any_returns() -> None:
+    """Issue 39 item 5: every required method of ``Env`` says what it returns (sync or async), none ``Any``."""
+    import typing
+
+    import taskrl.env as env_module
+    from taskrl.env import Env
+
+    for method in ("tasks", "reset", "step", "reward"):
+        hints = typing.get_type_hints(getattr(Env, method), vars(env_module))
+        assert hints["return"] is not typing.Any, method
+        assert "typing.Any]" not in str(hints["return"]).replace("dict[str, typing.Any]", ""), (method, hints)

@@ -22,8 +22,8 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.scoring import Clock, GateRule, Rubric, TermWeight
-from taskrl.trainer import Trainer
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
+from taskrl.training.trainer import Trainer
 from taskrl.types import Message, Task, Trajectory
 
 WRONG = ["I cannot do this.", '<tool_call>\n{"name": "no_such_tool", "arguments": {}}\n</tool_call>']
@@ -48,14 +48,15 @@ def _rank(group: Sequence[Trajectory], task: Task | None) -> list[float]:
     return ranks
 
 
-class LegacyGroupPriceEnv(PriceEnv):
-    """An env with a legacy ``finalize_group`` hook (group terms written into ``rewards``)."""
+def _group_bonus(group: Sequence[Trajectory], task: Task | None) -> list[float]:
+    return [0.1 * i for i in range(len(group))]
 
-    name = "price-legacy-group"
 
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        for i, t in enumerate(trajectories):
-            t.rewards["group_bonus"] = 0.1 * i
+class GroupBonusPriceEnv(PriceEnv):
+    """An env whose rubric declares only a group term (its measured ``correct`` weighs 1)."""
+
+    name = "price-group-bonus"
+    rubric = Rubric(group_terms=[TermWeight("group_bonus", fn=_group_bonus)])
 
 
 class RubricPriceEnv(PriceEnv):
@@ -74,7 +75,7 @@ class RubricPriceEnv(PriceEnv):
 
 
 ENVS: dict[str, Callable[[], Env]] = {name: (lambda name=name: make(name)) for name in sorted(registry())}
-ENVS |= {"price-legacy-group": LegacyGroupPriceEnv, "price-rubric": RubricPriceEnv}
+ENVS |= {"price-group-bonus": GroupBonusPriceEnv, "price-rubric": RubricPriceEnv}
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +109,9 @@ def test_eval_and_the_trainer_score_the_same_trajectories_alike(
     ))
     assert len(scored) == len(tasks) * 3
 
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), env=name if name in registry() else "price", finetune="lora",
-                      lora_rank=4, steps=1, tasks_per_step=1, group_size=3, reward_weights=weights,
-                      progress=False)  # fmt: skip
+    cfg = config_from_dict({"run_dir": str(tmp_path / "run"), "env": name if name in registry() else "price",
+                            "finetune": "lora", "lora.rank": 4, "steps": 1, "rollout.tasks_per_step": 1,
+                            "rollout.group_size": 3, "reward_weights": weights, "progress": False})  # fmt: skip
     trainer = Trainer(cfg, policy=tiny_policy, env_factory=factory)
     try:
         trainer._clocks[2] = clock
@@ -126,7 +127,7 @@ def test_eval_and_the_trainer_score_the_same_trajectories_alike(
     for row in result["per_task"]:
         mine = [t.reward for t in scored if t.task_id == row["task_id"]]
         assert row["policies"]["mixed"]["mean_reward"] == pytest.approx(sum(mine) / len(mine))
-    if name == "price-legacy-group":  # the group term reached eval's rewards (it used to be training-only)
+    if name == "price-group-bonus":  # the group term reached eval's rewards (it used to be training-only)
         assert sorted(t.rewards["group_bonus"] for t in scored)[-1] == pytest.approx(0.2)
     if name == "price-rubric":
         assert any(t.rewards.get("rank") for t in scored)

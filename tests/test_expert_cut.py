@@ -15,8 +15,8 @@ from taskrl.policies.models import smollm2_tokenizer, tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.scoring import batch_metrics
-from taskrl.trainer import train
 from taskrl.training.config import load_config
+from taskrl.training.trainer import train
 
 
 def test_a_cut_tool_call_truncates_the_episode() -> None:
@@ -38,7 +38,8 @@ def test_sft_on_cut_expert_calls_warns(tmp_path: Path, capsys) -> None:
     model.save_pretrained(str(base))
     tokenizer.save_pretrained(str(base))
     run = tmp_path / "run"
-    train(load_config(None, ['env="price"', 'algo="sft"', "steps=1", "tasks_per_step=2", "max_new_tokens=10",
+    train(load_config(None, ['env="price"', 'algo.name="sft"', "steps=1", "rollout.tasks_per_step=2",
+                             "rollout.max_new_tokens=10",
                              "progress=false", f'model="{base}"', f'run_dir="{run}"']))  # fmt: skip
     alerts = [json.loads(line) for line in (run / "alerts.jsonl").read_text().splitlines()]
     [cut] = [a for a in alerts if a["monitor"] == "expert_cut"]

@@ -1,9 +1,13 @@
-"""Import cycles in ``taskrl`` (issue 15), read from the source with ``ast`` (nothing is imported).
+"""Import cycles and upward imports in ``taskrl`` (issues 15 and 39), read from the source with ``ast`` (nothing is
+imported).
 
-No cycle, counting imports inside functions too (the way cycles hide): ``distributed/ddp.py`` is a leaf of
-collectives (its launcher, which builds a ``Trainer``, is ``distributed/launch.py``), the learner takes
-``derive_seed`` from the ``seeding`` leaf, scoring reads the env contract from the ``hooks`` leaf, and the
-registry names the built-in envs by entry point instead of importing them.
+Every import counts: module level, inside functions (the way cycles hide) and under ``TYPE_CHECKING`` (a cycle in
+the types is a cycle in the design). No cycle: ``distributed/ddp.py`` is a leaf of collectives (its launcher, which
+builds a ``Trainer``, is ``distributed/launch.py``), the learner takes ``derive_seed`` from the ``seeding`` leaf,
+scoring reads the env contract from the ``hooks`` leaf, the registry names the built-in envs by entry point, the
+swarm env is handed its sub-agent runtime by its factory, and the algorithms never read the trainer's config. Every
+module sits in a layer of ``LAYERS`` and imports only its own layer and lower ones; in particular the core
+(``algos``, ``scoring``, ``env``, ``types``) never imports ``training``, ``deploy`` or ``distributed``.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import taskrl
 
 ROOT = Path(taskrl.__file__).parent
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
-    for path in ROOT.rglob("*.py"):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -33,9 +37,10 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return skip
 
 
-def import_graph(*, lazy: bool) -> dict[str, set[str]]:
-    """Module -> the taskrl modules it imports (at module level only, or anywhere with ``lazy``)."""
-    modules = _modules()
+def import_graph(*, lazy: bool, type_only: bool = False, root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the taskrl modules it imports: at module level only, or also inside functions (``lazy``), and also
+    under ``if TYPE_CHECKING:`` (``type_only``); ``root`` is the package directory read."""
+    modules = _modules(root)
 
     def resolve(name: str) -> str:
         while name and name not in modules:
@@ -46,7 +51,7 @@ def import_graph(*, lazy: bool) -> dict[str, set[str]]:
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        skip = _type_checking_nodes(tree)
+        skip = set() if type_only else _type_checking_nodes(tree)
         nodes = ast.walk(tree) if lazy else (n for top in tree.body for n in ast.walk(top) if not isinstance(
             top, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))  # fmt: skip
         for node in nodes:
@@ -119,12 +124,91 @@ def test_no_module_level_import_cycle() -> None:
     assert cycles(import_graph(lazy=False)) == []
 
 
-def test_no_import_cycle_even_through_function_level_imports() -> None:
-    graph = import_graph(lazy=True)
-    assert "taskrl.trainer" not in graph["taskrl.distributed.ddp"]
+def test_no_import_cycle_even_through_function_level_and_type_only_imports() -> None:
+    graph = import_graph(lazy=True, type_only=True)
+    assert "taskrl.training.trainer" not in graph["taskrl.distributed.ddp"]
     assert "taskrl.rollout" not in graph["taskrl.training.learner"]
     assert "taskrl.envs" not in graph["taskrl.env"]  # built-ins are entry points, imported by ``make``
-    assert cycles(graph) == []
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(
+        f"{sorted(c)}: " + ", ".join(f"{a} -> {b}" for a in sorted(c) for b in sorted(graph[a] & c)) for c in found
+    )
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("taskrl", "taskrl.moved", "taskrl.validate", "taskrl.seeding", "taskrl.paths", "taskrl.types", "taskrl.tools",
+     "taskrl.parsing", "taskrl.chat", "taskrl.hooks", "taskrl.env", "taskrl.scoring", "taskrl.algos"),
+    ("taskrl.policies",),
+    ("taskrl.rollout", "taskrl.context"),
+    ("taskrl.rewards",),
+    ("taskrl.envs",),
+    ("taskrl.datagen",),
+    ("taskrl.monitor", "taskrl.monitors", "taskrl.runlog", "taskrl.eval", "taskrl.task_files", "taskrl.cli_options"),
+    ("taskrl.training", "taskrl.distributed"),
+    ("taskrl.recipes",),
+    ("taskrl.deploy",),
+    ("taskrl.report",),
+    ("taskrl.commands",),
+    ("taskrl.cli", "taskrl.__main__"),
+)  # fmt: skip
+"""The package map, lowest first (docs/design/index.md §2): a module imports its own layer and the ones before it,
+in any form (module level, in a function, under TYPE_CHECKING). A package names all its submodules."""
+FLOOR = ("taskrl.algos", "taskrl.scoring", "taskrl.env", "taskrl.types")
+"""The core every other part is built on (issue 39's floor rule, also implied by ``LAYERS``)."""
+ABOVE_THE_FLOOR = ("taskrl.training", "taskrl.deploy", "taskrl.distributed", "taskrl.commands", "taskrl.cli")
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def layer_of(module: str) -> int:
+    """Index in ``LAYERS`` of the longest name that is ``module`` or a package holding it."""
+    matches = [(len(name), i) for i, layer in enumerate(LAYERS) for name in layer if _within(module, (name,))]
+    assert matches, f"{module} is in no layer: add it to LAYERS in tests/test_import_cycles.py and the package map"
+    return max(matches)[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a module imports a layer built on its own."""
+    return sorted((module, target) for module, targets in graph.items() for target in targets
+                  if layer_of(target) > layer_of(module))  # fmt: skip
+
+
+def test_the_core_never_imports_training_deploy_or_distributed() -> None:
+    graph = import_graph(lazy=True, type_only=True)
+    found = [(m, t) for m, targets in graph.items() if _within(m, FLOOR) for t in targets
+             if _within(t, ABOVE_THE_FLOOR)]  # fmt: skip
+    assert not found, "the core imports what is built on it:\n" + "\n".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_no_module_imports_a_layer_built_on_it() -> None:
+    found = upward_imports(import_graph(lazy=True, type_only=True))
+    assert not found, "upward imports:\n" + "\n".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_a_type_only_circle_and_an_upward_import_are_found_in_any_form(tmp_path: Path) -> None:
+    pkg = tmp_path / "taskrl"
+    for name, body in {
+        "__init__.py": "", "types.py": "", "training/__init__.py": "",
+        "training/config.py": "import taskrl.algos.grpo\n",
+        "algos/__init__.py": "", "algos/grpo.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from taskrl.training.config import TrainConfig\n",
+        "scoring.py": "def f():\n    from taskrl.training import config\n",
+        "envs/__init__.py": "", "envs/search.py": "from ..datagen import multihop\n",
+        "datagen/__init__.py": "", "datagen/multihop.py": "",
+    }.items():  # fmt: skip
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(body)
+    found = upward_imports(import_graph(lazy=True, type_only=True, root=pkg))
+    assert {("taskrl.algos.grpo", "taskrl.training.config"), ("taskrl.scoring", "taskrl.training"),
+            ("taskrl.envs.search", "taskrl.datagen.multihop")} <= set(found)  # fmt: skip
+    assert {importer for importer, _ in found} == {"taskrl.algos.grpo", "taskrl.scoring", "taskrl.envs.search"}
+    at_module_level = upward_imports(import_graph(lazy=False, root=pkg))
+    assert {importer for importer, _ in at_module_level} == {"taskrl.envs.search"}
+    circle = {"taskrl.algos.grpo", "taskrl.training.config"}
+    assert cycles(import_graph(lazy=True, type_only=True, root=pkg)) == [circle]
+    assert cycles(import_graph(lazy=True, root=pkg)) == []  # the circle closes only through TYPE_CHECKING
 
 
 def test_the_registry_imports_no_env_until_one_is_made() -> None:

@@ -16,7 +16,7 @@ from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.models import smollm2_tokenizer
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards.terms import OutputAgreement
-from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.scoring import Clock, Rubric, TermWeight, batch_metrics, score_collected
 from taskrl.tools import tool
 from taskrl.training.filters import InfraFailureError, check_infra_failures
@@ -116,7 +116,7 @@ async def test_injected_infra_failures_leave_the_rest_of_the_group_as_a_clean_gr
     assert by_task[tasks[1]] == ["sandbox"] * sandbox_fails and sandbox_fails >= 2 and not by_task[tasks[2]]
     assert all(not t.trainable and t.error for t in failed)
     assert batch_metrics(faulty)["charts/infra_failures"] == len(failed)  # counted
-    assert summarize(faulty)["infra_failures"] == len(failed)
+    assert batch_metrics(faulty)["charts/infra_failures"] == len(failed)
 
     # The rest of each group scores and trains exactly as a clean group made of those episodes alone.
     failed_keys = {(t.task_id, t.seed) for t in failed}

@@ -12,7 +12,8 @@ import pytest
 
 from taskrl.env import EnvCheckError, ToolEnv, acheck_env
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.scoring import batch_metrics
 from taskrl.tools import tool
 from taskrl.types import Task, Trajectory
 
@@ -64,7 +65,7 @@ def test_a_broken_reward_is_a_counted_error_naming_reward(returns: object, messa
     assert all(t.error is not None and message in t.error and t.reward == 0.0 for t in trajectories), [
         t.error for t in trajectories
     ]
-    assert summarize(trajectories)["errors"] == 2
+    assert batch_metrics(trajectories)["charts/errors"] == 2
     with pytest.raises(EnvCheckError, match="reward()"):
         asyncio.run(acheck_env(type("Env", (AnswerEnv,), {"returns": returns})()))
 

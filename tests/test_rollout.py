@@ -12,7 +12,7 @@ from taskrl.env import ToolEnv, make
 from taskrl.policies.base import Completion, PolicyError, SamplingParams
 from taskrl.policies.models import smollm2_tokenizer
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, _SegmentBuilder, run_episode, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, _SegmentBuilder, run_episode, run_episodes
 from taskrl.tools import tool
 from taskrl.types import Message, Task, Trajectory
 
@@ -240,6 +240,32 @@ async def test_groups_seeds_and_determinism(fmt: ChatFormat) -> None:
         assert (a.seed, a.segments, a.messages, a.rewards) == (b.seed, b.segments, b.messages, b.rewards)
 
 
+async def test_episodes_already_played_are_returned_in_place_not_replayed(fmt: ChatFormat) -> None:
+    """Issue 39 item 5: ``eval`` resumes through ``run_episodes(done=...)``, the one episode runner."""
+    env = make("shop")
+    config = RolloutConfig(group_size=2, seed=3)
+    tasks = env.tasks()[:2]
+    policy = ScriptedPolicy(env.scripted_rule, chat_format=fmt)
+    first = await run_episodes(lambda: make("shop"), policy, tasks, config)
+    kept = {first[1].seed: first[1], first[2].seed: first[2]}
+    made, seen = [], []
+
+    def factory() -> ToolEnv:
+        made.append(1)
+        return make("shop")
+
+    again = await run_episodes(factory, policy, tasks, config, done=kept, on_trajectory=seen.append)
+    assert again[1] is first[1] and again[2] is first[2] and len(made) == 2 and len(seen) == 2
+    assert [t.seed for t in again] == [t.seed for t in first]
+    assert [(t.segments, t.rewards) for t in again] == [(t.segments, t.rewards) for t in first]
+
+
+def test_eval_has_no_episode_runner_of_its_own() -> None:
+    import taskrl.eval as eval_module
+
+    assert not hasattr(eval_module, "_play") and eval_module.run_episodes is run_episodes
+
+
 async def test_concurrency_is_bounded() -> None:
     live, peak = 0, 0
 
@@ -278,10 +304,9 @@ def test_segment_builder_appends_extensions_and_splits_otherwise() -> None:
     assert [s.policy_version for s in b.segments] == [0, 0, 1]
 
 
-def test_summarize_and_config_validation() -> None:
-    t = Trajectory(rewards={"a": 1.0, "b": None}, metrics={"turns": 2.0}, terminated=True)
-    s = summarize([t, Trajectory(rewards={"a": 0.0})])
-    assert s["reward"] == 0.5 and s["reward/a"] == 0.5 and s["terminated"] == 0.5
+def test_config_validation_and_summarize_names_its_replacement() -> None:
+    with pytest.raises(ImportError, match="summarize was removed: use taskrl.scoring.batch_metrics"):
+        from taskrl.rollout import summarize  # noqa: F401
     with pytest.raises(ValueError, match="RolloutConfig.group_size"):
         RolloutConfig(group_size=0)
     with pytest.raises(ValueError, match="SamplingParams.top_p"):

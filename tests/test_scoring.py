@@ -6,24 +6,74 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taskrl.rewards.formulas import f_beta
 from taskrl.scoring import (
     ClampRule,
     Clock,
+    DerivedTerm,
     GateRule,
+    Measure,
+    RewardTermError,
     Rubric,
     TermWeight,
     batch_metrics,
     score,
+    score_collected,
 )
-from taskrl.types import Trajectory
+from taskrl.types import Task, Trajectory
+
+
+def _info(key: str):  # noqa: ANN202 - a term function reading one info key
+    return lambda trajectory, task: trajectory.info.get(key)
+
+
+def test_rubric_measures_its_terms_measures_and_gate_checks_unweighted() -> None:
+    rubric = Rubric(
+        terms=[TermWeight("a", 3.0, fn=_info("a")), TermWeight("env_measured", 2.0)],
+        measures=[Measure("m", _info("m"))],
+        gates=[GateRule("ok", check=_info("ok"))],
+    )
+    traj = Trajectory(info={"a": 0.5, "m": None, "ok": 1.0})
+    assert rubric.measure(traj, Task("t", "q")) == {"a": 0.5, "m": None, "ok": 1.0}  # no fn: the env measures it
+    traj.terms = {**rubric.measure(traj), "env_measured": 1.0}
+    score([traj], rubric, Clock())
+    assert traj.rewards == {"a": 1.5, "env_measured": 2.0, "ok_cap": 0.0}  # measures and checks are no rewards
+
+    def bounded(trajectory: Trajectory, task: Task | None) -> float:
+        return 2.0
+
+    bounded.value_range = (0.0, 1.0)  # type: ignore[attr-defined]
+    with pytest.raises(RewardTermError, match="'b' returned 2.0, outside"):
+        Rubric(terms=[TermWeight("b", fn=bounded)]).measure(traj)
+    with pytest.raises(RewardTermError, match="'s' returned str"):
+        Rubric(terms=[TermWeight("s", fn=lambda t, task: "1")]).measure(traj)  # type: ignore[arg-type,return-value]
+
+
+def test_a_derived_term_is_computed_at_the_clock_it_is_scored_at() -> None:
+    """Context-1's F_β: the env measures precision and recall; β is read at the scoring clock, never the env's."""
+    beta = {"kind": "linear", "start": 4.0, "end": 2.0, "steps": 4}
+    rubric = Rubric(
+        measures=[Measure("p", _info("p")), Measure("r", _info("r"))],
+        derived=[DerivedTerm("f", ("p", "r"), f_beta, param=beta, param_clock="epoch", weight=0.7)],
+    )
+    traj = Trajectory(terms={"p": 0.5, "r": 1.0})
+    for epoch, b in ((0, 4.0), (2, 3.0), (9, 2.0)):
+        score([traj], rubric, Clock(step=100, epoch=epoch))
+        assert traj.terms["f"] == pytest.approx(f_beta(0.5, 1.0, b))
+        assert traj.rewards == {"f": pytest.approx(0.7 * f_beta(0.5, 1.0, b))}  # the inputs are no reward terms
+    assert batch_metrics([traj], rubric, Clock(epoch=2))["rewards/param/f"] == 3.0
+    missing = Trajectory(terms={"p": None, "r": 1.0})
+    score([missing], rubric, Clock())
+    assert missing.terms["f"] is None and missing.rewards == {"f": None}
+    with pytest.raises(ValueError, match="derived term 'f' reads \\['q'\\], which are not in measures"):
+        Rubric(measures=[Measure("p", _info("p"))], derived=[DerivedTerm("f", ("p", "q"), f_beta)])
+    with pytest.raises(ValueError, match="DerivedTerm 'f'.param: unknown schedule kind"):
+        Rubric(measures=[Measure("p", _info("p"))], derived=[DerivedTerm("f", ("p",), abs, param={"kind": "no"})])
 
 
 def test_a_cheat_never_beats_a_failure_under_heavier_weights() -> None:
     """The defect of issue 15: weights applied after the gates let ``{"tests": 1, "tests_intact_cap": -1}``
     (total 0) score 1.0 under ``reward_weights={"tests": 2}``."""
-    legacy = Trajectory(rewards={"tests": 1.0, "tests_intact_cap": -1.0})
-    score([legacy], Rubric(), Clock(), reward_weights={"tests": 2.0})
-    assert legacy.reward == pytest.approx(0.0)
     declared = Trajectory(terms={"tests": 1.0, "tests_intact": 0.0})
     score([declared], Rubric(gates=[GateRule("tests_intact")]), Clock(), reward_weights={"tests": 2.0})
     assert declared.rewards["tests"] == 2.0 and declared.reward == pytest.approx(0.0)
@@ -100,3 +150,23 @@ def test_a_failed_gate_or_an_invalid_call_never_scores_above_failure(
     first = dict(traj.rewards)
     score([traj], rubric, Clock(step, epoch), reward_weights=overrides)
     assert traj.rewards == first
+
+
+def test_a_score_fn_that_writes_rewards_is_refused_naming_terms() -> None:
+    """``score`` writes ``rewards``: a measurement written there would be overwritten, silently, so it is refused."""
+
+    def into_rewards(step: int, trajectories: list[Trajectory]) -> None:
+        for t in trajectories:
+            t.rewards["bonus"] = 1.0
+
+    def into_terms(step: int, trajectories: list[Trajectory]) -> None:
+        for t in trajectories:
+            t.terms["bonus"] = 1.0
+
+    batch = [Trajectory(terms={"x": 0.5}, rewards={"x": 0.5})]
+    refused = r"score_fn wrote Trajectory.rewards \['bonus'\]: write measurements to Trajectory.terms"
+    with pytest.raises(RewardTermError, match=refused):
+        score_collected(batch, None, Clock(), rubric=Rubric(), measure=into_rewards)
+    batch = [Trajectory(terms={"x": 0.5}, rewards={"x": float("nan")})]
+    score_collected(batch, None, Clock(), rubric=Rubric(), measure=into_terms)
+    assert batch[0].rewards == {"x": 0.5, "bonus": 1.0}

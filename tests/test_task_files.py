@@ -92,8 +92,8 @@ def _has_datasets() -> bool:
 
 def test_train_takes_tasks_from_the_config(tmp_path: Path) -> None:
     from taskrl.policies.models import tiny_model
-    from taskrl.trainer import train
     from taskrl.training.config import load_config
+    from taskrl.training.trainer import train
 
     source = write_rows(tmp_path / "orders.jsonl", ROWS)
     base = tmp_path / "tiny"
@@ -101,7 +101,8 @@ def test_train_takes_tasks_from_the_config(tmp_path: Path) -> None:
     model.save_pretrained(str(base))
     tokenizer.save_pretrained(str(base))
     run = tmp_path / "run"
-    train(load_config(None, ['env="shop"', 'algo="sft"', "steps=1", "tasks_per_step=2", "max_new_tokens=64",
+    train(load_config(None, ['env="shop"', 'algo.name="sft"', "steps=1", "rollout.tasks_per_step=2",
+                             "rollout.max_new_tokens=64",
                              "progress=false", f'tasks="{source}"', 'task_columns={id="key", prompt="question", '
                              'answer="label"}', f'model="{base}"', f'run_dir="{run}"']))  # fmt: skip
     played = read_trajectories(run)[1]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from taskrl.rewards.curriculum import CurriculumSampler
+from taskrl.training.curriculum import CurriculumSampler
 from taskrl.training.data import EpochSampler, TaskSampler
 from taskrl.types import Task
 

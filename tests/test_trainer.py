@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,19 @@ from taskrl.envs.builtin import PriceEnv
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import InProcessSync, Trainer, train
-from taskrl.training.config import TrainConfig
+from taskrl.scoring import Rubric, TermWeight
+from taskrl.training.config import TrainConfig, config_from_dict
+from taskrl.training.trainer import InProcessSync, Trainer, train
 from taskrl.types import Task, Trajectory
 
 
 def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / "run"), "env": "price", "finetune": "lora", "lora_rank": 4, "steps": 3,
-            "sft_warmup_steps": 1, "sft_lr": 1e-2, "lr": 1e-3, "tasks_per_step": 2, "group_size": 3,
-            "max_turns": 3, "max_new_tokens": 40, "checkpoint_every": 2, "eval_every": 3, "eval_tasks": 2,
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "finetune": "lora", "lora.rank": 4, "steps": 3,
+            "sft_warmup_steps": 1, "sft_lr": 1e-2, "lr": 1e-3, "rollout.tasks_per_step": 2, "rollout.group_size": 3,
+            "rollout.max_turns": 3, "rollout.max_new_tokens": 40, "checkpoint_every": 2, "eval_every": 3,
+            "eval_tasks": 2,
             "progress": False}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    return config_from_dict({**{**base, **changes}})
 
 
 def _policy() -> HFPolicy:
@@ -32,50 +35,32 @@ def _policy() -> HFPolicy:
     return HFPolicy(model, tokenizer, device="cpu")
 
 
-class StepAwareReward:
-    """A reward object an env holds: the trainer must tell it the step (annealed weights) and finish groups."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, int]] = []
-        self.groups: list[tuple[int, str]] = []
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.steps.append((step, epoch))
-
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        self.groups.append((len(trajectories), task.id if task else ""))
-        for i, t in enumerate(trajectories):  # varies inside the group, so GRPO has something to learn
-            t.rewards["group_bonus"] = 0.1 * i
+GROUPS: list[tuple[int, str]] = []
 
 
-SHARED = StepAwareReward()
+def group_bonus(trajectories: Sequence[Trajectory], task: Task | None) -> list[float]:
+    """A group term: varies inside the group, so GRPO has something to learn; records the groups it sees."""
+    GROUPS.append((len(trajectories), task.id if task else ""))
+    return [0.1 * i for i in range(len(trajectories))]
 
 
-class HookedPriceEnv(PriceEnv):
-    """Forwards the declared hooks to the reward object it holds (the trainer reaches only the env's own hooks)."""
+class GroupBonusPriceEnv(PriceEnv):
+    """Declares a group term on its rubric: the trainer's ``score`` computes it per group of K samples."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.reward_fn = SHARED
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.reward_fn.set_step(step, epoch)
-
-    def finalize_group(self, trajectories: list[Trajectory], task: Task | None) -> None:
-        self.reward_fn.finalize_group(trajectories, task)
+    rubric = Rubric(group_terms=[TermWeight("group_bonus", fn=group_bonus)])
 
 
 def test_sft_warmup_then_grpo_writes_a_complete_run_dir(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    SHARED.steps.clear()
-    rows = train(config, policy=_policy(), env_factory=HookedPriceEnv)
+    GROUPS.clear()
+    rows = train(config, policy=_policy(), env_factory=GroupBonusPriceEnv)
     assert [r["charts/phase"] for r in rows] == ["sft", "grpo", "grpo"]
     sft = rows[0]
     assert sft["rewards/correct"] == 1.0 and sft["losses/sft_nll"] > 0 and sft["charts/trained_trajectories"] == 2
-    assert {(0, 0), (1, 0), (2, 0)} <= set(SHARED.steps)
-    assert SHARED.groups and all(size == 3 for size, _ in SHARED.groups)  # expert steps have groups of 1: skipped
+    assert GROUPS and all(size == 3 for size, _ in GROUPS)  # expert steps have groups of 1: skipped
     for row in rows[1:]:
         assert row["rewards/group_bonus"] == pytest.approx(0.1) and row["charts/trained_tokens"] > 0
+        assert row["rewards/weight/group_bonus"] == 1.0  # the rubric's weights at the step's clock are logged
         expected = {"losses/entropy", "charts/lr", "charts/tokens_per_s", "tools/tool_calls", "charts/dropped_groups"}
         assert expected <= set(row)
     assert "eval/success_rate" in rows[2] and "eval/mean_reward" in rows[2]
@@ -93,8 +78,8 @@ def test_sft_warmup_then_grpo_writes_a_complete_run_dir(tmp_path: Path) -> None:
 def test_score_applies_weights_and_keeps_the_invalid_call_cap(tmp_path: Path) -> None:
     weights = {"correct": {"kind": "linear", "start": 5.0, "end": 1.0, "steps": 4}}
     trainer = Trainer(_config(tmp_path, reward_weights=weights), policy=_policy())
-    good = Trajectory(rewards={"correct": 1.0, "other": 0.25}, metrics={"invalid_tool_calls": 0})
-    cheat = Trajectory(rewards={"correct": 1.0, "invalid_tool_call_cap": -1.0}, metrics={"invalid_tool_calls": 1})
+    good = Trajectory(terms={"correct": 1.0, "other": 0.25}, metrics={"invalid_tool_calls": 0})
+    cheat = Trajectory(terms={"correct": 1.0}, metrics={"invalid_tool_calls": 1})
     trainer.score(2, [good, cheat])  # weight 3 at step 2 of 4
     assert good.rewards == {"correct": 3.0, "other": 0.25}
     assert cheat.rewards["correct"] == 3.0 and cheat.reward == 0.0  # an invalid call never beats a failure
@@ -128,10 +113,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_errors_are_one_line_naming_the_field(tmp_path: Path) -> None:
     cases = {
-        ("--set", "algo=dpo"): "TrainConfig.algo must be one of",
-        ("--set", "learning_rate=1e-4"): "unknown TrainConfig field(s): learning_rate",
+        ("--set", "algo.name=dpo"): "algo.name must be one of",
+        ("--set", "learning_rate=1e-4"): "unknown config key(s): learning_rate",
         (str(tmp_path / "missing.toml"),): "not found; see recipes/",
-        ("--set", "steps"): "is not field=value",
+        ("--set", "steps"): "is not key=value",
+        ("--set", "temperature=0.5"): "temperature moved to rollout.temperature",
     }
     for args, fix in cases.items():
         run = _cli(*args, "--set", f'run_dir="{tmp_path / "never"}"')
@@ -144,7 +130,7 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     """`make demo` runs this code with SmolLM2 (minutes); here the same path runs on a tiny model."""
     from rich.console import Console
 
-    from taskrl.training.demo import run_demo
+    from taskrl.commands.demo import run_demo
 
     model_dir = tmp_path / "tiny"
     model, tokenizer = tiny_model(seed=0)
@@ -154,8 +140,9 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     out.mkdir()
     (out / "config.json").write_text("{}")  # a previous demo's run is replaced
     console = Console(record=True, width=140)
-    overrides = {"model": str(model_dir), "steps": 2, "eval_tasks": 2, "group_size": 2, "tasks_per_step": 1,
-                 "max_turns": 2, "max_new_tokens": 12, "dtype": "float32"}  # fmt: skip
+    overrides = {"model": str(model_dir), "steps": 2, "eval_tasks": 2, "rollout.group_size": 2,
+                 "rollout.tasks_per_step": 1,
+                 "rollout.max_turns": 2, "rollout.max_new_tokens": 12, "dtype": "float32"}  # fmt: skip
     results = run_demo(out, device="cpu", console=console, overrides=overrides, sft_overrides={"steps": 1})
     assert {"start", "sft_only", "sft_grpo"} <= set(results) and results["sft_only_steps"] >= 1
     text = console.export_text()
@@ -169,12 +156,12 @@ def test_demo_path_on_a_tiny_model(tmp_path: Path) -> None:
     assert [r["step"] for r in read_metrics(out / "grpo")] == [1, 2] and (out / "start" / "config.json").exists()
     assert not (out / "config.json").exists()
     sft_only = json.loads((out / "sft_only" / "config.json").read_text())
-    assert sft_only["algo"] == "sft" and sft_only["model"] == str(out / "start")
+    assert sft_only["algo"]["name"] == "sft" and sft_only["model"] == str(out / "start")
     assert sft_only["seed"] != json.loads((out / "sft" / "config.json").read_text())["seed"]  # no replayed batches
 
 
 def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:
-    from taskrl.training.demo import paired_difference
+    from taskrl.commands.demo import paired_difference
 
     def evaluation(successes: list[int]) -> dict[str, Any]:
         return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}
@@ -194,7 +181,7 @@ def test_the_demo_verdict_is_the_paired_difference_between_the_arms() -> None:
 def test_the_demo_verdict_states_what_one_run_cannot_say() -> None:
     """Issue 40: a won run reads as "in this run", never as "RL beats SFT", and names its limits: one seed, a CI
     over tasks not runs, arms trained on different shapes, no RFT control."""
-    from taskrl.training.demo import paired_difference
+    from taskrl.commands.demo import paired_difference
 
     def evaluation(successes: list[int]) -> dict[str, Any]:
         return {"per_task": [{"policies": {"policy": {"successes": s}}} for s in successes]}

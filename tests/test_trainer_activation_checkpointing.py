@@ -5,7 +5,6 @@ counts live tensor storages), and layers really recomputed in the backward pass.
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,13 +12,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from taskrl.training.batching import TokenSequence, collate
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.memory import PeakMemory
 from taskrl.training.model import activation_checkpointing_enabled, decoder_layers, forward, prepare_model
 from taskrl.types import Segment, Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=0.0, temperature=1.0, progress=False, group_size=4)
+BASE = config_from_dict(
+    {"lr": 1e-3, "max_grad_norm": 0.0, "rollout.temperature": 1.0, "progress": False, "rollout.group_size": 4}
+)
 
 
 def _model() -> Any:
@@ -57,9 +58,9 @@ def _backward(model: Any, sequences: list[TokenSequence]) -> tuple[torch.Tensor,
 
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_same_gradients_and_fewer_activation_bytes(finetune: str) -> None:
-    config = replace(BASE, finetune=finetune, lora_rank=4)
+    config = BASE.override({"finetune": finetune, "lora.rank": 4})
     plain = prepare_model(_model(), config)
-    checkpointed = prepare_model(_model(), replace(config, gradient_checkpointing=True))
+    checkpointed = prepare_model(_model(), config.override({"gradient_checkpointing": True}))
     assert activation_checkpointing_enabled(checkpointed) and not activation_checkpointing_enabled(plain)
     sequences = _group()
     lp_a, grads_a, held_a, peak_a = _backward(plain, sequences)
@@ -75,7 +76,7 @@ def test_same_gradients_and_fewer_activation_bytes(finetune: str) -> None:
 
 
 def test_layers_rerun_in_the_backward_pass_and_not_without_gradients() -> None:
-    model = prepare_model(_model(), replace(BASE, finetune="full", gradient_checkpointing=True))
+    model = prepare_model(_model(), BASE.override({"finetune": "full", "gradient_checkpointing": True}))
     calls = []
     for layer in decoder_layers(model):
         # a pre-hook: the recompute stops as soon as the last saved tensor is rebuilt, before the layer returns
@@ -106,8 +107,8 @@ def test_learner_update_with_checkpointing_equals_without() -> None:
                                            rewards={"r": float(k % 3)}))  # fmt: skip
     weights = []
     for checkpointing in (False, True):
-        config = replace(BASE, finetune="lora", lora_rank=4, lora_dropout=0.1, lr=1e-2, micro_batch_tokens=300,
-                         gradient_checkpointing=checkpointing)  # fmt: skip
+        config = BASE.override({"finetune": "lora", "lora.rank": 4, "lora.dropout": 0.1, "lr": 1e-2,
+                                "micro_batch_tokens": 300, "gradient_checkpointing": checkpointing})  # fmt: skip
         torch.manual_seed(3)
         learner = Learner(prepare_model(_model(), config), config, pad_id=0)
         torch.manual_seed(4)  # the dropout masks of the update

@@ -13,22 +13,24 @@ from test_trainer_learning import ChatEnv, even_token_share  # the same triviall
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import Trainer
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
+from taskrl.training.trainer import Trainer
 from taskrl.types import Trajectory
 
 
 def _config(tmp_path: Path, name: str = "run", **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / name), "env": "price", "lora_rank": 4, "lr": 1e-2, "steps": 5,
-            "tasks_per_step": 2, "group_size": 2, "max_turns": 2, "max_new_tokens": 8, "checkpoint_every": 2,
-            "progress": False, "rollout_policy": "copy", "async_rollout": True, "seed": 1}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    base = {"run_dir": str(tmp_path / name), "env": "price", "lora.rank": 4, "lr": 1e-2, "steps": 5,
+            "rollout.tasks_per_step": 2, "rollout.group_size": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 8,
+            "checkpoint_every": 2,
+            "progress": False, "placement.rollout_policy": "copy", "rollout.async_rollout": True,
+            "seed": 1}  # fmt: skip
+    return config_from_dict({**{**base, **changes}})
 
 
 def spread(step: int, trajectories: list[Trajectory]) -> None:
     """A reward that differs inside every group, so every GRPO step updates (and makes a new version)."""
     for i, t in enumerate(trajectories):
-        t.rewards["spread"] = 0.25 * (i % 2)
+        t.terms["spread"] = 0.25 * (i % 2)
 
 
 def _trainer(config: TrainConfig) -> Trainer:
@@ -62,7 +64,7 @@ def test_rollouts_overlap_updates_within_the_staleness_bound(tmp_path: Path) -> 
 
 
 def test_max_staleness_0_drops_the_overlapped_samples(tmp_path: Path) -> None:
-    rows = _run(_config(tmp_path, steps=3, max_staleness=0))
+    rows = _run(_config(tmp_path, steps=3, **{"rollout.max_staleness": 0}))
     # Step 2 was sampled during update 1, one version behind: all dropped, so no update and no new version;
     # step 3 was then sampled from the current version and trains again.
     assert rows[1]["charts/stale_dropped"] == rows[1]["charts/offered_trajectories"] > 0
@@ -96,10 +98,10 @@ def test_async_runs_repeat_exactly_and_resume(tmp_path: Path) -> None:
 
 
 def test_async_needs_a_separate_rollout_policy(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="TrainConfig.async_rollout needs rollout_policy copy, server or vllm"):
-        _config(tmp_path, rollout_policy="inprocess")
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_policy must be one of inprocess, copy, server, vllm"):
-        _config(tmp_path, rollout_policy="gpu")
+    with pytest.raises(ConfigError, match="rollout.async_rollout needs placement.rollout_policy copy, server or vllm"):
+        _config(tmp_path, **{"placement.rollout_policy": "inprocess"})
+    with pytest.raises(ConfigError, match="placement.rollout_policy must be one of inprocess, copy, server, vllm"):
+        _config(tmp_path, **{"placement.rollout_policy": "gpu"})
 
 
 
@@ -109,11 +111,14 @@ def test_async_grpo_still_learns(tmp_path: Path) -> None:
     model, tokenizer = tiny_model(seed=1)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(10.0)
-    config = TrainConfig(
-        run_dir=str(tmp_path / "run"), env="chat", algo="grpo", finetune="full", freeze=["layers", "norm"],
-        lr=1e-2, steps=15, tasks_per_step=4, group_size=8, max_turns=1, max_new_tokens=4, seed=0,
-        checkpoint_every=0, progress=False, rollout_policy="copy", async_rollout=True,
-    )  # fmt: skip
+    config = config_from_dict({"run_dir": str(tmp_path / "run"), "env": "chat", "algo.name": "grpo",
+                               "finetune": "full", "freeze": ["layers",
+                                                              "norm"], "lr": 1e-2, "steps": 15,
+                                                              "rollout.tasks_per_step": 4, "rollout.group_size": 8,
+                                                              "rollout.max_turns": 1, "rollout.max_new_tokens": 4,
+                                                              "seed": 0, "checkpoint_every": 0, "progress": False,
+                                                              "placement.rollout_policy": "copy",
+                                                              "rollout.async_rollout": True})  # fmt: skip
     trainer = Trainer(config, policy=HFPolicy(model, tokenizer, device="cpu"), env_factory=ChatEnv,
                       score_fn=even_token_share)  # fmt: skip
     try:

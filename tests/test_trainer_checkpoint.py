@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +13,12 @@ import torch
 
 from taskrl.policies.models import tiny_model
 from taskrl.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.runs import check_resumable, completed_steps, latest_checkpoint, rewind_run_dir
 
-CONFIG = TrainConfig(algo="ppo", finetune="lora", lora_rank=2, lr=1e-2)
+CONFIG = config_from_dict({"algo.name": "ppo", "finetune": "lora", "lora.rank": 2, "lr": 1e-2})
 
 
 def _learner(config: TrainConfig = CONFIG) -> Learner:
@@ -80,7 +79,7 @@ def test_latest_pointer_pruning_and_leftover_temp_dirs(tmp_path: Path) -> None:
 def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path, 1, _learner(), {}, keep=1)
     with pytest.raises(ValueError, match="does not fit this model/config"):
-        load_checkpoint(path, _learner(replace(CONFIG, algo="grpo")))
+        load_checkpoint(path, _learner(CONFIG.override({"algo.name": "grpo"})))
     (path / "trainable.safetensors").write_bytes(b"torn")
     with pytest.raises(CheckpointError, match="unreadable"):
         load_checkpoint(path, _learner())
@@ -98,12 +97,12 @@ def test_rewind_drops_what_was_logged_after_the_checkpoint(tmp_path: Path) -> No
 
 
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
-    config = TrainConfig(run_dir=str(tmp_path))
+    config = config_from_dict({"run_dir": str(tmp_path)})
     check_resumable(tmp_path, config, has_checkpoint=False)  # nothing there yet
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    check_resumable(tmp_path, replace(config, steps=500, progress=False), has_checkpoint=True)
+    check_resumable(tmp_path, config.override({"steps": 500, "progress": False}), has_checkpoint=True)
     with pytest.raises(ConfigError, match=r"different config \(lr: 1e-05 -> 0.001, seed: 0 -> 1\)"):
-        check_resumable(tmp_path, replace(config, lr=1e-3, seed=1), has_checkpoint=True)
+        check_resumable(tmp_path, config.override({"lr": 1e-3, "seed": 1}), has_checkpoint=True)
     with pytest.raises(ConfigError, match="set resume=true"):
-        check_resumable(tmp_path, replace(config, resume=False), has_checkpoint=False)
+        check_resumable(tmp_path, config.override({"resume": False}), has_checkpoint=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,12 +18,12 @@ from taskrl.policies.models import tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.training.batching import collate, sequences_from
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import StepPrefix, forward, prepare_model
 from taskrl.types import Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=0.0, temperature=1.0, progress=False)
+BASE = config_from_dict({"lr": 1e-3, "max_grad_norm": 0.0, "rollout.temperature": 1.0, "progress": False})
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def _capture_grads(learner: Learner) -> list[list[torch.Tensor]]:
 def test_first_update_ratio_is_one_and_sampler_logprobs_match(tiny: tuple[Any, Any]) -> None:
     policy = _policy(tiny)
     trajectories = _sampled(policy)
-    learner = _learner(policy, replace(BASE, finetune="full"))
+    learner = _learner(policy, BASE.override({"finetune": "full"}))
     batch = collate(sequences_from(trajectories), pad_id=0)
     with torch.no_grad():
         learner_logprobs = forward(policy.model, batch).logprobs
@@ -87,7 +86,7 @@ def test_first_update_ratio_is_one_and_sampler_logprobs_match(tiny: tuple[Any, A
     assert metrics["losses/ratio"] == 1.0 and metrics["losses/approx_kl"] == 0.0 and metrics["losses/clipfrac"] == 0.0
     assert metrics["losses/is_weight"] == pytest.approx(1.0, abs=1e-4)
     # with a scoring pass before the update (PPO), old logprobs come from a separate forward: still ratio 1
-    ppo = _learner(_policy(tiny), replace(BASE, algo="ppo", finetune="full"))
+    ppo = _learner(_policy(tiny), BASE.override({"algo.name": "ppo", "finetune": "full"}))
     metrics = ppo.update(trajectories, step=0)
     assert metrics["losses/ratio"] == pytest.approx(1.0, abs=1e-6) and metrics["losses/clipfrac"] == 0.0
 
@@ -97,7 +96,8 @@ def test_micro_batch_1_x_accumulation_8_equals_8_x_1(tiny: tuple[Any, Any], algo
     trajectories = _sampled(_policy(tiny), n_tasks=2, group=4)
     grads = []
     for budget in (100_000, 1):  # one micro-batch of 8 sequences, then 8 micro-batches of 1
-        learner = _learner(_policy(tiny), replace(BASE, algo=algo, finetune="full", micro_batch_tokens=budget))
+        learner = _learner(_policy(tiny), BASE.override({"algo.name": algo, "finetune": "full",
+                                                         "micro_batch_tokens": budget}))
         captured = _capture_grads(learner)
         metrics = learner.update(trajectories, step=0)
         assert len(captured) == 1 and metrics["charts/trained_trajectories"] == 8
@@ -134,8 +134,8 @@ def test_step_prefix_gradient_equals_plain_rows(
     trajectories = _sampled(_policy(tiny), n_tasks=2, group=4)
     runs = {}
     for mode in ("plain", "step_prefix", "step_prefix_checkpointed"):
-        config = replace(BASE, finetune=finetune, micro_batch_tokens=40,
-                         gradient_checkpointing=mode.endswith("checkpointed"))  # fmt: skip
+        config = BASE.override({"finetune": finetune, "micro_batch_tokens": 40,
+                                "gradient_checkpointing": mode.endswith("checkpointed")})  # fmt: skip
         torch.manual_seed(0)  # the same LoRA initialisation in every mode
         learner = _learner(_policy(tiny), config)
         if finetune == "lora":  # a non-zero adapter, so the prefix's K/V depend on what trains
@@ -169,7 +169,7 @@ def _counting(method: Any, calls: list[int]) -> Any:
 def test_frozen_parameters_do_not_change(tiny: tuple[Any, Any]) -> None:
     trajectories = _sampled(_policy(tiny))
     lora_policy = _policy(tiny)
-    learner = _learner(lora_policy, replace(BASE, finetune="lora", lr=1e-2))
+    learner = _learner(lora_policy, BASE.override({"finetune": "lora", "lr": 1e-2}))
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     learner.update(trajectories, step=0)
     after = dict(learner.model.named_parameters())
@@ -177,7 +177,7 @@ def test_frozen_parameters_do_not_change(tiny: tuple[Any, Any]) -> None:
     assert changed and all("lora_" in n for n in changed)
     assert all(after[n].requires_grad == ("lora_" in n) for n in before)
 
-    full = _learner(_policy(tiny), replace(BASE, finetune="full", lr=1e-2, freeze=[r"layers\.0\."]))
+    full = _learner(_policy(tiny), BASE.override({"finetune": "full", "lr": 1e-2, "freeze": [r"layers\.0\."]}))
     before = {n: p.detach().clone() for n, p in full.model.named_parameters()}
     full.update(trajectories, step=0)
     for name, param in full.model.named_parameters():
@@ -190,7 +190,7 @@ def test_only_sampled_tokens_get_gradient(tiny: tuple[Any, Any]) -> None:
     policy = _policy(tiny)
     trajectories = _expert(policy)
     assert all(t.reward == 1.0 and t.metrics["tool_calls"] == 1 for t in trajectories)
-    learner = _learner(policy, replace(BASE, algo="sft", finetune="full", sft_min_reward=1.0))
+    learner = _learner(policy, BASE.override({"algo.name": "sft", "finetune": "full", "sft_min_reward": 1.0}))
     captured = _capture_grads(learner)
     reference = {}
     for masked in (True, False):
@@ -215,7 +215,7 @@ def test_only_sampled_tokens_get_gradient(tiny: tuple[Any, Any]) -> None:
 def test_stale_and_untrainable_samples_are_dropped(tiny: tuple[Any, Any]) -> None:
     policy = _policy(tiny)
     trajectories = _sampled(policy)
-    learner = _learner(policy, replace(BASE, finetune="full", max_staleness=1))
+    learner = _learner(policy, BASE.override({"finetune": "full", "rollout.max_staleness": 1}))
     learner.version = 5
     for t in trajectories[:4]:  # the first group is 5 versions old, the second 1
         for seg in t.segments:
@@ -234,7 +234,7 @@ def test_zero_variance_groups_train_nothing(tiny: tuple[Any, Any]) -> None:
     trajectories = _sampled(policy)
     for t in trajectories:
         t.rewards = {"flat": 1.0}
-    learner = _learner(policy, replace(BASE, finetune="full"))
+    learner = _learner(policy, BASE.override({"finetune": "full"}))
     before = [p.detach().clone() for p in learner.params]
     metrics = learner.update(trajectories, step=0)
     assert metrics["charts/dropped_groups"] == 2 and metrics["charts/trained_tokens"] == 0
@@ -247,7 +247,8 @@ def test_zero_variance_groups_train_nothing(tiny: tuple[Any, Any]) -> None:
 def test_every_algorithm_updates_with_several_minibatches(tiny: tuple[Any, Any], algo: str, kl: str) -> None:
     policy = _policy(tiny)
     trajectories = _sampled(policy)
-    config = replace(BASE, algo=algo, kl=kl, kl_coef=0.1, finetune="lora", lr=1e-2, minibatches=2, epochs_per_batch=2)
+    config = BASE.override({"algo.name": algo, "kl": kl, "kl_coef": 0.1, "finetune": "lora", "lr": 1e-2,
+                            "minibatches": 2, "epochs_per_batch": 2})
     learner = _learner(policy, config)
     captured = _capture_grads(learner)
     metrics = learner.update(trajectories, step=0)

@@ -17,8 +17,8 @@ import torch
 from taskrl.env import ToolEnv
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import train
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
+from taskrl.training.trainer import train
 from taskrl.types import Task, Trajectory
 
 
@@ -35,7 +35,7 @@ class ChatEnv(ToolEnv):
 def even_token_share(step: int, trajectories: list[Trajectory]) -> None:
     for t in trajectories:
         ids = [tok for s in t.segments for tok, m in zip(s.token_ids, s.loss_mask, strict=True) if m]
-        t.rewards["even_tokens"] = sum(tok % 2 == 0 for tok in ids) / max(len(ids), 1)
+        t.terms["even_tokens"] = sum(tok % 2 == 0 for tok in ids) / max(len(ids), 1)
 
 
 @pytest.mark.parametrize(("algo", "precision"), [("grpo", "float32"), ("ppo", "float32"), ("grpo", "bfloat16")])
@@ -45,11 +45,12 @@ def test_mean_reward_rises(tmp_path: Path, algo: str, precision: str) -> None:
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(10.0)
     layers_before = {n: p.clone() for n, p in model.named_parameters() if "embed" not in n}
-    config = TrainConfig(
-        run_dir=str(tmp_path / "run"), env="chat", algo=algo, finetune="full", freeze=["layers", "norm"],
-        lr=1e-2, steps=15, tasks_per_step=4, group_size=8, max_turns=1, max_new_tokens=4, seed=0,
-        checkpoint_every=0, progress=False, learner_precision=precision,
-    )  # fmt: skip
+    config = config_from_dict({"run_dir": str(tmp_path / "run"), "env": "chat", "algo.name": algo, "finetune": "full",
+                               "freeze": ["layers",
+                                          "norm"], "lr": 1e-2, "steps": 15, "rollout.tasks_per_step": 4,
+                                          "rollout.group_size": 8, "rollout.max_turns": 1, "rollout.max_new_tokens": 4,
+                                          "seed": 0, "checkpoint_every": 0, "progress": False,
+                                          "learner_precision": precision})  # fmt: skip
     policy = HFPolicy(model, tokenizer, device="cpu")
     rows = train(config, policy=policy, env_factory=ChatEnv, score_fn=even_token_share)
     rewards = [r["rewards/total"] for r in rows]

@@ -8,7 +8,6 @@ import asyncio
 import copy
 import logging
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,16 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_alerts, read_metrics
-from taskrl.trainer import Trainer
 from taskrl.training.checkpoint import NonFiniteWeightsError, save_checkpoint
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.sync import ServerLoRASync, WeightSyncError
+from taskrl.training.trainer import Trainer
 from taskrl.types import Trajectory
 
-BASE = TrainConfig(lr=1e-2, max_grad_norm=1.0, temperature=1.0, progress=False, group_size=4, finetune="lora",
-                   lora_rank=4)  # fmt: skip
+BASE = config_from_dict({"lr": 1e-2, "max_grad_norm": 1.0, "rollout.temperature": 1.0, "progress": False,
+                         "rollout.group_size": 4, "finetune": "lora", "lora.rank": 4})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_a_non_finite_step_is_skipped_with_weights_and_optimizer_unchanged(
 
 
 def test_a_non_finite_gradient_with_a_finite_loss_is_skipped(tiny: tuple[Any, Any]) -> None:
-    learner = _learner(tiny, replace(BASE, finetune="full"))
+    learner = _learner(tiny, BASE.override({"finetune": "full"}))
     before = {k: v.clone() for k, v in learner.trainable_state().items()}
     weight = learner.model.get_input_embeddings().weight
     weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))  # an overflow in the backward pass
@@ -120,8 +119,8 @@ def test_non_finite_weights_are_never_written(tiny: tuple[Any, Any], tmp_path: P
 
 
 def test_trainer_refuses_to_export_poisoned_weights(tiny: tuple[Any, Any], tmp_path: Path) -> None:
-    config = replace(BASE, run_dir=str(tmp_path / "run"), env="price", steps=1, tasks_per_step=1, group_size=2,
-                     checkpoint_every=0)  # fmt: skip
+    config = BASE.override({"run_dir": str(tmp_path / "run"), "env": "price", "steps": 1, "rollout.tasks_per_step": 1,
+                            "rollout.group_size": 2, "checkpoint_every": 0})  # fmt: skip
     trainer = Trainer(config, policy=HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu"))
     try:
         with torch.no_grad():
@@ -134,14 +133,15 @@ def test_trainer_refuses_to_export_poisoned_weights(tiny: tuple[Any, Any], tmp_p
 
 
 def test_trainer_logs_the_skipped_step_in_metrics_and_alerts(tiny: tuple[Any, Any], tmp_path: Path) -> None:
-    config = replace(BASE, run_dir=str(tmp_path / "run"), env="price", steps=1, tasks_per_step=2, group_size=4,
-                     max_turns=1, max_new_tokens=5, checkpoint_every=0)  # fmt: skip
+    config = BASE.override({"run_dir": str(tmp_path / "run"), "env": "price", "steps": 1, "rollout.tasks_per_step": 2,
+                            "rollout.group_size": 4, "rollout.max_turns": 1, "rollout.max_new_tokens": 5,
+                            "checkpoint_every": 0})  # fmt: skip
     trainer = Trainer(config, policy=HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu"))
     try:
 
         def score(step: int, trajectories: list[Trajectory]) -> None:
             for i, t in enumerate(trajectories):
-                t.rewards["synthetic"] = float(i % 3)
+                t.terms["synthetic"] = float(i % 3)
             trajectories[1].segments[0].logprobs[trajectories[1].segments[0].loss_mask.index(1)] = float("nan")
 
         trainer.score_fn = score

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,24 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_metrics
-from taskrl.trainer import train
 from taskrl.training import precision
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.sync import CopySync, rollout_copy
+from taskrl.training.trainer import train
 from taskrl.types import Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=1.0, temperature=1.0, progress=False, group_size=4, finetune="full")
+BASE = config_from_dict(
+    {
+        "lr": 1e-3,
+        "max_grad_norm": 1.0,
+        "rollout.temperature": 1.0,
+        "progress": False,
+        "rollout.group_size": 4,
+        "finetune": "full",
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,17 +74,17 @@ def test_auto_picks_bf16_only_where_the_hardware_accelerates_it(monkeypatch: pyt
 
 def test_precision_fields_are_validated() -> None:
     with pytest.raises(ConfigError, match="TrainConfig.learner_precision must be one of float32, bfloat16, auto"):
-        TrainConfig(learner_precision="fp8")
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_dtype must be 'same' unless rollout_policy='copy'"):
-        TrainConfig(rollout_dtype="bfloat16")
-    TrainConfig(rollout_dtype="bfloat16", rollout_policy="copy")
+        config_from_dict({"learner_precision": "fp8"})
+    with pytest.raises(ConfigError, match="placement.rollout_dtype must be 'same' unless rollout_policy='copy'"):
+        config_from_dict({"placement.rollout_dtype": "bfloat16"})
+    config_from_dict({"placement.rollout_dtype": "bfloat16", "placement.rollout_policy": "copy"})
 
 
 def test_bf16_learner_on_an_unchanged_policy_keeps_is_weights_near_one(tiny: tuple[Any, Any]) -> None:
     trajectories = _sample(HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu"))  # an fp32 sampler
     results = {}
     for choice in ("float32", "bfloat16"):
-        config = replace(BASE, learner_precision=choice)
+        config = BASE.override({"learner_precision": choice})
         learner = Learner(prepare_model(copy.deepcopy(tiny[0]), config), config, pad_id=0)
         assert all(p.dtype == torch.float32 for p in learner.params)  # master weights stay fp32
         metrics = learner.update(copy.deepcopy(trajectories), step=0)
@@ -91,7 +99,7 @@ def test_bf16_learner_on_an_unchanged_policy_keeps_is_weights_near_one(tiny: tup
 
 
 def test_bf16_rollout_copy_is_synced_and_corrected(tiny: tuple[Any, Any]) -> None:
-    config = replace(BASE, rollout_policy="copy", rollout_dtype="bfloat16")
+    config = BASE.override({"placement.rollout_policy": "copy", "placement.rollout_dtype": "bfloat16"})
     learner_policy = HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu")
     learner_policy.model = prepare_model(learner_policy.model, config)
     rollout = rollout_copy(learner_policy, torch.bfloat16)
@@ -109,14 +117,15 @@ def test_bf16_rollout_copy_is_synced_and_corrected(tiny: tuple[Any, Any]) -> Non
 
 
 def test_trainer_says_which_precision_and_logs_the_mismatch(tiny: tuple[Any, Any], tmp_path: Path) -> None:
-    config = replace(BASE, run_dir=str(tmp_path / "run"), env="price", steps=1, tasks_per_step=2, max_turns=1,
-                     max_new_tokens=5, checkpoint_every=0, learner_precision="bfloat16", rollout_policy="copy",
-                     rollout_dtype="float32", finetune="lora", lora_rank=4)  # fmt: skip
+    config = BASE.override({"run_dir": str(tmp_path / "run"), "env": "price", "steps": 1, "rollout.tasks_per_step": 2,
+                            "rollout.max_turns": 1, "rollout.max_new_tokens": 5, "checkpoint_every": 0,
+                            "learner_precision": "bfloat16", "placement.rollout_policy": "copy",
+                            "placement.rollout_dtype": "float32", "finetune": "lora", "lora.rank": 4})  # fmt: skip
     console = Console(record=True, width=200)
 
     def score(step: int, trajectories: list[Trajectory]) -> None:
         for i, t in enumerate(trajectories):
-            t.rewards["synthetic"] = float(i % 3)
+            t.terms["synthetic"] = float(i % 3)
 
     train(config, policy=HFPolicy(copy.deepcopy(tiny[0]), tiny[1], device="cpu"), console=console, score_fn=score)
     text = console.export_text()

@@ -14,15 +14,15 @@ import pytest
 
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import train
 from taskrl.training.config import load_config
+from taskrl.training.trainer import train
 
 # SFT on the policy's own samples (rejection sampling with threshold 0) moves the weights from step 1; the k1
 # KL penalty then gives GRPO groups reward variance, so the RL steps update too (and use the Adam state).
 CONFIG = """
 env = "price"
 finetune = "lora"
-lora_rank = 4
+lora.rank = 4
 lr = 0.01
 sft_lr = 0.01
 steps = 6
@@ -31,10 +31,10 @@ sft_data = "policy"
 sft_min_reward = 0.0
 kl = "k1_reward"
 kl_coef = 0.5
-tasks_per_step = 2
-group_size = 4
-max_turns = 1
-max_new_tokens = 6
+rollout.tasks_per_step = 2
+rollout.group_size = 4
+rollout.max_turns = 1
+rollout.max_new_tokens = 6
 checkpoint_every = 2
 progress = false
 seed = 3

@@ -21,26 +21,27 @@ from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import InProcessSync, Trainer
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.model import is_peft
 from taskrl.training.sync import CopySync, ServerLoRASync, connect_server
+from taskrl.training.trainer import InProcessSync, Trainer
 from taskrl.types import Message, Trajectory
 
 ADMIN_KEY = "admin-secret"
 
 
 def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / "run"), "env": "price", "lora_rank": 4, "lr": 1e-2, "steps": 2,
-            "tasks_per_step": 2, "group_size": 2, "max_turns": 1, "max_new_tokens": 8, "checkpoint_every": 1,
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "lora.rank": 4, "lr": 1e-2, "steps": 2,
+            "rollout.tasks_per_step": 2, "rollout.group_size": 2, "rollout.max_turns": 1, "rollout.max_new_tokens": 8,
+            "checkpoint_every": 1,
             "progress": False}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    return config_from_dict({**{**base, **changes}})
 
 
 def spread(step: int, trajectories: list[Trajectory]) -> None:
     """A reward that differs inside every group, so every GRPO step updates (and makes a new version)."""
     for i, t in enumerate(trajectories):
-        t.rewards["spread"] = 0.25 * (i % 2)
+        t.terms["spread"] = 0.25 * (i % 2)
 
 
 def _ids(trainer: Trainer) -> torch.Tensor:
@@ -57,7 +58,7 @@ def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
 def test_copy_sync_is_bit_identical_and_only_moves_on_sync(tmp_path: Path, finetune: str) -> None:
     model, tokenizer = tiny_model(seed=0)
     trainer = Trainer(
-        _config(tmp_path, rollout_policy="copy", finetune=finetune, freeze=["embed"]),
+        _config(tmp_path, **{"placement.rollout_policy": "copy"}, finetune=finetune, freeze=["embed"]),
         policy=HFPolicy(model, tokenizer, device="cpu"),
         score_fn=spread,
     )
@@ -119,8 +120,9 @@ def served_model(tmp_path: Path) -> Iterator[tuple[ServerThread, Path]]:
 
 
 def _server_config(tmp_path: Path, server: ServerThread, model_dir: Path, **changes: Any) -> TrainConfig:
-    served = {"model": str(model_dir), "device": "cpu", "rollout_policy": "server", "rollout_url": server.base_url,
-              "rollout_model": "tiny"}  # fmt: skip
+    served = {"model": str(model_dir), "device": "cpu", "placement.rollout_policy": "server",
+              "placement.rollout_url": server.base_url,
+              "placement.rollout_model": "tiny"}  # fmt: skip
     return _config(tmp_path, **{**served, **changes})
 
 
@@ -151,7 +153,8 @@ def test_server_lora_sync_end_to_end(
 
         # The server's adapter v2 scores its own samples as the learner does.
         body = {"model": sync.adapter_name(2), "messages": [{"role": "user", "content": "What does the lamp cost?"}],
-                "max_tokens": 8, "temperature": 1.0, "seed": 3, "logprobs": True, "return_token_ids": True}  # fmt: skip
+                "max_tokens": 8, "temperature": 1.0, "seed": 3, "logprobs": True,
+                "return_token_ids": True}  # fmt: skip
         reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60, trust_env=False).json()
         sampled = reply["choices"][0]["token_ids"]
         served_logprobs = [entry["logprob"] for entry in reply["choices"][0]["logprobs"]["content"]]
@@ -220,18 +223,19 @@ def test_resume_pushes_the_restored_adapter(
 
 def test_server_config_errors_name_the_field(tmp_path: Path, served_model: tuple[ServerThread, Path]) -> None:
     server, model_dir = served_model
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_policy must not be 'server' with finetune='full'"):
+    with pytest.raises(ConfigError, match="placement.rollout_policy must not be 'server' with finetune='full'"):
         _server_config(tmp_path, server, model_dir, finetune="full")
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_url must be the server's http"):
-        _config(tmp_path, rollout_policy="server", rollout_model="tiny")
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_model must name the served base model"):
-        _config(tmp_path, rollout_policy="server", rollout_url=server.base_url)
-    with pytest.raises(ConfigError, match="TrainConfig.rollout_model: 'other' is not served at .* \\(served: tiny\\)"):
-        connect_server(_server_config(tmp_path, server, model_dir, rollout_model="other"))
+    with pytest.raises(ConfigError, match="placement.rollout_url must be the server's http"):
+        _config(tmp_path, **{"placement.rollout_policy": "server"}, **{"placement.rollout_model": "tiny"})
+    with pytest.raises(ConfigError, match="placement.rollout_model must name the served base model"):
+        _config(tmp_path, **{"placement.rollout_policy": "server"}, **{"placement.rollout_url": server.base_url})
+    with pytest.raises(ConfigError, match="placement.rollout_model: 'other' is not served at .* \\(served: tiny\\)"):
+        connect_server(_server_config(tmp_path, server, model_dir, **{"placement.rollout_model": "other"}))
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    with pytest.raises(ConfigError, match=f"TrainConfig.rollout_url: cannot reach {closed}/models"):
-        Trainer(_config(tmp_path, model=str(model_dir), rollout_policy="server", rollout_url=closed,
-                        rollout_model="tiny"))  # fmt: skip
+    with pytest.raises(ConfigError, match=f"placement.rollout_url: cannot reach {closed}/models"):
+        Trainer(_config(tmp_path, model=str(model_dir), **{"placement.rollout_policy": "server"},
+                        **{"placement.rollout_url": closed},
+                        **{"placement.rollout_model": "tiny"}))  # fmt: skip
     assert not (tmp_path / "run" / "checkpoints").exists()

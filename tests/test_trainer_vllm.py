@@ -20,31 +20,38 @@ from taskrl.policies.base import SamplingParams
 from taskrl.policies.vllm_server import VLLMServer, free_port
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_trajectories
-from taskrl.trainer import Trainer
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
+from taskrl.training.trainer import Trainer
 from taskrl.training.vllm_rollout import server_of
 from taskrl.types import Trajectory
 
 
 def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
-    base = {"run_dir": str(tmp_path / "run"), "env": "price", "model": "smollm2", "lora_rank": 4, "lr": 1e-3,
-            "steps": 2, "tasks_per_step": 1, "group_size": 2, "max_turns": 1, "max_new_tokens": 12,
-            "checkpoint_every": 0, "progress": False, "rollout_policy": "vllm", "seed": 3}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+    base = {"run_dir": str(tmp_path / "run"), "env": "price", "model": "smollm2", "lora.rank": 4, "lr": 1e-3,
+            "steps": 2, "rollout.tasks_per_step": 1, "rollout.group_size": 2, "rollout.max_turns": 1,
+            "rollout.max_new_tokens": 12,
+            "checkpoint_every": 0, "progress": False, "placement.rollout_policy": "vllm", "seed": 3}  # fmt: skip
+    return config_from_dict({**{**base, **changes}})
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         ({"finetune": "full"}, "rollout_policy must not be 'vllm' with finetune='full'"),
-        ({"top_p": 0.9}, "top_p must be 1 with rollout_policy='vllm'"),
-        ({"vllm": {"threads": "all"}}, r"TrainConfig.vllm: .*threads must name CPU cores"),
-        ({"vllm": {"gpu_memory": 1}}, r"TrainConfig.vllm: unknown field\(s\) gpu_memory"),
-        ({"vllm": {"max_lora_rank": 8}, "lora_rank": 16}, r"max_lora_rank \(8\) must be >= the trainer's lora_rank"),
-        ({"vllm": {"max_loras": 1}, "max_staleness": 2}, r"max_loras \(1\) must be >= max_staleness \+ 1"),
-        ({"rollout_url": "http://127.0.0.1:1/v1"}, "rollout_model must name the served base model"),
-        ({"rollout_restarts": -1}, "rollout_restarts must be an integer >= 0"),
-        ({"rollout_policy": "copy", "vllm": {"threads": "0-1"}}, "vllm is the vLLM server's table"),
+        ({"rollout.top_p": 0.9}, "top_p must be 1 with rollout_policy='vllm'"),
+        ({"placement.vllm": {"threads": "all"}}, r"placement.vllm: .*threads must name CPU cores"),
+        ({"placement.vllm": {"gpu_memory": 1}}, r"placement.vllm: unknown field\(s\) gpu_memory"),
+        (
+            {"placement.vllm": {"max_lora_rank": 8}, "lora.rank": 16},
+            r"max_lora_rank \(8\) must be >= the trainer's lora_rank",
+        ),
+        (
+            {"placement.vllm": {"max_loras": 1}, "rollout.max_staleness": 2},
+            r"max_loras \(1\) must be >= max_staleness \+ 1",
+        ),
+        ({"placement.rollout_url": "http://127.0.0.1:1/v1"}, "rollout_model must name the served base model"),
+        ({"placement.rollout_restarts": -1}, "rollout_restarts must be an integer >= 0"),
+        ({"placement.rollout_policy": "copy", "placement.vllm": {"threads": "0-1"}}, "vllm is the vLLM server's table"),
     ],
 )
 def test_vllm_config_is_checked_by_field(tmp_path: Path, changes: dict, message: str) -> None:
@@ -53,10 +60,12 @@ def test_vllm_config_is_checked_by_field(tmp_path: Path, changes: dict, message:
 
 
 def test_server_of_a_config_follows_the_trainer(tmp_path: Path) -> None:
-    local = server_of(_config(tmp_path, lora_rank=20, vllm={"threads": "0", "kv_cache_gib": 1.5}))
+    local = server_of(_config(tmp_path, **{"lora.rank": 20}, **{"placement.vllm": {"threads": "0",
+                                                                                   "kv_cache_gib": 1.5}}))
     assert local.local and local.config.max_lora_rank == 32 and local.config.threads == "0"
     assert local.config.kv_cache_gib == 1.5 and (Path(local.config.model) / "config.json").is_file()
-    remote = server_of(_config(tmp_path, rollout_url="http://10.0.0.1:8000/v1", rollout_model="qwen"))
+    remote = server_of(_config(tmp_path, **{"placement.rollout_url": "http://10.0.0.1:8000/v1"},
+                               **{"placement.rollout_model": "qwen"}))
     assert not remote.local and remote.base_url == "http://10.0.0.1:8000/v1" and remote.served_model == "qwen"
 
 
@@ -64,7 +73,8 @@ def test_a_down_vllm_url_fails_the_trainer_with_a_clear_error(tmp_path: Path) ->
     from taskrl.policies.vllm_server import VLLMServerError, free_port
 
     url = f"http://127.0.0.1:{free_port()}/v1"
-    config = _config(tmp_path, rollout_url=url, rollout_model="base", vllm={"startup_timeout_s": 1.0})
+    config = _config(tmp_path, **{"placement.rollout_url": url}, **{"placement.rollout_model": "base"},
+                     **{"placement.vllm": {"startup_timeout_s": 1.0}})
     with pytest.raises(VLLMServerError, match=rf"{url} did not answer .*/health within 1s"):
         Trainer(config)
 
@@ -72,7 +82,7 @@ def test_a_down_vllm_url_fails_the_trainer_with_a_clear_error(tmp_path: Path) ->
 def spread(step: int, trajectories: list[Trajectory]) -> None:
     """A reward that differs inside every group, so each step updates and makes a new adapter version."""
     for i, t in enumerate(trajectories):
-        t.rewards["spread"] = 0.25 * (i % 2)
+        t.terms["spread"] = 0.25 * (i % 2)
 
 
 class KillOnReset:
@@ -191,8 +201,9 @@ async def test_engine_failures_recorded_per_episode_are_replayed_once_the_remote
     from taskrl.training.vllm_rollout import VLLMEngine, chat_format_of, vllm_policy
 
     proxy = Proxy(int(vllm_server.base_url.rsplit(":", 1)[1].split("/")[0]))
-    config = _config(tmp_path, rollout_url=f"http://127.0.0.1:{proxy.port}/v1", rollout_model="base",
-                     vllm={"startup_timeout_s": 120.0})  # fmt: skip
+    config = _config(tmp_path, **{"placement.rollout_url": f"http://127.0.0.1:{proxy.port}/v1"},
+                     **{"placement.rollout_model": "base"},
+                     **{"placement.vllm": {"startup_timeout_s": 120.0}})  # fmt: skip
     engine = VLLMEngine.start(config)
     engine.policy = vllm_policy(engine.server.base_url, "base", chat_format_of("smollm2"), max_positions=2048,
                                 max_staleness=1)  # fmt: skip

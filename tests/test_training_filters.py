@@ -15,11 +15,11 @@ from taskrl.policies.base import SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import RolloutConfig, run_episodes
-from taskrl.trainer import train
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.filters import fill_batch, groups_of, overlong
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
+from taskrl.training.trainer import train
 from taskrl.types import Trajectory
 
 
@@ -87,7 +87,16 @@ def test_the_learner_gives_overlong_episodes_no_loss() -> None:
             t.info.pop("truncation")
     results = {}
     for flag in (False, True):
-        cfg = TrainConfig(lr=1e-2, group_size=4, finetune="lora", lora_rank=4, progress=False, overlong_filter=flag)
+        cfg = config_from_dict(
+            {
+                "lr": 1e-2,
+                "rollout.group_size": 4,
+                "finetune": "lora",
+                "lora.rank": 4,
+                "progress": False,
+                "overlong_filter": flag,
+            }
+        )
         torch.manual_seed(0)
         learner = Learner(prepare_model(copy.deepcopy(model), cfg), cfg, pad_id=0)
         results[flag] = learner.update(trajectories, step=0)
@@ -102,13 +111,14 @@ def test_the_trainer_refills_a_batch_of_flat_groups(tmp_path: Path) -> None:
     def spread_after_the_first_round(step: int, trajectories: list[Trajectory]) -> None:
         calls["n"] += 1
         for i, t in enumerate(trajectories):  # the first round is flat; later rounds vary inside every group
-            t.rewards["spread"] = 0.0 if calls["n"] == 1 else 0.1 * (i % 3)
+            t.terms["spread"] = 0.0 if calls["n"] == 1 else 0.1 * (i % 3)
 
     model, tokenizer = tiny_model(seed=0)
-    base: dict[str, Any] = dict(run_dir=str(tmp_path / "run"), env="price", lora_rank=4, steps=1, tasks_per_step=2,
-                                group_size=3, max_turns=1, max_new_tokens=8, progress=False, checkpoint_every=0,
-                                dynamic_sampling=True, dynamic_sampling_max_rounds=2)  # fmt: skip
-    (row,) = train(TrainConfig(**base), policy=HFPolicy(model, tokenizer, device="cpu"),
+    base: dict[str, Any] = {"run_dir": str(tmp_path / "run"), "env": "price", "lora.rank": 4, "steps": 1,
+                            "rollout.tasks_per_step": 2, "rollout.group_size": 3, "rollout.max_turns": 1,
+                            "rollout.max_new_tokens": 8, "progress": False, "checkpoint_every": 0,
+                            "dynamic_sampling": True, "dynamic_sampling_max_rounds": 2}  # fmt: skip
+    (row,) = train(config_from_dict({**base}), policy=HFPolicy(model, tokenizer, device="cpu"),
                    score_fn=spread_after_the_first_round)  # fmt: skip
     assert row["charts/dynamic_rounds"] == 1.0 and row["charts/dynamic_drawn_groups"] == 4.0
     assert row["charts/dynamic_dropped_groups"] == 2.0 and row["charts/dynamic_kept_groups"] == 2.0

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from taskrl.algos.losses import Tensor
-
-if TYPE_CHECKING:
-    from taskrl.training.config import TrainConfig
 
 
 @dataclass
@@ -27,7 +24,8 @@ class TrajectoryInput:
     sizes: list[int]
     """Sampled tokens of each of the trajectory's sequences (branches are sequences of their own)."""
     kl: list[Tensor] = field(default_factory=list)
-    """Per sequence, k1 = log pi_old - log pi_ref per sampled token (kl="k1_reward" only; else empty)."""
+    """Per sequence, the KL penalty per sampled token, ``kl_coef`` x k1 (k1 = log pi_old - log pi_ref; the
+    learner weights it, kl="k1_reward" only; else empty): subtracted from the reward."""
     values: list[Tensor] = field(default_factory=list)
     """Per sequence, the value head's estimate per sampled token (value-head algorithms only; else empty)."""
     bootstrap_value: float = 0.0
@@ -45,12 +43,23 @@ class Advantages:
     """``charts/*`` counts of the advantage step (e.g. groups seen and dropped)."""
 
 
-AdvantageFn = Callable[[Sequence[TrajectoryInput], "TrainConfig"], Advantages]
-"""(trajectories, config) -> advantages; ``kl_coef`` and the algorithm's own fields come from the config."""
-TokenLoss = Callable[[Tensor, Tensor, Tensor, "TrainConfig"], tuple[Tensor, dict[str, Tensor]]]
-"""(logprobs, old_logprobs, advantages, config) -> (per-token loss, per-token stats such as ``clipfrac``)."""
-ValueLoss = Callable[[Tensor, Tensor, Tensor, "TrainConfig"], Tensor]
-"""(values, old_values, returns, config) -> per-token value loss, weighted by ``vf_coef`` in the learner."""
+@dataclass
+class AlgoConfig:
+    """The ``[algo]`` table of a training config: ``name`` picks the algorithm, whose own dataclass (declared in
+    its ``algos/<name>.py``, ``Algorithm.config``) adds its fields. Errors name ``algo.<field>``."""
+
+    name: str = ""
+    """The algorithm: a name in ``taskrl.algos.ALGORITHMS``."""
+
+
+AdvantageFn = Callable[[Sequence[TrajectoryInput], Any], Advantages]
+"""(trajectories, the algorithm's own config) -> advantages."""
+TokenLoss = Callable[[Tensor, Tensor, Tensor, Any], tuple[Tensor, dict[str, Tensor]]]
+"""(logprobs, old_logprobs, advantages, the algorithm's config) -> (per-token loss, per-token stats such as
+``clipfrac``)."""
+ValueLoss = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
+"""(values, old_values, returns, the algorithm's config) -> per-token value loss, already weighted (PPO's
+``vf_coef``): the learner adds it to the loss as it is."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,8 @@ class Algorithm:
     """Set when the algorithm trains a value head (the learner then makes one and scores values before updating)."""
     min_group_size: int = 1
     """Smallest ``group_size`` the advantages need (2 for group-relative ones)."""
-    config_fields: tuple[str, ...] = ()
-    """The ``TrainConfig`` fields this algorithm reads beyond the shared ones (documentation and tests)."""
+    config: type[AlgoConfig] = AlgoConfig
+    """The algorithm's own settings (the ``[algo]`` table); its functions read these and nothing of the trainer's."""
 
     @property
     def imitation(self) -> bool:

@@ -11,18 +11,32 @@ Where this departs from the paper (MiniMax-M1, 2025):
   MiniMax tuned eps_high and did not publish it.
 - Token-level normalisation over the optimizer batch, as in the paper; no KL unless the learner adds one.
 - The reported ``clipfrac`` counts tokens whose weight was clipped (their gradient is scaled, not zeroed).
+
+Settings: ``CISPOConfig`` (TOML ``[algo]`` with ``name = "cispo"``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from taskrl.algos import grpo
 from taskrl.algos.algorithm import Algorithm
 from taskrl.algos.losses import Tensor
+from taskrl.validate import finite_at_least, require
 
-if TYPE_CHECKING:
-    from taskrl.training.config import TrainConfig
+
+@dataclass
+class CISPOConfig(grpo.GroupConfig):
+    """``[algo]`` of CISPO (with GRPO's group-relative advantage settings)."""
+
+    name: str = "cispo"
+    eps_low: float = 1.0
+    """IS-weight clip below 1 (1.0 = no lower bound)."""
+    eps_high: float = 2.0
+    """IS-weight clip above 1."""
+
+    def __post_init__(self) -> None:
+        require("algo", "must be >= 0", finite_at_least(0), eps_low=self.eps_low, eps_high=self.eps_high)
 
 
 def policy_loss(
@@ -36,13 +50,10 @@ def policy_loss(
 
 
 def token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: CISPOConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy_loss`` with the config's IS-weight bounds."""
-    return policy_loss(logprobs, old_logprobs, advantages, eps_low=config.cispo_eps_low, eps_high=config.cispo_eps_high)
+    return policy_loss(logprobs, old_logprobs, advantages, eps_low=config.eps_low, eps_high=config.eps_high)
 
 
-ALGORITHM = Algorithm(
-    "cispo", token_loss, advantages=grpo.advantages, min_group_size=2,
-    config_fields=(*grpo.GROUP_FIELDS, "cispo_eps_low", "cispo_eps_high"),
-)  # fmt: skip
+ALGORITHM = Algorithm("cispo", token_loss, advantages=grpo.advantages, min_group_size=2, config=CISPOConfig)

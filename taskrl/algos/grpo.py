@@ -18,6 +18,9 @@ Where this departs from the paper (Shao et al. 2024, DeepSeekMath):
   A turn limit or an env's own truncation is not overlong.
 - No KL term by default; k1-in-reward or k3-in-loss are options of the learner (``kl``), not of this file.
 - Upper and lower clip ranges are separate (DAPO's clip-higher); both default to 0.2.
+
+Settings: ``GRPOConfig`` (TOML ``[algo]`` with ``name = "grpo"``); ``GroupConfig`` holds the advantage settings
+``cispo`` and ``kimi`` share.
 """
 
 from __future__ import annotations
@@ -25,15 +28,43 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from taskrl.algos.algorithm import Advantages, Algorithm, TrajectoryInput
-from taskrl.algos.losses import Tensor, clipped_surrogate
+from taskrl.algos.algorithm import Advantages, AlgoConfig, Algorithm, TrajectoryInput
+from taskrl.algos.losses import clipped_token_loss
+from taskrl.validate import finite_at_least, require
 
-if TYPE_CHECKING:
-    from taskrl.training.config import TrainConfig
+
+@dataclass
+class GroupConfig(AlgoConfig):
+    """The group-relative advantage settings (``advantages``), shared by grpo, cispo and kimi."""
+
+    normalize_std: bool = False
+    """Divide group-relative advantages by the group's std (original GRPO); off = Dr. GRPO."""
+    drop_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (no signal) before the update."""
+
+
+@dataclass
+class GRPOConfig(GroupConfig):
+    """``[algo]`` of GRPO."""
+
+    name: str = "grpo"
+    clip_eps_low: float = 0.2
+    """Ratio clip below 1."""
+    clip_eps_high: float = 0.2
+    """Ratio clip above 1 (DAPO's clip-higher uses 0.28)."""
+
+    def __post_init__(self) -> None:
+        check_clip_range(self.clip_eps_low, self.clip_eps_high)
+
+
+def check_clip_range(clip_eps_low: float, clip_eps_high: float) -> None:
+    """``clip_eps_low`` in [0, 1) and ``clip_eps_high`` >= 0, errors naming ``algo.<field>``."""
+    require("algo", "must be >= 0", finite_at_least(0), clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high)
+    if clip_eps_low >= 1:
+        raise ValueError(f"algo.clip_eps_low must be < 1, got {clip_eps_low!r}")
 
 
 @dataclass
@@ -83,21 +114,13 @@ def group_advantages(
     return GroupAdvantages(advantages, groups=len(members), dropped_groups=dropped)
 
 
-def policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_eps_low: float, clip_eps_high: float
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token clipped surrogate (sum it with token weights); stats: ``clipfrac``."""
-    loss, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low=clip_eps_low, eps_high=clip_eps_high)
-    return loss, {"clipfrac": clipped.float()}
-
-
-def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> Advantages:
-    """Group-relative advantages of the trajectories' rewards (less ``kl_coef`` x their summed k1 penalty), the
-    same for every sampled token of a trajectory; shared by ``cispo`` and ``kimi``."""
+def advantages(trajectories: Sequence[TrajectoryInput], config: GroupConfig) -> Advantages:
+    """Group-relative advantages of the trajectories' rewards (less their summed KL penalty), the same for every
+    sampled token of a trajectory; shared by ``cispo`` and ``kimi``."""
     rewards = []
     for traj in trajectories:
         penalty = sum(float(kl.sum()) for kl in traj.kl) if traj.kl else 0.0
-        rewards.append(traj.reward - config.kl_coef * penalty)
+        rewards.append(traj.reward - penalty)
     result = group_advantages(
         rewards,
         [t.group_id for t in trajectories],
@@ -112,18 +135,4 @@ def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> 
     return Advantages(per_token, metrics=metrics)
 
 
-def token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """``policy_loss`` with the config's clip range."""
-    return policy_loss(
-        logprobs, old_logprobs, advantages, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high
-    )
-
-
-GROUP_FIELDS = ("normalize_std", "drop_zero_variance")
-"""Config fields of ``advantages`` (every group-relative algorithm reads them)."""
-ALGORITHM = Algorithm(
-    "grpo", token_loss, advantages=advantages, min_group_size=2,
-    config_fields=(*GROUP_FIELDS, "clip_eps_low", "clip_eps_high"),
-)  # fmt: skip
+ALGORITHM = Algorithm("grpo", clipped_token_loss, advantages=advantages, min_group_size=2, config=GRPOConfig)

@@ -14,18 +14,37 @@ Where this departs from the papers (Kimi K1.5, 2025; Kimi K2.5, 2026):
   ours per token with tau = tau_paper / 2 (up to a constant factor absorbed by the learning rate).
 - Defaults alpha = -log 2, beta = log 2 (ratio in [0.5, 2]) and tau = 0; Kimi did not publish theirs.
 - Advantages are GRPO's group-relative ones (r - mean of the group), normalised per token over the batch.
+
+Settings: ``KimiConfig`` (TOML ``[algo]`` with ``name = "kimi"``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass
 
 from taskrl.algos import grpo
 from taskrl.algos.algorithm import Algorithm
 from taskrl.algos.losses import Tensor
+from taskrl.validate import finite_at_least, require
 
-if TYPE_CHECKING:
-    from taskrl.training.config import TrainConfig
+
+@dataclass
+class KimiConfig(grpo.GroupConfig):
+    """``[algo]`` of Kimi token masking (with GRPO's group-relative advantage settings)."""
+
+    name: str = "kimi"
+    alpha: float = -math.log(2.0)
+    """Tokens whose log-ratio is below this get no gradient."""
+    beta: float = math.log(2.0)
+    """Tokens whose log-ratio is above this get no gradient."""
+    tau: float = 0.0
+    """Weight of the tau * log-ratio^2 regulariser."""
+
+    def __post_init__(self) -> None:
+        require("algo", "must be >= 0", finite_at_least(0), tau=self.tau)
+        if not self.alpha < self.beta:
+            raise ValueError(f"algo.alpha must be below algo.beta ({self.beta}), got {self.alpha!r}")
 
 
 def policy_loss(
@@ -40,15 +59,10 @@ def policy_loss(
 
 
 def token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: KimiConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy_loss`` with the config's mask bounds and regulariser."""
-    return policy_loss(
-        logprobs, old_logprobs, advantages, alpha=config.kimi_alpha, beta=config.kimi_beta, tau=config.kimi_tau
-    )
+    return policy_loss(logprobs, old_logprobs, advantages, alpha=config.alpha, beta=config.beta, tau=config.tau)
 
 
-ALGORITHM = Algorithm(
-    "kimi", token_loss, advantages=grpo.advantages, min_group_size=2,
-    config_fields=(*grpo.GROUP_FIELDS, "kimi_alpha", "kimi_beta", "kimi_tau"),
-)  # fmt: skip
+ALGORITHM = Algorithm("kimi", token_loss, advantages=grpo.advantages, min_group_size=2, config=KimiConfig)

@@ -7,9 +7,18 @@ batch into micro-batches never changes the gradient. ``approx_kl`` is CleanRL's 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 Tensor = torch.Tensor
+
+
+class ClipRange(Protocol):
+    """An algorithm config with a ratio clip range (GRPO's and PPO's)."""
+
+    clip_eps_low: float
+    clip_eps_high: float
 
 
 def clipped_surrogate(
@@ -25,6 +34,24 @@ def clipped_surrogate(
     loss = -torch.minimum(unclipped, clipped)
     was_clipped = (clipped < unclipped).detach()  # the min picked the clipped branch: no gradient from it
     return loss, was_clipped
+
+
+def clipped_policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token clipped surrogate (sum it with token weights); stats: ``clipfrac`` (share of tokens whose
+    clipped branch was taken)."""
+    loss, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low=clip_eps_low, eps_high=clip_eps_high)
+    return loss, {"clipfrac": clipped.float()}
+
+
+def clipped_token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: ClipRange
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``clipped_policy_loss`` with the config's clip range: the token loss GRPO and PPO share."""
+    return clipped_policy_loss(
+        logprobs, old_logprobs, advantages, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high
+    )
 
 
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

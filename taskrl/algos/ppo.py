@@ -12,21 +12,49 @@ Where this departs from the paper (Schulman et al. 2017) and common RLHF practic
   answers would erase it). The seed's gamma 0.9/0.99 are per-turn values: set ``gamma`` accordingly when a
   per-token horizon is short.
 - Advantages are not whitened per batch (whitening would shift the sign of a batch that is all failures).
-- Loss normalisation is per token over the optimizer batch, as in ``grpo``.
+- Loss normalisation is per token over the optimizer batch, as in ``grpo``; the token loss is GRPO's
+  (``losses.clipped_token_loss``).
+
+Settings: ``PPOConfig`` (TOML ``[algo]`` with ``name = "ppo"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from taskrl.algos.algorithm import Advantages, Algorithm, TrajectoryInput, per_sequence
-from taskrl.algos.losses import Tensor, clipped_surrogate
+from taskrl.algos.algorithm import Advantages, AlgoConfig, Algorithm, TrajectoryInput, per_sequence
+from taskrl.algos.grpo import check_clip_range
+from taskrl.algos.losses import Tensor, clipped_token_loss
+from taskrl.validate import finite_at_least, require
 
-if TYPE_CHECKING:
-    from taskrl.training.config import TrainConfig
+
+@dataclass
+class PPOConfig(AlgoConfig):
+    """``[algo]`` of PPO."""
+
+    name: str = "ppo"
+    gamma: float = 1.0
+    """Per-token discount."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_eps_low: float = 0.2
+    """Ratio clip below 1."""
+    clip_eps_high: float = 0.2
+    """Ratio clip above 1."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    vf_clip: float = 0.2
+    """Value clip range around the old values; 0 disables."""
+
+    def __post_init__(self) -> None:
+        check_clip_range(self.clip_eps_low, self.clip_eps_high)
+        require("algo", "must be >= 0", finite_at_least(0), vf_coef=self.vf_coef, vf_clip=self.vf_clip)
+        for name, value in (("gamma", self.gamma), ("gae_lambda", self.gae_lambda)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"algo.{name} must be in [0, 1], got {value!r}")
 
 
 def gae(
@@ -56,14 +84,6 @@ def gae(
     return advantages.float(), (advantages + v).float()
 
 
-def policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_eps_low: float, clip_eps_high: float
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token clipped surrogate; stats: ``clipfrac`` (share of tokens whose clipped branch was taken)."""
-    loss, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low=clip_eps_low, eps_high=clip_eps_high)
-    return loss, {"clipfrac": clipped.float()}
-
-
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: float) -> Tensor:
     """Per-token 0.5 * max((V - R)^2, (V_clipped - R)^2), V_clipped = old + clamp(V - old, -clip, clip).
 
@@ -76,9 +96,9 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: flo
     return 0.5 * torch.maximum(unclipped, clipped)
 
 
-def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> Advantages:
-    """GAE over each trajectory's sampled tokens in order: the reward at the last token, ``-kl_coef`` x k1 at
-    every token (kl="k1_reward"), bootstrapped from ``bootstrap_value``."""
+def advantages(trajectories: Sequence[TrajectoryInput], config: PPOConfig) -> Advantages:
+    """GAE over each trajectory's sampled tokens in order: the reward at the last token, minus the KL penalty
+    at every token (kl="k1_reward"), bootstrapped from ``bootstrap_value``."""
     per_token: list[list[Tensor] | None] = []
     returns: list[list[Tensor] | None] = []
     for traj in trajectories:
@@ -89,7 +109,7 @@ def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> 
         values = torch.cat(traj.values).float().cpu()
         rewards = torch.zeros_like(values)
         if traj.kl:
-            rewards -= config.kl_coef * torch.cat(traj.kl).float().cpu()
+            rewards -= torch.cat(traj.kl).float().cpu()
         rewards[-1] += traj.reward
         adv, ret = gae(rewards, values, gamma=config.gamma, lam=config.gae_lambda, bootstrap_value=traj.bootstrap_value)
         per_token.append(per_sequence(adv, traj.sizes))
@@ -97,21 +117,11 @@ def advantages(trajectories: Sequence[TrajectoryInput], config: TrainConfig) -> 
     return Advantages(per_token, returns=returns)
 
 
-def token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """``policy_loss`` with the config's clip range."""
-    return policy_loss(
-        logprobs, old_logprobs, advantages, clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high
-    )
-
-
-def value_token_loss(values: Tensor, old_values: Tensor, returns: Tensor, config: TrainConfig) -> Tensor:
-    """``value_loss`` with the config's clip."""
-    return value_loss(values, old_values, returns, clip=config.vf_clip)
+def value_token_loss(values: Tensor, old_values: Tensor, returns: Tensor, config: PPOConfig) -> Tensor:
+    """``vf_coef`` x ``value_loss`` with the config's clip (the term the learner adds to the loss)."""
+    return config.vf_coef * value_loss(values, old_values, returns, clip=config.vf_clip)
 
 
 ALGORITHM = Algorithm(
-    "ppo", token_loss, advantages=advantages, value_loss=value_token_loss,
-    config_fields=("gamma", "gae_lambda", "clip_eps_low", "clip_eps_high", "vf_coef", "vf_clip"),
+    "ppo", clipped_token_loss, advantages=advantages, value_loss=value_token_loss, config=PPOConfig
 )  # fmt: skip

@@ -16,15 +16,20 @@ Where this departs from common practice:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from statistics import fmean
-from typing import TYPE_CHECKING
 
-from taskrl.algos.algorithm import Algorithm
+from taskrl.algos.algorithm import AlgoConfig, Algorithm
 from taskrl.algos.losses import Tensor
 from taskrl.types import Trajectory
 
-if TYPE_CHECKING:
-    from taskrl.training.config import TrainConfig
+
+@dataclass
+class SFTConfig(AlgoConfig):
+    """``[algo]`` of SFT: nothing of its own (which trajectories it clones is the trainer's ``sft_min_reward`` and
+    ``sft_keep``)."""
+
+    name: str = "sft"
 
 
 KEEP_MODES = ("all", "best")
@@ -62,11 +67,11 @@ def nll_loss(logprobs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
 
 
 def token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: TrainConfig
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, config: AlgoConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``nll_loss``: imitation has no ratio and no advantage, so ``old_logprobs`` and ``advantages`` play no part."""
     return nll_loss(logprobs)
 
 
-ALGORITHM = Algorithm("sft", token_loss, config_fields=("sft_min_reward", "sft_keep"))
+ALGORITHM = Algorithm("sft", token_loss, config=SFTConfig)
 """Imitation (no ``advantages``): the learner selects trajectories with ``select`` and trains every sampled token."""

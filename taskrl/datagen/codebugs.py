@@ -25,16 +25,15 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from taskrl import __version__
 from taskrl.envs.code.reward import is_test_file
 from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
-from taskrl.envs.code.tasks import BUILTIN_DATA, TASK_SET_FORMAT, TaskSetError, code_cache, sha256_file, unpack_sdist
+from taskrl.envs.code.tasks import BUILTIN_DATA, TASK_SET_FORMAT, code_cache, sha256_file, unpack_sdist
 from taskrl.envs.code.testrun import PASSED, TestRun, run_pytest
 from taskrl.envs.code.workspace import WorkspaceConfig, pool_for
+from taskrl.moved import moved_names
 from taskrl.validate import at_least, require
 
 _SPEC_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -526,42 +525,4 @@ def write_task_set(meta: dict[str, Any], sdist: Path, out: Path) -> Path:
     return out
 
 
-def codebugs_command(
-    sdist: Annotated[str, typer.Option(help="NAME==VERSION of a PyPI sdist that ships its tests")],
-    n: Annotated[int, typer.Option(help="tasks to keep")] = 8,
-    out: Annotated[Path | None, typer.Option(help="task set JSON (default: data/codebugs/NAME-VERSION.json)")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the candidate order and descriptions")] = 0,
-    sdist_file: Annotated[
-        Path | None, typer.Option(help="use this local sdist instead of fetching NAME==VERSION")
-    ] = None,
-    test_file: Annotated[list[str] | None, typer.Option(help="test file to run (repeatable); default: all")] = None,
-    max_candidates: Annotated[int, typer.Option(help="mutations tried at most")] = 200,
-    cpu_seconds: Annotated[
-        int, typer.Option(help="CPU-seconds limit of one test-suite run (coverage costs more)")
-    ] = 300,
-    test_timeout: Annotated[float, typer.Option(help="wall-clock limit of one test-suite run, seconds")] = 120.0,
-    unsafe_no_sandbox: Annotated[bool, typer.Option(help="run the project's tests WITHOUT bubblewrap")] = False,
-) -> None:
-    """Mine verified bug-fixing tasks from a PyPI project with its own tests (SWE-smith style)."""
-    from rich.console import Console
-
-    console = Console()
-    path = sdist_file if sdist_file is not None else fetch_sdist(sdist)
-    if not path.is_file():
-        raise TaskSetError(f"sdist {path} not found")
-    config = MineConfig(
-        n=n, seed=seed, max_candidates=max_candidates, test_files=list(test_file or []), cpu_seconds=cpu_seconds,
-        test_timeout_s=test_timeout, sandbox=SandboxConfig(unsafe_no_sandbox=unsafe_no_sandbox),
-    )  # fmt: skip
-    meta, report = asyncio.run(mine_bugs(path, config))
-    target = out or Path("data/codebugs") / path.name.replace(".tar.gz", ".json")
-    write_task_set(meta, path, target)
-    dropped = ", ".join(f"{why}: {k}" for why, k in report.dropped.most_common()) or "none"
-    console.print(
-        f"kept {report.kept}/{n} tasks from {report.tried} candidates ({report.baseline_passed} baseline tests pass, "
-        f"{report.unstable} with run-dependent ids left out); "
-        f"dropped: {dropped}\ntask set: {target}  (use: make('code-bugs', tasks_path='{target}'))",
-        highlight=False,
-    )
-    if report.kept < n:
-        raise MiningError(f"only {report.kept} of {n} tasks could be verified; raise --max-candidates or lower --n")
+__getattr__ = moved_names(__name__, {"codebugs_command": "taskrl.commands.datagen"})

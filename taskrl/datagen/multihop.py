@@ -14,20 +14,17 @@ Output: ``Task`` JSONL; ``info["facts"][i]["chunk_ids"]`` is the ground truth fo
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from taskrl.datagen.bridges import ID_NORMALISATIONS, ID_TOKEN_RE, MASK, TOKEN_EDGE, BridgeIndex, id_alias_rule
 from taskrl.envs.search.corpus import Chunk, doc_id_of
 from taskrl.envs.search.store import CorpusStore
+from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.types import Message, Task
 from taskrl.validate import at_least, require
@@ -461,30 +458,6 @@ class LLMGenerator(ExtractiveGenerator):
         return tasks, report
 
 
-def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
-    """Write tasks as JSONL atomically (a reader never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(asdict(t), ensure_ascii=False) + "\n" for t in tasks), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def read_tasks(path: str | Path) -> list[Task]:
-    """Tasks from JSONL written by ``write_tasks``; a bad line is an error naming the file and line."""
-    tasks = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                tasks.append(Task(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: not a task row ({e})") from None
-    return tasks
-
-
 class TooFewTasksError(ValueError):
     """Generation kept fewer tasks than ``--min-yield`` (or ``--strict``) demands (printed as one line, exit 2)."""
 
@@ -504,75 +477,5 @@ def shortfall_hint(report: GenerationReport, hops: Sequence[int]) -> str:
     return "try other --hops, a larger corpus, --id-alias or --id-normalisation separators"
 
 
-def multihop_command(
-    corpus: Annotated[Path, typer.Option(help="corpus directory from `taskrl corpus build`")],
-    n: Annotated[int, typer.Option(help="tasks to keep")] = 64,
-    out: Annotated[Path | None, typer.Option(help="tasks JSONL (default: CORPUS/tasks.jsonl)")] = None,
-    seed: Annotated[int, typer.Option(help="seed of every random choice")] = 0,
-    hops: Annotated[str, typer.Option(help="difficulties (hops) to cycle through, e.g. 1,2,3")] = "1,2,3",
-    id_normalisation: Annotated[
-        str, typer.Option(help="how id tokens in text match document ids: exact, casefold or separators (-_. alike)")
-    ] = "casefold",
-    id_alias: Annotated[
-        str, typer.Option(help="how text names namespaced ids: prefix (deb:libssl3 as libssl3), none, or a regex "
-                               "with one group that fully matches an id, the group being its bare name")
-    ] = "prefix",
-    min_yield: Annotated[float, typer.Option(
-        help="fail (exit 2, nothing written) when fewer than this share of --n tasks are kept; 0: keep any")
-    ] = DEFAULT_MIN_YIELD,
-    strict: Annotated[bool, typer.Option(help="fail (exit 2, nothing written) unless all --n tasks are kept")] = False,
-    generator: Annotated[str, typer.Option(help="extractive (rules, CPU, no model) or llm (a policy)")] = "extractive",
-    policy: Annotated[str, typer.Option(help="llm generator: hf or openai")] = "openai",
-    model: Annotated[str, typer.Option(help="llm generator: model name or 'smollm2'")] = "smollm2",
-    base_url: Annotated[str | None, typer.Option(help="llm generator with openai: server URL incl. /v1")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="openai: API key")] = None,
-) -> None:
-    """Generate verified multi-hop search tasks (JSONL) from a corpus; failed tasks are dropped and counted.
-
-    Keeping no task, or fewer than --min-yield of --n (default half), is an error naming the reasons (nothing
-    is written); keeping fewer than --n but enough prints a warning (an error with --strict).
-    """
-    import asyncio
-
-    from rich.console import Console
-
-    from taskrl.policies import make_policy
-
-    try:
-        hop_values = tuple(int(h) for h in hops.split(","))
-    except ValueError:
-        raise ValueError(f"--hops must be comma-separated integers such as 1,2,3, got {hops!r}") from None
-    if not 0 <= min_yield <= 1:
-        raise ValueError(f"--min-yield must be a share of --n between 0 and 1, got {min_yield}")
-    config = GenerationConfig(n=n, seed=seed, hops=hop_values, id_normalisation=id_normalisation, id_alias=id_alias)
-    store = CorpusStore(corpus)
-    if generator == "extractive":
-        tasks, report = ExtractiveGenerator(store, config).generate()
-    elif generator == "llm":
-        llm = make_policy(policy, model=model, base_url=base_url, api_key=api_key)
-        tasks, report = asyncio.run(LLMGenerator(store, llm, config).agenerate())
-    else:
-        raise ValueError(f"--generator must be 'extractive' or 'llm', got {generator!r}")
-    reasons = ", ".join(f"{k}: {v}" for k, v in report.dropped.most_common(5)) or "none"
-    bridges = (
-        f"id normalisation {report.id_normalisation}, id alias {report.id_alias} ({report.aliased_ids} aliased ids), "
-        f"{report.bridge_sources} bridge sentences"
-        + (f", {len(report.ambiguous_ids)} ambiguous ids" if report.ambiguous_ids else "")
-    )
-    needed = n if strict else max(1, math.ceil(min_yield * n))
-    if len(tasks) < needed:
-        why = "--strict" if strict else f"--min-yield {min_yield:g}"
-        raise TooFewTasksError(
-            f"kept {report.kept} of {n} tasks, nothing written: {why} asks for at least {needed} ({bridges}; "
-            f"dropped: {reasons}); {shortfall_hint(report, hop_values)}"
-        )
-    path = write_tasks(tasks, out or corpus / "tasks.jsonl")
-    by_hops = ", ".join(f"{h} hops: {c}" for h, c in sorted(Counter(t.info["difficulty"] for t in tasks).items()))
-    dropped = dict(report.dropped) or "none"
-    Console().print(f"kept {report.kept}/{report.requested} tasks ({by_hops}); {bridges}; dropped: {dropped}; "
-                    f"written to {path}")  # fmt: skip
-    if len(tasks) < n:
-        Console(stderr=True).print(
-            f"[yellow]warning:[/yellow] only {len(tasks)} of the {n} requested tasks were kept (most dropped: "
-            f"{reasons}); pass --strict to make this an error"
-        )
+__getattr__ = moved_names(__name__, {"read_tasks": "taskrl.types", "write_tasks": "taskrl.types",
+                                     "multihop_command": "taskrl.commands.datagen"})  # fmt: skip

@@ -3,23 +3,18 @@
 A wide task is ``rows`` independent look-ups (single-hop verified clues) answered as a table and scored by item
 F1; a deep task is ``rows`` multi-hop branches whose answers combine (right only when every branch is). Rows come
 from the verified multi-hop generator, so every answer is string-matched in the corpus. ``taskrl datagen
-widesearch|deepsearch`` write JSONL; ``ensure_default_swarm_tasks`` caches a wide set beside the default corpus.
+widesearch|deepsearch`` write JSONL; ``taskrl.datagen.defaults`` caches a wide set beside the default corpus.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated
 
-import typer
-
-from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, GenerationReport, write_tasks
+from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, GenerationReport
 from taskrl.envs.search.store import CorpusStore
 from taskrl.envs.swarm.tasks import DEEP, WIDE, render_prompt, render_table
+from taskrl.moved import moved_names
 from taskrl.types import Task
-
-DEFAULT_SWARM_TASKS = "swarm_wide_v1.jsonl"
 
 
 @dataclass
@@ -87,82 +82,6 @@ def _assemble(rows: list[Task], config: SwarmTaskConfig, index: int) -> Task:
     return Task(f"{config.kind}-{config.seed}-{index}", prompt, gold, info)
 
 
-def ensure_default_swarm_tasks() -> Path:
-    """A wide-search set (16 tasks x 8 rows) beside the default corpus, generated once and cached."""
-    from taskrl.envs.search.build import ensure_default_corpus
-
-    corpus = ensure_default_corpus()
-    path = corpus / DEFAULT_SWARM_TASKS
-    if not path.exists():
-        tasks, report = generate_swarm_tasks(CorpusStore(corpus), SwarmTaskConfig())
-        if not tasks:
-            raise TooFewTasksError(f"the default corpus {corpus} yielded no swarm task ({report.to_dict()})")
-        write_tasks(tasks, path)  # atomic: an interrupted run leaves no half file
-    return path
-
-
-class TooFewTasksError(RuntimeError):
-    """The corpus yielded no swarm task at all (nothing is written)."""
-
-
-def _command(
-    kind: str, corpus: Path, n: int, rows: int, hops: int, seed: int, out: Path | None, allow_fewer: bool
-) -> None:
-    """Generate and write; exit 1 (after writing what was kept) when fewer than ``n`` tasks were kept, unless
-    ``allow_fewer``; with 0 kept nothing is written and the exit is 1 either way."""
-    from rich.console import Console
-
-    console = Console(stderr=True, soft_wrap=True)
-    config = SwarmTaskConfig(kind=kind, n=n, rows=rows, hops=hops, seed=seed)
-    tasks, report = generate_swarm_tasks(CorpusStore(corpus), config)
-    dropped = dict(report.dropped) or "none"
-    if not tasks:
-        console.print(
-            f"[red]error:[/red] kept 0/{n} {kind}-search tasks of {rows} rows ({report.kept} verified rows for "
-            f"{n * rows} wanted; dropped: {dropped}); nothing written. Try fewer --rows or --hops, or a larger corpus."
-        )
-        raise typer.Exit(1)
-    path = write_tasks(tasks, out or corpus / f"swarm_{kind}.jsonl")
-    summary = (
-        f"kept {len(tasks)}/{n} {kind}-search tasks of {rows} rows ({report.kept} verified rows); "
-        f"dropped: {dropped}; written to {path}"
-    )
-    if len(tasks) < n:
-        console.print(f"[yellow]warning:[/yellow] {summary}: fewer tasks than asked for (--allow-fewer accepts that)")
-        if not allow_fewer:
-            raise typer.Exit(1)
-        return
-    Console(soft_wrap=True).print(summary)
-
-
-CorpusOpt = Annotated[Path, typer.Option(help="corpus directory from `taskrl corpus build`")]
-OutOpt = Annotated[Path | None, typer.Option(help="tasks JSONL (default: CORPUS/swarm_<kind>.jsonl)")]
-SeedOpt = Annotated[int, typer.Option(help="seed of every random choice")]
-AllowFewerOpt = Annotated[
-    bool, typer.Option(help="exit 0 when fewer tasks than --n were kept (0 kept is an error regardless)")
-]
-
-
-def widesearch_command(
-    corpus: CorpusOpt,
-    n: Annotated[int, typer.Option(help="tasks to write")] = 16,
-    rows: Annotated[int, typer.Option(help="independent items per task")] = 8,
-    seed: SeedOpt = 0,
-    out: OutOpt = None,
-    allow_fewer: AllowFewerOpt = False,
-) -> None:
-    """Generate wide-search tasks: many independent look-ups answered as a table (r_perf = item F1)."""
-    _command(WIDE, corpus, n, rows, 1, seed, out, allow_fewer)
-
-
-def deepsearch_command(
-    corpus: CorpusOpt,
-    n: Annotated[int, typer.Option(help="tasks to write")] = 16,
-    rows: Annotated[int, typer.Option(help="branches per task")] = 3,
-    hops: Annotated[int, typer.Option(help="hops per branch (2 or 3)")] = 2,
-    seed: SeedOpt = 0,
-    out: OutOpt = None,
-    allow_fewer: AllowFewerOpt = False,
-) -> None:
-    """Generate deep-search tasks: multi-hop branches whose answers combine (right only when all are)."""
-    _command(DEEP, corpus, n, rows, hops, seed, out, allow_fewer)
+__getattr__ = moved_names(__name__, {"ensure_default_swarm_tasks": "taskrl.datagen.defaults",
+                                     "widesearch_command": "taskrl.commands.datagen",
+                                     "deepsearch_command": "taskrl.commands.datagen"})  # fmt: skip

@@ -271,7 +271,7 @@ def cycle_command(
         cycle_s=cycle_s,
         cycles=cycles,
         min_trajectories=min_trajectories,
-        max_staleness=train_config.max_staleness,
+        max_staleness=train_config.rollout.max_staleness,
         rollout=rollout,  # type: ignore[arg-type]
     )
     serve_config = _serve_config(api_key, admin_key, router, api_keys_file)

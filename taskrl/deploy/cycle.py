@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 from taskrl.deploy.dataset import GroupBy, trajectories_from_store
 from taskrl.deploy.feedback import RewardMap
+from taskrl.deploy.feedback_trust import TrustedFeedbackStore
 from taskrl.deploy.gate import GateConfig, gate_decision
 from taskrl.deploy.router import Router
 from taskrl.deploy.store import Decision, InteractionStore
-from taskrl.feedback_trust import TrustedFeedbackStore
 from taskrl.policies.base import Policy
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import record_base_model
@@ -336,7 +336,7 @@ def train_from_store(
 
     with InteractionStore(store_url) as store:
         trajectories, stats = trajectories_from_store(
-            store, reward_map, max_staleness=train_config.max_staleness, model=model_name, group_by=group_by
+            store, reward_map, max_staleness=train_config.rollout.max_staleness, model=model_name, group_by=group_by
         )
     run = RunLog(train_config.run_dir)
     run.write_config(train_config)

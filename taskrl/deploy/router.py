@@ -293,7 +293,7 @@ class Router:
     def set_untrusted(self, tenants: set[str] | frozenset[str], evidence: dict | None = None) -> Decision | None:
         """Stop counting these tenants' live rewards in the canary's tests (and count the others again).
 
-        The feedback-trust check (``taskrl.feedback_trust``) that keeps a contradicting tenant out of training
+        The feedback-trust check (``taskrl.deploy.feedback_trust``) that keeps a contradicting tenant out of training
         keeps it out of the live evidence too: otherwise a tenant that accepts bad answers props up a degraded
         canary (and one that rejects good answers rolls a good one back). A change is a logged decision."""
         tenants = frozenset(tenants)

@@ -2,5 +2,5 @@
 the torch.distributed data-parallel learner (``ddp``).
 
 Nothing here is imported by ``import taskrl``: Ray and torch.distributed load only when a run asks for them
-(``TrainConfig.ray``, ``SwarmEnvConfig.subagent_backend = "ray"``, a multi-process learner).
+(``placement.ray``, ``SwarmEnvConfig.subagent_backend = "ray"``, a multi-process learner).
 """

@@ -44,7 +44,7 @@ def train_rank(config: TrainConfig) -> RankResult:
     """One rank's run: a ``Trainer`` on this rank's device; ranks > 0 print nothing (rank 0 speaks for all)."""
     from rich.console import Console
 
-    from taskrl.trainer import Trainer
+    from taskrl.training.trainer import Trainer
 
     group = DataParallel.from_process_group()
     if not group.is_main:  # the monitors' alerts and other warnings would repeat once per rank
@@ -61,18 +61,18 @@ def train_rank(config: TrainConfig) -> RankResult:
 
 
 def launch(config: TrainConfig, console: Console | None = None) -> list[RankResult]:
-    """Train with ``config.nproc`` local learner processes; returns every rank's result (rank 0 first)."""
-    backend = resolve_backend(config.dist_backend, config.device)
-    if backend == "nccl" and torch.cuda.device_count() < config.nproc:
+    """Train with ``config.placement.nproc`` local learner processes; returns every rank's result (rank 0 first)."""
+    backend = resolve_backend(config.placement.dist_backend, config.device)
+    if backend == "nccl" and torch.cuda.device_count() < config.placement.nproc:
         from taskrl.training.config import ConfigError
 
         raise ConfigError(
-            f"TrainConfig.nproc={config.nproc} with nccl needs {config.nproc} GPUs, found "
+            f"placement.nproc={config.placement.nproc} with nccl needs {config.placement.nproc} GPUs, found "
             f"{torch.cuda.device_count()}; lower nproc or use device='cpu' (gloo)"
         )
     if console is not None:
-        console.print(f"data-parallel learner: {config.nproc} processes, backend {backend}")
-    return spawn(train_rank, config.nproc, (config,), backend=backend)
+        console.print(f"data-parallel learner: {config.placement.nproc} processes, backend {backend}")
+    return spawn(train_rank, config.placement.nproc, (config,), backend=backend)
 
 
 def launched_world() -> int:
@@ -87,13 +87,13 @@ def run_launched(config: TrainConfig) -> RankResult:
     from taskrl.training.config import ConfigError
 
     world = launched_world()
-    if config.nproc not in (1, world):
+    if config.placement.nproc not in (1, world):
         raise ConfigError(
-            f"TrainConfig.nproc={config.nproc} but torchrun started {world} processes; under torchrun the "
+            f"placement.nproc={config.placement.nproc} but torchrun started {world} processes; under torchrun the "
             "launcher sets the number of ranks: drop --nproc"
         )
-    config = dataclasses.replace(config, nproc=world)  # validated again: nproc <= tasks_per_step and the rest
-    backend = resolve_backend(config.dist_backend, config.device)
+    config = dataclasses.replace(config, placement=dataclasses.replace(config.placement, nproc=world))  # re-validated
+    backend = resolve_backend(config.placement.dist_backend, config.device)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)

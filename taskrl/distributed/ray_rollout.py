@@ -7,7 +7,7 @@
 Actors build their policy (``config.model`` with the trainer's LoRA/freeze set-up, or a ``policy_factory``) and
 their envs themselves; nothing heavy is pickled. Whole groups stay on one actor and every episode keeps the seed
 the in-process path gives it, so a Ray step samples the same episodes as a local one. ``Trainer`` uses this when
-``TrainConfig.ray`` is set (``RaySync`` is its weight sync). Ray is imported only when an instance is created.
+``placement.ray`` is set (``RaySync`` is its weight sync). Ray is imported only when an instance is created.
 """
 
 from __future__ import annotations
@@ -71,13 +71,12 @@ def hf_rollout_policy(config: TrainConfig) -> Policy:
     trainable set-up (LoRA adapters or frozen names), so ``Learner.trainable_state`` loads into it by name."""
     import torch
 
-    from taskrl.policies.hf import HFPolicy
+    from taskrl.policies.hf import EngineConfig, HFPolicy
     from taskrl.training.model import prepare_model
     from taskrl.training.precision import torch_dtype
 
-    policy = HFPolicy.from_pretrained(
-        config.model, device=config.device, dtype=torch_dtype(config.dtype), schedule="throughput"
-    )
+    policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=torch_dtype(config.dtype),
+                                      engine_config=EngineConfig(schedule="throughput"))
     torch.manual_seed(config.seed)  # the trainer's LoRA initialisation (overwritten by the first push anyway)
     policy.model = prepare_model(policy.model, config)
     return policy
@@ -136,7 +135,7 @@ class RolloutActor:
 
     async def play(self, jobs: list[_Job], rollout: RolloutConfig) -> list[Trajectory]:
         """``rollout.group_size`` episodes per job, seeded by the job's index in the step as a local run seeds it;
-        each env is told ``rollout.clock`` by ``run_episode`` (the declared ``set_step``), as in a local run."""
+        the envs know nothing of the training clock (the driver scores the batch at it), as in a local run."""
         tasks, indices = [job.task for job in jobs], [job.index for job in jobs]
         return await run_episodes(self.env_factory, self.policy, tasks, rollout, task_indices=indices)
 
@@ -153,23 +152,24 @@ class RayRollout:
     ) -> None:
         """``env_factory`` (picklable; default ``build_env``: ``make(config.env)``, ``config.tasks``) runs in actors;
         ``policy_factory`` too; its default is ``hf_rollout_policy(config)``, or with ``rollout_policy="server"`` an
-        ``OpenAIPolicy`` per actor on ``config.rollout_url`` (the trainer's sync loads adapters into the server).
+        ``OpenAIPolicy`` per actor on ``config.placement.rollout_url`` (the trainer's sync loads adapters into the
+        server).
         """
         import ray
 
         self.config = config
-        self._owns_ray = connect(config.ray_address)
+        self._owns_ray = connect(config.placement.ray_address)
         self._env_factory = env_factory or functools.partial(
             build_env, config.env, config.env_kwargs, config.tasks, config.task_columns
         )
         self._policy_factory = policy_factory or _default_policy_factory(config)
         self._remote = ray.remote(RolloutActor).options(
-            num_cpus=config.ray_num_cpus_per_worker, num_gpus=config.ray_num_gpus_per_worker
+            num_cpus=config.placement.ray_num_cpus_per_worker, num_gpus=config.placement.ray_num_gpus_per_worker
         )
         self._weights: tuple[Any, int, str | None] | None = None  # last push: (object ref, version, served model)
         self.restarts = 0
         try:
-            self.actors = [self._spawn(i) for i in range(config.ray_workers)]
+            self.actors = [self._spawn(i) for i in range(config.placement.ray_workers)]
         except (TypeError, pickle.PicklingError) as e:
             raise RolloutWorkerError(
                 f"the env or policy factory cannot be sent to Ray actors ({e}); pass a picklable callable "
@@ -190,8 +190,8 @@ class RayRollout:
         except ray.exceptions.GetTimeoutError:
             raise RolloutWorkerError(
                 f"rollout workers {list(workers)} did not start within {START_TIMEOUT_S:g}s; check that the Ray "
-                f"cluster has {self.config.ray_num_cpus_per_worker:g} CPU(s) and "
-                f"{self.config.ray_num_gpus_per_worker:g} GPU(s) free per worker (`ray status`)"
+                f"cluster has {self.config.placement.ray_num_cpus_per_worker:g} CPU(s) and "
+                f"{self.config.placement.ray_num_gpus_per_worker:g} GPU(s) free per worker (`ray status`)"
             ) from None
         except ray.exceptions.RayError as e:
             raise RolloutWorkerError(f"rollout workers {list(workers)} failed to build their policy: {e}") from e
@@ -265,7 +265,7 @@ class RayRollout:
 
         An actor that dies is restarted (with the current weights) and its share is played once more; a second
         death, or any error raised while playing, fails with ``RolloutWorkerError`` naming the worker and tasks.
-        ``step`` names the step in errors; the envs see ``rollout.clock`` (``epoch`` is that clock's, unused here).
+        ``step`` names the step in errors (``epoch`` is unused here: the driver scores the batch at its clock).
         """
         import ray
 
@@ -347,13 +347,14 @@ class RaySync:
 
 
 def _default_policy_factory(config: TrainConfig) -> Callable[[], Policy]:
-    if config.rollout_policy != "server":
+    if config.placement.rollout_policy != "server":
         return functools.partial(hf_rollout_policy, config)
     from taskrl.policies.openai import OpenAIPolicy
 
     # The key is read here, on the driver: the actors' nodes need not have the environment variable.
-    api_key = os.environ.get(config.rollout_api_key_env) or None
-    return functools.partial(OpenAIPolicy, config.rollout_url.rstrip("/"), config.rollout_model, api_key=api_key,
+    api_key = os.environ.get(config.placement.rollout_api_key_env) or None
+    place = config.placement
+    return functools.partial(OpenAIPolicy, place.rollout_url.rstrip("/"), place.rollout_model, api_key=api_key,
                              timeout_s=600.0)  # fmt: skip
 
 

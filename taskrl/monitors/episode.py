@@ -9,7 +9,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from taskrl.monitors.config import MonitorConfig
-from taskrl.rewards.parl import TASK_SIZE_KEY, max_overlap, subtasks
+from taskrl.rewards.formulas import max_overlap
+from taskrl.rewards.parl import TASK_SIZE_KEY, subtasks
 from taskrl.types import Trajectory
 
 FAILED_CHECKS_KEY = "failed_checks"

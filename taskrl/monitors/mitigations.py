@@ -44,7 +44,8 @@ EXPLORATION_MONITORS = frozenset({"tool_ngram_entropy", "duplicate_rate"})
 
 
 def shape_rewards(trajectories: Iterable[Trajectory], config: MitigationConfig) -> None:
-    """Add the penalty terms to each trajectory's ``rewards`` in place (idempotent: a term is overwritten).
+    """Add the penalty terms to each trajectory's measured ``terms`` in place (idempotent: a term is overwritten;
+    ``taskrl.scoring.score`` weighs them, 1 unless the rubric lists them).
 
     Terms: ``tool_cost_penalty`` = -min(max_tool_penalty, tool_call_penalty * calls + tool_cost_weight * cost)
     and ``invalid_call_penalty`` = -invalid_call_penalty * invalid calls. Penalties only lower a reward, so the
@@ -54,9 +55,9 @@ def shape_rewards(trajectories: Iterable[Trajectory], config: MitigationConfig) 
         if config.tool_call_penalty or config.tool_cost_weight:
             raw = config.tool_call_penalty * t.metrics.get("tool_calls", 0.0)
             raw += config.tool_cost_weight * t.metrics.get("tool_cost", 0.0)
-            t.rewards["tool_cost_penalty"] = -min(config.max_tool_penalty, raw)
+            t.terms["tool_cost_penalty"] = -min(config.max_tool_penalty, raw)
         if config.invalid_call_penalty:
-            t.rewards["invalid_call_penalty"] = -config.invalid_call_penalty * t.metrics.get("invalid_tool_calls", 0.0)
+            t.terms["invalid_call_penalty"] = -config.invalid_call_penalty * t.metrics.get("invalid_tool_calls", 0.0)
 
 
 def _exploring(config: MitigationConfig, monitors: Monitors | None) -> bool:

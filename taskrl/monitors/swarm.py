@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from taskrl.monitors.config import MonitorConfig
 from taskrl.monitors.episode import _rate, assign_tool, max_concurrency, task_size, tool_calls
-from taskrl.rewards.parl import TASK_SIZE_KEY, max_overlap, subtasks
+from taskrl.rewards.formulas import max_overlap
+from taskrl.rewards.parl import TASK_SIZE_KEY, subtasks
 from taskrl.types import Trajectory
 
 _WORD_RE = re.compile(r"[a-z0-9]{3,}")

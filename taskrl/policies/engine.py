@@ -15,19 +15,16 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.drafts import default_decode_budget, plan_drafts
+from taskrl.policies.engine_config import EngineConfig
 from taskrl.policies.fastpath import FastForward
 from taskrl.policies.kvcache import PrefixCache, RowKV
-from taskrl.policies.sampling import Request, sample
-
-if TYPE_CHECKING:
-    from taskrl.policies.hf import HFPolicy
-
+from taskrl.policies.sampling import DecodeHost, Request, sample
 
 _STATS = (
     "steps", "prefill_tokens", "prefill_padded_tokens", "cached_tokens", "decode_tokens", "max_running",
@@ -36,6 +33,10 @@ _STATS = (
 )  # fmt: skip
 _MIN_PREFILL_SHARE = 16  # a prefill chunk gives each of its rows at least this many tokens
 _MIN_PREFILL_CHUNK = 32  # the prefill budget while rows decode never drops below this
+AGING_PASSES = 16
+"""A request passed over (others started, it did not) in this many admission passes goes before every younger one,
+skips the wait for in-flight KV, and holds a row slot while it cannot start: once among the first ``max_batch_size``
+queued, it waits at most this many passes (each starts <= ``max_batch_size``), then for older aged ones and a slot."""
 _PRIORITY_STREAK = 2  # the priority lane runs at most this many times priority_tokens steps in a row
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
 
@@ -67,37 +68,30 @@ class ContinuousEngine:
 
     def __init__(
         self,
-        policy: HFPolicy,
+        policy: DecodeHost,
+        config: EngineConfig,
         *,
-        max_batch_size: int,
-        prefill_chunk_tokens: int,
-        prefix_cache_bytes: int,
         share_min_tokens: int = 32,
         idle_release_s: float = 30.0,
-        draft_tokens: int = 0,
-        decode_token_budget: int | None = None,
-        schedule: str = "latency",
-        priority_tokens: int = 0,
-        fast_forward: bool = False,
     ) -> None:
-        """``idle_release_s``: the batch KV buffers are kept between requests and freed after this long idle.
-        ``draft_tokens``: most prompt-lookup drafts a row feeds per decode step (0: none); ``decode_token_budget``:
-        the most (padded) positions of a decode forward that drafts may fill (None: ``drafts.DECODE_TOKEN_BUDGETS``).
-        ``schedule``: "latency" or "throughput" (see ``_prefill_budget`` and ``step``); ``priority_tokens``: in the
-        "latency" schedule, requests for at most this many tokens decode in a lane of their own (0: none).
-        ``fast_forward``: run forwards through a ``FastDecoder`` of the current weights (rebuilt after every weight
-        change) where it reproduces the model; otherwise, and in training mode, transformers' forward."""
+        """``config``: the policy's ``EngineConfig`` (batch and prefill sizes, prefix cache, drafts, schedule,
+        priority lane, fast forward). ``idle_release_s``: the batch KV buffers are kept between requests and freed
+        after this long idle. ``fast_forward`` runs forwards through a ``FastDecoder`` of the current weights
+        (rebuilt after every weight change) where it reproduces the model; otherwise, and in training mode,
+        transformers' forward. The settings are copied onto the engine: benchmarks switch them per run."""
+        max_batch_size = config.max_batch_size
+        fast_forward = config.fast_forward
         self.policy = policy
-        self.schedule = schedule
-        self.priority_tokens = priority_tokens
+        self.schedule = config.schedule
+        self.priority_tokens = config.priority_tokens
         self._priority_streak = 0
         self._yielded = False
-        self.draft_tokens = draft_tokens
-        self.decode_token_budget = decode_token_budget
+        self.draft_tokens = config.draft_tokens
+        self.decode_token_budget = config.decode_token_budget
         self.max_batch_size = max_batch_size
-        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_chunk_tokens = config.prefill_chunk_tokens
         self.share_min_tokens = share_min_tokens
-        self.prefix = PrefixCache(prefix_cache_bytes)
+        self.prefix = PrefixCache(config.prefix_cache_bytes)
         config = policy.model.config
         layers = int(config.get_text_config().num_hidden_layers)
         eager = config._attn_implementation == "eager"
@@ -119,7 +113,8 @@ class ContinuousEngine:
         self._idle = threading.Event()
         self._idle.set()
         self._weights: Any = None
-        self.fast = FastForward(fast_forward)
+        on_cpu = policy.device.type == "cpu"
+        self.fast = FastForward(on_cpu if fast_forward == "auto" else bool(fast_forward))
 
     # -- any thread --------------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -265,27 +260,38 @@ class ContinuousEngine:
                 kv.remove_rows(rows)  # its slot and KV are free for the next row
 
     def _admit(self, *, priority_only: bool = False) -> None:
-        """Start prefilling queued requests, fewest prompt tokens left to compute first (a short prompt skips
-        ahead of long ones, which cannot starve: rows are bounded and short ones finish within a step or two),
-        while row slots last and each prefilling row still gets ``_MIN_PREFILL_SHARE`` tokens of the budget.
-        Requests of the priority lane prefill apart from the others (``priority_only``: only they start)."""
+        """Start prefilling queued requests, fewest prompt tokens left to compute first (a short prompt skips ahead
+        of long ones; ``AGING_PASSES`` bounds for how long), while row slots last and each prefilling row still gets
+        ``_MIN_PREFILL_SHARE`` tokens of the budget. Requests of the priority lane prefill apart from the others
+        (``priority_only``: only they start)."""
         most = max(1, self._prefill_budget() // _MIN_PREFILL_SHARE)
+        window = self.queue[: self.max_batch_size]
+        held = 0  # row slots kept for aged requests that cannot start in this pass
         candidates = []
-        for order, request in enumerate(self.queue[: self.max_batch_size]):
+        for order, request in enumerate(window):
+            aged = request.passed_over >= AGING_PASSES
             if priority_only and not self._prioritised(request):
+                held += aged
                 continue
             prompt = request.prompt_tensor
             cached, _ = self.prefix.match(prompt, len(prompt) - 1, record=False)
-            candidates.append((len(prompt) - cached, order, request, prompt, cached))
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        for _, _, request, prompt, cached in candidates:
+            key = (0, order) if aged else (1, len(prompt) - cached, order)
+            candidates.append((key, aged, request, prompt, cached))
+        candidates.sort(key=lambda c: c[0])
+        started: set[int] = set()
+        for _, aged, request, prompt, cached in candidates:
             target = self.priority_prefilling if self._prioritised(request) else self.prefilling
-            if self._rows() >= self.max_batch_size or target.rows >= most:
+            if self._rows() + held >= self.max_batch_size or target.rows >= most:
+                held += aged
                 continue
-            if target.rows and self._shares_inflight(target, prompt, cached):
+            if not aged and target.rows and self._shares_inflight(target, prompt, cached):
                 continue  # wait a step, then reuse the in-flight KV from the cache
             self.queue.remove(request)
             self._start(request, prompt, target)
+            started.add(id(request))
+        if started:  # the others in the window were passed over
+            for request in window:
+                request.passed_over += id(request) not in started
 
     def _shares_inflight(self, kv: RowKV, prompt: torch.Tensor, cached: int) -> bool:
         for row in kv.owners:

@@ -1,7 +1,7 @@
 """HFPolicy: an in-process transformers model that samples token-exactly, batched across episodes.
 
-Two decode engines run on one worker thread, so the event loop stays free. ``engine="continuous"`` (the
-default, ``taskrl.policies.engine``): requests join the running batch at the next decode step, finished or
+Two decode engines run on one worker thread, so the event loop stays free. ``EngineConfig(engine="continuous")``
+(the default, ``taskrl.policies.engine``): requests join the running batch at the next decode step, finished or
 cancelled rows leave at once, and prompts that extend cached KV (the episode's previous turn, a GRPO group's
 shared prompt) prefill only their new tokens. ``engine="static"`` (``taskrl.policies.static``): requests are
 gathered for a moment and decoded together, each prompt prefilled from scratch. Sampling is our own loop,
@@ -40,6 +40,7 @@ from taskrl.policies.base import (
 )
 from taskrl.policies.constrain import ToolCallConstraint, tool_call_constraint
 from taskrl.policies.engine import ContinuousEngine
+from taskrl.policies.engine_config import ENGINES, EngineConfig
 from taskrl.policies.models import SMOLLM2_CACHE_NAME, load_model_dir, load_smollm2, model_dir, resolve_device
 from taskrl.policies.sampling import Request, sample_row
 from taskrl.policies.static import StaticBatcher
@@ -47,13 +48,7 @@ from taskrl.types import Message
 
 T = TypeVar("T")
 
-ENGINES = ("continuous", "static")
-DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
-"""The prefix cache's default bound (1 GiB: ~23k SmolLM2-135M tokens in float32)."""
-SCHEDULES = ("latency", "throughput")
-"""How the continuous engine orders work: each request's pace (serving) or the whole batch's time (rollouts)."""
-
-__all__ = ["ENGINES", "HFPolicy", "sample_row"]
+__all__ = ["ENGINES", "EngineConfig", "HFPolicy", "sample_row"]
 
 
 class HFPolicy(PolicyBase):
@@ -75,54 +70,13 @@ class HFPolicy(PolicyBase):
         name: str | None = None,
         device: str | torch.device | None = "auto",
         chat_format: ChatFormat | None = None,
-        max_batch_size: int = 32,
-        batch_wait_s: float = 0.002,
-        engine: str = "continuous",
-        prefill_chunk_tokens: int = 128,
-        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        draft_tokens: int = 4,
-        decode_token_budget: int | None = None,
-        schedule: str = "latency",
-        priority_tokens: int = 8,
-        fast_forward: str | bool = "auto",
+        engine_config: EngineConfig | None = None,
     ) -> None:
         """Wrap ``model``/``tokenizer``; ``device`` None keeps the model where it is, "auto" picks CUDA if present.
-
-        ``engine``: "continuous" (default) or "static" (see the module docstring). ``batch_wait_s`` is the
-        static engine's gathering window. ``prefill_chunk_tokens`` bounds the (padded) prompt tokens the
-        continuous engine prefills per step (while rows decode, also to about a decode forward's cost), so
-        running rows keep decoding and a short prompt arriving next is read within a step;
-        ``prefix_cache_bytes`` bounds its KV cache (0 disables reuse).
-        ``draft_tokens``: prompt-lookup drafts a decoding row may verify per step (0 disables speculative decoding;
-        samples are the same either way); ``decode_token_budget``: the most padded positions of a decode forward
-        that drafts may fill, so drafts ride only in forwards where they pay for themselves (None:
-        ``drafts.DECODE_TOKEN_BUDGETS``: on CPU 16 when serving, 32 in rollouts; 256 on an accelerator). ``schedule``:
-        "latency" (serving: while rows decode, a prefill chunk costs about one decode forward, so running rows
-        keep their pace, and requests for at most ``priority_tokens`` tokens decode in a lane of their own, so a
-        short request under load pays for a one-row forward instead of the whole batch's) or "throughput"
-        (rollouts: full prefill chunks and one lane, the fewest forwards per batch of episodes).
-        ``fast_forward``: run the continuous engine's forwards through ``taskrl.policies.fastpath`` (fused, LoRA
-        merged, same results; one extra copy of the projection weights): True, False, or "auto" (on CPU only,
-        where per-op overhead is a large share of a small model's forward).
+        ``engine_config``: how it decodes (``EngineConfig``: the engine, batch and prefill sizes, prefix cache,
+        drafts, schedule; its defaults when None).
         """
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if batch_wait_s < 0:
-            raise ValueError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        if prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        if priority_tokens < 0:
-            raise ValueError(f"priority_tokens must be >= 0, got {priority_tokens}")
-        if draft_tokens < 0:
-            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
-        if decode_token_budget is not None and decode_token_budget < 1:
-            raise ValueError(f"decode_token_budget must be >= 1, got {decode_token_budget}")
-        if fast_forward not in (True, False, "auto"):
-            raise ValueError(f"fast_forward must be True, False or 'auto', got {fast_forward!r}")
+        self.engine_config = config = engine_config if engine_config is not None else EngineConfig()
         self.device = next(model.parameters()).device if device is None else resolve_device(device)
         self.model = model.to(self.device).eval()
         use_grouped_attention(self.model)  # same results; prefill chunks and drafts stop copying the KV
@@ -131,16 +85,6 @@ class HFPolicy(PolicyBase):
         self.name = name or model.config.name_or_path or "hf"
         self._version = 0
         self._kv_epoch = 0
-        self.engine = engine
-        self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.prefix_cache_bytes = prefix_cache_bytes
-        self.draft_tokens = draft_tokens
-        self.decode_token_budget = decode_token_budget
-        self.schedule = schedule
-        self.priority_tokens = priority_tokens
-        self.fast_forward = fast_forward
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -156,17 +100,7 @@ class HFPolicy(PolicyBase):
         self._closed = False
         self._batchers: dict[int, StaticBatcher] = {}  # static engine: one batcher per event loop (by id)
         self._static_stats: Counter[str] = Counter()
-        self._engine = ContinuousEngine(
-            self,
-            max_batch_size=max_batch_size,
-            prefill_chunk_tokens=prefill_chunk_tokens,
-            prefix_cache_bytes=prefix_cache_bytes,
-            draft_tokens=draft_tokens,
-            decode_token_budget=decode_token_budget,
-            schedule=schedule,
-            priority_tokens=priority_tokens,
-            fast_forward=self.device.type == "cpu" if fast_forward == "auto" else bool(fast_forward),
-        )
+        self._engine = ContinuousEngine(self, config)
 
     @classmethod
     def from_pretrained(
@@ -227,7 +161,7 @@ class HFPolicy(PolicyBase):
 
     def engine_stats(self) -> dict[str, Any]:
         """Counters of the engine in use: prefill/decode tokens computed, cached tokens, restarts, occupancy."""
-        if self.engine == "static":
+        if self.engine_config.engine == "static":
             return dict(self._static_stats)
         return self._engine.snapshot()
 
@@ -331,7 +265,7 @@ class HFPolicy(PolicyBase):
             constraint=constraint,
             listener=listener,
         )
-        if self.engine == "static":
+        if self.engine_config.engine == "static":
             self._static_batcher(loop).submit(request)
             return await request.future
 

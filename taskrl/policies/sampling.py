@@ -3,6 +3,8 @@
 Each request owns a ``torch.Generator`` seeded with its seed and draws one uniform per vocabulary entry per
 token, so what it samples never depends on its batch neighbours, on when it joined a batch, or on where its
 KV came from. Logprobs are those of the temperature-scaled distribution before top-p/top-k truncation.
+``DecodeHost`` is what an engine reads from the policy it decodes for (``HFPolicy`` satisfies it), so the engines
+never import ``taskrl.policies.hf``.
 """
 
 from __future__ import annotations
@@ -11,13 +13,37 @@ import asyncio
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from taskrl.chat import ChatFormat
 from taskrl.policies.base import Completion, SamplingParams
+
+
+class DecodeHost(Protocol):
+    """The policy a decode engine (``engine.ContinuousEngine``, ``static.StaticBatcher``) samples for."""
+
+    model: Any
+    """The causal LM (a ``transformers`` model), evaluated in place; trainers update it."""
+    device: torch.device
+    chat_format: ChatFormat
+    max_batch_size: int
+    batch_wait_s: float
+    version: int
+    """The weights' version, stamped on every completion."""
+    _pad_id: int
+    _cache_kwarg: str
+    """The model's keyword for a KV cache ("cache" or "past_key_values")."""
+    _executor: ThreadPoolExecutor
+    """The one decode thread."""
+    _static_stats: Counter[str]
+
+    def _weights_key(self) -> Any: ...
 
 
 @dataclass
@@ -38,6 +64,8 @@ class Request:
     cancelled: bool = False
     """Set (on the event loop) when the caller stopped waiting; the engine drops the request at its next step."""
     submitted: float = field(default_factory=time.perf_counter)
+    passed_over: int = 0
+    """Admission passes in which other requests started while this one waited (the engine's aging rule)."""
     prompt_tensor: torch.Tensor = field(init=False)
     info: dict[str, Any] = field(default_factory=dict)
     constraint: Any = None

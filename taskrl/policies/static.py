@@ -10,15 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from taskrl.policies.base import Completion
-from taskrl.policies.sampling import Request, sample
-
-if TYPE_CHECKING:
-    from taskrl.policies.hf import HFPolicy
+from taskrl.policies.sampling import DecodeHost, Request, sample
 
 _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail: a char is <= 4 byte tokens
 
@@ -26,7 +22,7 @@ _STOP_TAIL_TOKENS_PER_CHAR = 4  # stop strings are searched in the decoded tail:
 class StaticBatcher:
     """Collects requests made on one event loop and feeds them, a batch at a time, to the decode thread."""
 
-    def __init__(self, policy: HFPolicy, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, policy: DecodeHost, loop: asyncio.AbstractEventLoop) -> None:
         self.policy = policy
         self.loop = loop
         self.pending: list[Request] = []
@@ -35,7 +31,7 @@ class StaticBatcher:
 
     def submit(self, request: Request) -> None:
         self.pending.append(request)
-        if len(self.pending) >= self.policy.max_batch_size:
+        if len(self.pending) >= self.policy.engine_config.max_batch_size:
             self.full.set()
         if self.worker is None or self.worker.done():
             self.worker = self.loop.create_task(self._run())
@@ -43,13 +39,13 @@ class StaticBatcher:
     async def _run(self) -> None:
         policy = self.policy
         while self.pending:
-            if len(self.pending) < policy.max_batch_size:
+            if len(self.pending) < policy.engine_config.max_batch_size:
                 # The short wait lets episodes that resume in the same loop tick join this batch.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.full.wait(), timeout=policy.batch_wait_s)
+                    await asyncio.wait_for(self.full.wait(), timeout=policy.engine_config.batch_wait_s)
             self.full.clear()
-            batch = [r for r in self.pending[: policy.max_batch_size] if not r.future.done()]
-            del self.pending[: policy.max_batch_size]
+            batch = [r for r in self.pending[: policy.engine_config.max_batch_size] if not r.future.done()]
+            del self.pending[: policy.engine_config.max_batch_size]
             if not batch:
                 continue
             try:
@@ -65,7 +61,7 @@ class StaticBatcher:
 
 
 def _forward(
-    policy: HFPolicy, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: object
+    policy: DecodeHost, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: object
 ) -> torch.Tensor:
     out = policy.model(
         input_ids=input_ids,
@@ -79,7 +75,7 @@ def _forward(
 
 
 @torch.inference_mode()
-def decode_batch(policy: HFPolicy, requests: list[Request]) -> list[Completion]:
+def decode_batch(policy: DecodeHost, requests: list[Request]) -> list[Completion]:
     """Decode ``requests`` together until every one has finished; runs on the decode thread."""
     from transformers import DynamicCache
 
@@ -147,7 +143,7 @@ def decode_batch(policy: HFPolicy, requests: list[Request]) -> list[Completion]:
     ]
 
 
-def _hit_stop_string(policy: HFPolicy, request: Request) -> bool:
+def _hit_stop_string(policy: DecodeHost, request: Request) -> bool:
     longest = max(len(s) for s in request.sampling.stop)
     tail = policy.chat_format.decode(request.token_ids[-(longest * _STOP_TAIL_TOKENS_PER_CHAR + 1) :])
     for stop in request.sampling.stop:

@@ -137,7 +137,7 @@ def vllm_server_config(
     table: dict[str, Any], *, model: str, url: str = "", served_name: str = "", lora_rank: int = 16,
     max_staleness: int = 1,
 ) -> VLLMServerConfig:
-    """A ``VLLMServerConfig`` from a table of its fields (``TrainConfig.vllm``, ``taskrl serve --vllm``); ``model``,
+    """A ``VLLMServerConfig`` from a table of its fields (``placement.vllm``, ``taskrl serve --vllm``); ``model``,
     ``url`` and ``served_name`` come from the caller. ``max_lora_rank`` defaults to the smallest rank vLLM accepts
     that fits ``lora_rank``, ``max_loras`` to ``max_staleness + 1`` (at least 4). Unknown keys fail, named."""
     if not isinstance(table, dict):

@@ -1,25 +1,17 @@
-"""Reward and curriculum toolkit: formulas, composable weighted terms, anti-cheating terms, loop guard, presets.
+"""Reward toolkit: formulas, composable weighted terms, anti-cheating terms, loop guard, presets.
 
 ``formulas`` holds the pure closed forms (F-beta, effort penalty, PARL terms, Context-1 penalties);
-``compose`` the ``ComposedReward``/``MultiStageReward`` machinery; ``terms``/``cheating`` the terms;
-``loops`` the ``LoopGuard`` env wrapper; ``curriculum`` the task sampler; ``presets`` the recipes' rewards;
+``compose`` stage-wise credit (``multi_stage``) and the errors naming what replaced removed names (the reward
+itself is a ``taskrl.scoring.Rubric``); ``terms``/``cheating`` the terms;
+``loops`` the ``LoopGuard`` env wrapper; ``presets`` the recipes' rewards;
 ``cli`` the ``taskrl rewards list|score`` commands (not imported here, so this package stays light).
 """
 
+from typing import Any
+
+from taskrl.moved import moved_names
 from taskrl.rewards.cheating import BusyWork, FinishCredit, Grounding, ParallelCredit, TrivialTests
-from taskrl.rewards.compose import (
-    ComposedReward,
-    Gate,
-    MultiStageReward,
-    PenaltyClamp,
-    RewardBreakdown,
-    RewardClock,
-    RewardTermError,
-    Stage,
-    WeightedTerm,
-    reward_metrics,
-)
-from taskrl.rewards.curriculum import CurriculumExhaustedError, CurriculumSampler, Phase
+from taskrl.rewards.compose import REMOVED, Stage, multi_stage, removed_name_error
 from taskrl.rewards.formulas import effort_penalty, f_beta, f_beta_sets, r_finish, r_parallel
 from taskrl.rewards.loops import LoopConfig, LoopDetector, LoopGuard, LoopPenalty
 from taskrl.rewards.presets import PRESETS, composer, context1, make_reward, parl, seed_weighted
@@ -34,13 +26,23 @@ from taskrl.rewards.terms import (
     ToolCostPenalty,
     ValidToolUse,
 )
+from taskrl.scoring import RewardTermError, Rubric
 
 __all__ = [
-    "PRESETS", "AnswerMatch", "BusyWork", "ComposedReward", "CurriculumExhaustedError", "CurriculumSampler",
-    "EffortPenalty", "ExplorationBonus", "FinishCredit", "Gate", "Grounding", "InfoFlag", "LoopConfig",
-    "LoopDetector", "LoopGuard", "LoopPenalty", "MultiStageReward", "OutputAgreement", "ParallelCredit",
-    "PenaltyClamp", "Phase", "RewardBreakdown", "RewardClock", "RewardTermError", "Stage", "SummaryUsefulness",
-    "TestPassRate", "ToolCostPenalty", "TrivialTests", "ValidToolUse", "WeightedTerm", "composer", "context1",
-    "effort_penalty", "f_beta", "f_beta_sets", "make_reward", "parl", "r_finish", "r_parallel", "seed_weighted",
-    "reward_metrics",
+    "PRESETS", "AnswerMatch", "BusyWork", "EffortPenalty",
+    "ExplorationBonus", "FinishCredit", "Grounding", "InfoFlag", "LoopConfig", "LoopDetector", "LoopGuard",
+    "LoopPenalty", "OutputAgreement", "ParallelCredit", "RewardTermError", "Rubric", "Stage",
+    "SummaryUsefulness", "TestPassRate", "ToolCostPenalty", "TrivialTests", "ValidToolUse", "composer", "context1",
+    "effort_penalty", "f_beta", "f_beta_sets", "make_reward", "multi_stage", "parl", "r_finish", "r_parallel",
+    "seed_weighted",
 ]  # fmt: skip
+
+_moved = moved_names(__name__, dict.fromkeys(  # the curriculum is a task sampler: it moved beside EpochSampler
+    ("CurriculumSampler", "CurriculumExhaustedError", "Phase"), "taskrl.training.curriculum"))
+
+
+def __getattr__(name: str) -> Any:
+    """Removed reward names raise an error naming their replacement; moved names one naming their new module."""
+    if name in REMOVED:
+        raise removed_name_error("taskrl.rewards", name)
+    return _moved(name)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from taskrl.rewards.formulas import r_finish, r_parallel
+from taskrl.rewards.formulas import max_overlap, r_finish, r_parallel
 from taskrl.rewards.views import evidence_text, extract_facts, states, tool_exchanges
 from taskrl.types import Task, Trajectory
 
@@ -25,8 +25,9 @@ class Grounding:
     is every successful tool result. With ``include_prompt``, facts the task itself states (its quantities, row
     numbers, its own words) are given, not found: they are left out of the share, and an answer whose every
     fact is given found nothing, so it scores 0 (a table of row numbers, or of phrases copied from the prompt,
-    is fabricated). A fabricated answer (facts no tool ever returned) scores 0; use it as a ``Gate`` so such
-    an episode scores as a failure. None when there is no final answer or it states no extractable fact.
+    is fabricated). A fabricated answer (facts no tool ever returned) scores 0; use it as a gate's check
+    (``GateRule``) so such an episode scores as a failure. None when there is no final answer or it states no
+    extractable fact.
     """
 
     extractor: Callable[[str], set[str]] = extract_facts
@@ -144,16 +145,6 @@ def subagent_intervals(trajectory: Trajectory) -> list[tuple[float, float]]:
     return out
 
 
-def max_concurrency(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant; one ending exactly when another starts does not overlap it."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])  # ends sort first
-    running = best = 0
-    for _, delta in events:
-        running += delta
-        best = max(best, running)
-    return best
-
-
 @dataclass(frozen=True)
 class ParallelCredit:
     """PARL's r_parallel measured from what actually ran: min(1, max overlapping sub-agents / K).
@@ -170,7 +161,7 @@ class ParallelCredit:
         r_parallel(0, self.k)  # validates k
 
     def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
-        overlap = max_concurrency(subagent_intervals(trajectory))
+        overlap = max_overlap(subagent_intervals(trajectory))
         return r_parallel(overlap if overlap >= 2 else 0, self.k)
 
 

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from taskrl.env import make
-from taskrl.rewards.compose import RewardClock, reward_metrics
 from taskrl.rewards.presets import PRESETS, make_reward
 from taskrl.rewards.terms import AnswerMatch
+from taskrl.scoring import Clock, batch_metrics, rescore
 from taskrl.types import read_jsonl, write_jsonl
 
 ANSWER_PRESETS = {"parl": "perf", "seed_weighted": "completion"}
@@ -32,12 +32,12 @@ def list_presets() -> None:
     """List the reward presets with their terms and starting weights."""
     table = Table("preset", "terms (weight at step 0)", "group terms", "gates", "source")
     for name, build in PRESETS.items():
-        reward = build(clock=RewardClock())
-        weights = reward.weights()
+        reward = build()
+        weights = reward.weights(Clock())
         source = (build.__doc__ or "").split("(")[0].strip()
         table.add_row(
             name,
-            ", ".join(f"{t.name} {weights[t.name]:g}" for t in reward.terms),
+            ", ".join(f"{t.name} {weights[t.name]:g}" for t in [*reward.terms, *reward.derived]),
             ", ".join(f"{t.name} {weights[t.name]:g}" for t in reward.group_terms) or "-",
             ", ".join(g.name for g in reward.gates) or "-",
             source,
@@ -70,11 +70,12 @@ def score(
         if preset not in ANSWER_PRESETS:
             raise ValueError(f"--answer-mode applies to {', '.join(ANSWER_PRESETS)}, not {preset!r}")
         outcome[ANSWER_PRESETS[preset]] = AnswerMatch(answer_mode)  # type: ignore[arg-type]
-    reward = make_reward(preset, clock=RewardClock(step, epoch), **outcome)
-    reward.rescore(trajectories, tasks.get)
-    metrics = reward_metrics(trajectories, reward)
+    reward = make_reward(preset, **outcome)
+    clock = Clock(step, epoch)
+    rescore(trajectories, reward, clock, task_of=tasks.get)  # measured by the preset, scored at the clock
+    metrics = batch_metrics(trajectories, reward, clock)
     table = Table("term", "weight", "weighted mean", "raw mean", "applies to", title=f"{preset} on {len(trajectories)}")
-    for t in reward.terms + reward.group_terms:
+    for t in [*reward.terms, *reward.derived, *reward.group_terms]:
         if f"rewards/{t.name}" in metrics:
             table.add_row(
                 t.name,

@@ -1,9 +1,10 @@
 """Pure reward formulas (closed forms from the recipes, or our documented stand-ins), golden-tested.
 
 Context-1: ``f_beta``, ``f_beta_sets``, ``fact_recall``, ``output_precision``, ``answer_correct``,
-``prune_penalty``, ``turn_penalty``, ``context1_clamp`` (the ``context1`` preset's terms and the search env's
-metrics both call these); Composer:
-``effort_penalty``; PARL: ``r_parallel``, ``r_finish``, ``r_efficiency``. Inputs are validated: a bad value raises
+``prune_penalty``, ``turn_penalty`` (the ``context1`` preset's terms and the search env's metrics both call these;
+the clamp is ``taskrl.scoring.context1_clamp``); Composer:
+``effort_penalty``; PARL: ``r_parallel``, ``r_finish``, ``r_efficiency``, and ``max_overlap`` (the one count of
+intervals open at once, on the step clock or the wall clock). Inputs are validated: a bad value raises
 ``ValueError`` naming the argument, so a bad config fails at start instead of producing NaN rewards.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence, Set
+
+from taskrl.moved import moved_names
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -136,13 +139,6 @@ def turn_penalty(turns: int, *, start: int = 64, end: int = 128, max_penalty: fl
     return max_penalty * min(1.0, max(0.0, (turns - start) / (end - start)))
 
 
-def context1_clamp(total: float, pre_penalty: float, *, epsilon: float, completed: bool) -> float:
-    """Context-1's clamp(total, ε, r_pre): capped at the pre-penalty reward r_pre, then floored at ε for an
-    episode that completed (final answer, no error) and at 0 otherwise. The floor wins when r_pre < ε, so a
-    completed episode always beats a failed one (the search env's reward reads docs/design/index.md §6 the same way)."""
-    return max(epsilon if completed else 0.0, min(total, pre_penalty))
-
-
 def doc_of(chunk_id: Hashable) -> Hashable:
     """The document of a chunk id, ``"doc#3"`` -> ``"doc"`` (the search corpus's id rule,
     ``taskrl.envs.search.corpus.doc_id_of``); a document id, or a non-string id, is returned unchanged."""
@@ -176,3 +172,17 @@ def answer_correct(given: str | None, gold: str | None) -> bool:
     return given is not None and gold is not None and bool(normalise_answer(gold)) and (
         normalise_answer(given) == normalise_answer(gold)
     )
+
+
+def max_overlap(spans: Sequence[tuple[float, float]]) -> int:
+    """Most intervals open at one instant; one ending where another starts does not overlap it, and an empty
+    interval (end <= start) is never open."""
+    events = sorted([(s, 1) for s, e in spans if e > s] + [(e, -1) for s, e in spans if e > s])  # ends sort first
+    running = best = 0
+    for _, delta in events:
+        running += delta
+        best = max(best, running)
+    return best
+
+
+__getattr__ = moved_names(__name__, {"context1_clamp": "taskrl.scoring"})

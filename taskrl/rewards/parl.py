@@ -16,8 +16,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from taskrl.rewards.compose import Term
-from taskrl.rewards.formulas import r_efficiency, r_finish, r_parallel
+from taskrl.rewards.formulas import max_overlap, r_efficiency, r_finish, r_parallel
+from taskrl.scoring import TermFn
 from taskrl.types import Task, Trajectory
 
 TRIVIAL_ANSWERS = frozenset({
@@ -82,16 +82,6 @@ def step_schedule(turns: Sequence[Sequence[tuple[Hashable, int]]], main_steps: i
 def schedule_length(turns: Sequence[Sequence[tuple[Hashable, int]]], main_steps: int = 1) -> int:
     """Critical steps: Σ_t (main_steps + the most steps any one agent spent in turn t)."""
     return _run(turns, main_steps)[1]
-
-
-def max_overlap(spans: Sequence[tuple[int, int]]) -> int:
-    """Most intervals open at one step; one ending where another starts does not overlap it."""
-    events = sorted([(s, 1) for s, e in spans if e > s] + [(e, -1) for s, e in spans if e > s])
-    running = best = 0
-    for _, delta in events:
-        running += delta
-        best = max(best, running)
-    return best
 
 
 @dataclass(frozen=True)
@@ -245,7 +235,7 @@ class CriticalEfficiency:
     Reads ``trajectory.metrics["critical_steps"]`` (the swarm env writes it); None when absent.
     """
 
-    perf: Term
+    perf: TermFn
     """The r_perf term (the same one the reward's ``perf`` term uses)."""
     budget: int = 100
     """Critical steps at which the bonus reaches 0 (the episode's critical-step budget when it has one)."""

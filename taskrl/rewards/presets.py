@@ -1,7 +1,8 @@
 """Reward presets named after their sources: ``context1``, ``parl``, ``seed_weighted``, ``composer``.
 
-Each returns a ``ComposedReward`` (every term logged apart, weights on the reward's own clock, moved by
-``set_step``, unless ``clock`` is given); ``PRESETS`` maps the names to the builders. The Context-1 term classes
+Each returns a ``taskrl.scoring.Rubric`` (terms with their measuring functions, every term logged apart; weight
+schedules and Context-1's β run on the ``Clock`` that ``taskrl.scoring.score`` is given, never on the env's);
+``PRESETS`` maps the names to the builders. The Context-1 term classes
 live here too because only that recipe defines them; their ``trajectory.info``/``task.info`` keys are listed in
 ``context1``'s docstring.
 """
@@ -9,21 +10,11 @@ live here too because only that recipe defines them; their ``trajectory.info``/`
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from taskrl.algos.schedules import Schedule
 from taskrl.rewards.cheating import BusyWork, Grounding, TrivialTests
-from taskrl.rewards.compose import (
-    ComposedReward,
-    Gate,
-    PenaltyClamp,
-    RewardClock,
-    ScheduledTerm,
-    Term,
-    WeightedTerm,
-    make_weight,
-)
 from taskrl.rewards.formulas import (
     answer_correct,
     doc_of,
@@ -44,6 +35,7 @@ from taskrl.rewards.terms import (
     ValidToolUse,
 )
 from taskrl.rewards.views import assistant_turns, tool_exchanges
+from taskrl.scoring import ClampRule, DerivedTerm, GateRule, Measure, Rubric, TermFn, TermWeight
 from taskrl.types import Task, Trajectory
 
 # Keys the Context-1 terms read: task keys as ``taskrl datagen multihop`` writes them; trajectory keys as the
@@ -78,51 +70,73 @@ def _fact_chunks(task: Task | None) -> list[set[Hashable]] | None:
     return None if relevant is None else [{c} for c in relevant]
 
 
-@dataclass
-class OutputFBeta(ScheduledTerm):
-    """Context-1's F-beta on the final output, fact-level. Over the documents it lists (``info["output_doc_ids"]``,
-    as the search env writes it): a fact is recalled when the first ``max_output_docs`` listed documents include
-    one holding a chunk that supports it; precision is the share of listed documents holding a supporting or
-    answer chunk (``formulas.fact_recall``/``output_precision``). Over chunks (``info["output_chunks"]``) when an
-    env records those instead. β follows ``beta`` on the reward's clock (``set_step``), by epoch unless
-    ``clock="step"``."""
+def output_precision_recall(
+    trajectory: Trajectory, task: Task | None, max_output_docs: int = 10
+) -> tuple[float, float] | None:
+    """Context-1's precision and fact-level recall of the final output, the inputs of its F_β (None without gold
+    facts). Over the documents it lists (``info["output_doc_ids"]``, as the search env writes it): a fact is
+    recalled when the first ``max_output_docs`` listed documents include one holding a chunk that supports it;
+    precision is the share of listed documents holding a supporting or answer chunk. Over chunks
+    (``info["output_chunks"]``) when an env records those instead (nothing listed when nothing is relevant: 1, 1)."""
+    facts = _fact_chunks(task)
+    if facts is None:
+        return None
+    assert task is not None
+    supporting = set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())
+    if OUTPUT_DOCS in trajectory.info:
+        listed = list(trajectory.info[OUTPUT_DOCS] or [])
+        recall = fact_recall(facts, found_docs=listed[:max_output_docs])
+        return output_precision(listed, {doc_of(c) for c in supporting}), recall
+    output = _ids(trajectory.info, OUTPUT_CHUNKS) or set()
+    if not facts:
+        return f_beta_sets(output, set(), 1.0)[1:]
+    recall = fact_recall(facts, found_chunks=output)
+    return (len(output & supporting) / len(output) if output else 0.0), recall
 
-    beta: float | dict[str, Any] | Schedule = field(
-        default_factory=lambda: {"kind": "linear", "start": 4.0, "end": 2.0, "steps": 4}
-    )
-    """β or its schedule; Context-1: 4 (recall 16x) at the start, annealed toward 2 (recall 4x)."""
-    clock: Literal["step", "epoch"] = "epoch"
-    """What drives the β schedule."""
+
+@dataclass(frozen=True)
+class OutputPrecision:
+    """The precision input of Context-1's F_β (``output_precision_recall``)."""
+
     max_output_docs: int = 10
-    """Listed documents that can earn recall (the search env's ``RewardConfig.max_output_docs``)."""
     value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
-    def __post_init__(self) -> None:
-        if self.max_output_docs < 1:
-            raise ValueError(f"OutputFBeta.max_output_docs must be >= 1, got {self.max_output_docs}")
-        self._schedule = make_weight(self.beta, field="OutputFBeta.beta")
-        self.current_beta = float(self._schedule(0))
+    def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
+        both = output_precision_recall(trajectory, task, self.max_output_docs)
+        return None if both is None else both[0]
 
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        self.current_beta = float(self._schedule(epoch if self.clock == "epoch" else step))
+
+@dataclass(frozen=True)
+class OutputRecall:
+    """The fact-level recall input of Context-1's F_β (``output_precision_recall``)."""
+
+    max_output_docs: int = 10
+    value_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __call__(self, trajectory: Trajectory, task: Task | None) -> float | None:
-        facts = _fact_chunks(task)
-        if facts is None:
-            return None
-        assert task is not None
-        supporting = set().union(*facts) | (_ids(task.info, ANSWER_CHUNKS) or set())
-        if OUTPUT_DOCS in trajectory.info:
-            listed = list(trajectory.info[OUTPUT_DOCS] or [])
-            recall = fact_recall(facts, found_docs=listed[: self.max_output_docs])
-            precision = output_precision(listed, {doc_of(c) for c in supporting})
-            return f_beta(precision, recall, self.current_beta)
-        output = _ids(trajectory.info, OUTPUT_CHUNKS) or set()
-        if not facts:
-            return f_beta_sets(output, set(), self.current_beta)[0]
-        recall = fact_recall(facts, found_chunks=output)
-        precision = len(output & supporting) / len(output) if output else 0.0
-        return f_beta(precision, recall, self.current_beta)
+        both = output_precision_recall(trajectory, task, self.max_output_docs)
+        return None if both is None else both[1]
+
+
+def output_f_beta(
+    beta: float | dict[str, Any] | Schedule | None = None,
+    *,
+    weight: float = 1.0,
+    beta_clock: Literal["step", "epoch"] = "epoch",
+    max_output_docs: int = 10,
+) -> tuple[list[Measure], DerivedTerm]:
+    """Context-1's F_β on the final output: the env measures ``output_precision`` and ``output_recall``;
+    ``taskrl.scoring.score`` derives ``f_beta`` = ``formulas.f_beta(precision, recall, β)`` with β read from its
+    schedule at the clock it scores at (default: 4 -> 2 linear over 4 epochs)."""
+    if max_output_docs < 1:
+        raise ValueError(f"context1: max_output_docs must be >= 1, got {max_output_docs}")
+    if beta is None:
+        beta = {"kind": "linear", "start": 4.0, "end": 2.0, "steps": 4}
+    measures = [Measure("output_precision", OutputPrecision(max_output_docs)),
+                Measure("output_recall", OutputRecall(max_output_docs))]  # fmt: skip
+    derived = DerivedTerm("f_beta", ("output_precision", "output_recall"), f_beta, param=beta,
+                          param_clock=beta_clock, weight=weight)  # fmt: skip
+    return measures, derived
 
 
 @dataclass(frozen=True)
@@ -240,36 +254,33 @@ def context1(
     max_output_docs: int = 10,
     prune: PrunePenalty | None = None,
     turns: TurnPenalty | None = None,
-    clock: RewardClock | None = None,
-) -> ComposedReward:
+) -> Rubric:
     """Chroma Context-1 (Chroma's Context-1 technical report): r = clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune −
     p_turn, ε, r_pre), β = 4 annealed toward 2 between epochs (default: linear over 4 epochs). See
     docs/design/index.md §6.
     ``answer_weight`` > 0 adds ``answer_correct`` (the ANSWER line equals the task's answer; off = pure Context-1).
 
-    This is the search env's reward: ``SearchEnv`` builds it from its ``RewardConfig``, measures with its terms
-    and declares its rubric (``ComposedReward.rubric``). Reads what the search env writes:
+    F_β is a derived term (``output_f_beta``): the env measures precision and recall, ``score`` computes F_β at
+    its clock. This is the search env's reward: ``SearchEnv`` builds it from its ``RewardConfig`` and declares it
+    as its rubric. Reads what the search env writes:
     ``trajectory.info["output_doc_ids"]`` (documents the final output lists), ``["encountered_chunk_ids"]``
     (every chunk returned to the agent, pruned included) and ``["answer_line"]``; or, from other envs,
     ``["output_chunks"]`` and ``["seen_chunks"]``; and the task as ``taskrl datagen multihop`` writes it:
     ``task.info["facts"][i]["chunk_ids"]`` (or a flat ``["relevant_chunks"]``), ``["answer_chunk_ids"]`` and
     ``["answer"]``.
     """
-    fbeta = OutputFBeta(max_output_docs=max_output_docs)
-    if beta is not None:
-        fbeta = OutputFBeta(beta, max_output_docs=max_output_docs)
+    measures, fbeta = output_f_beta(beta, weight=f_beta_weight, max_output_docs=max_output_docs)
     terms = [
-        WeightedTerm("f_beta", fbeta, f_beta_weight),
-        WeightedTerm("trajectory_recall", TrajectoryRecall(), trajectory_recall_weight),
-        WeightedTerm("answer_found", AnswerFound(), answer_found_weight),
+        TermWeight("trajectory_recall", trajectory_recall_weight, fn=TrajectoryRecall()),
+        TermWeight("answer_found", answer_found_weight, fn=AnswerFound()),
     ]
     if answer_weight > 0:
-        terms.append(WeightedTerm("answer_correct", AnswerCorrect(), answer_weight))
+        terms.append(TermWeight("answer_correct", answer_weight, fn=AnswerCorrect()))
     terms += [
-        WeightedTerm("prune_penalty", prune or PrunePenalty(), 1.0),
-        WeightedTerm("turn_penalty", turns or TurnPenalty(), 1.0),
+        TermWeight("prune_penalty", 1.0, fn=prune or PrunePenalty()),
+        TermWeight("turn_penalty", 1.0, fn=turns or TurnPenalty()),
     ]
-    return ComposedReward(terms, clamp=PenaltyClamp(epsilon), clock=clock)
+    return Rubric(terms=terms, measures=measures, derived=[fbeta], clamp=ClampRule(epsilon))
 
 
 def _anneal(start: float, steps: int, kind: str, end: float = 0.0) -> dict[str, Any]:
@@ -281,7 +292,7 @@ def _anneal(start: float, steps: int, kind: str, end: float = 0.0) -> dict[str, 
 
 
 def parl(
-    perf: Term | None = None,
+    perf: TermFn | None = None,
     *,
     k: int = 4,
     lambda_parallel: float = 0.3,
@@ -290,8 +301,7 @@ def parl(
     critical_steps_budget: int = 100,
     anneal_steps: int = 1000,
     anneal: Literal["linear", "cosine"] = "linear",
-    clock: RewardClock | None = None,
-) -> ComposedReward:
+) -> Rubric:
     """Kimi K2.5 PARL (Moonshot AI's Kimi K2.5 technical report, Agent Swarm): r = r_perf + λ1·r_parallel +
     λ2·r_finish, λ1 and λ2 annealed to 0 over ``anneal_steps`` trainer steps, plus our unannealed λ3·r_efficiency.
 
@@ -310,47 +320,44 @@ def parl(
         raise ValueError(f"parl: lambda_efficiency must be in [0, 1), got {lambda_efficiency}")
     perf = perf or AnswerMatch()
     terms = [
-        WeightedTerm("perf", perf, 1.0),
-        WeightedTerm("parallel", UsefulParallelism(k), _anneal(lambda_parallel, anneal_steps, anneal)),
-        WeightedTerm("finish", UsefulFinish(), _anneal(lambda_finish, anneal_steps, anneal)),
-        WeightedTerm("efficiency", CriticalEfficiency(perf, critical_steps_budget), lambda_efficiency),
+        TermWeight("perf", 1.0, fn=perf),
+        TermWeight("parallel", _anneal(lambda_parallel, anneal_steps, anneal), fn=UsefulParallelism(k)),
+        TermWeight("finish", _anneal(lambda_finish, anneal_steps, anneal), fn=UsefulFinish()),
+        TermWeight("efficiency", lambda_efficiency, fn=CriticalEfficiency(perf, critical_steps_budget)),
     ]
-    return ComposedReward(terms, clock=clock)
+    return Rubric(terms=terms)
 
 
 def seed_weighted(
-    completion: Term | None = None,
+    completion: TermFn | None = None,
     *,
     k: int = 4,
     efficiency_anneal_steps: int = 1000,
     busy_work_weight: float = 0.3,
     grounding: Grounding | None = None,
-    clock: RewardClock | None = None,
-) -> ComposedReward:
+) -> Rubric:
     """The seed's multi-objective reward (seed article 004 §3.1-3.2, on Kimi K2.5): completion 40%, parallel
     efficiency 30% annealed linearly to 5%, output stability 30%; with the seed's anti-cheating terms: fake
     parallelism earns no efficiency (PARL's ``UsefulParallelism``, as the default swarm reward: distinct useful
     sub-tasks overlapping on the critical-step clock, never wall-clock time), busy-work is penalised
     (``BusyWork``), and a fabricated answer (``Grounding`` < 1) scores as a failure.
 
-    Output stability is a GROUP term (agreement of the K samples' answers): the trainer adds it with
-    ``reward.finalize_group(group, task)``. ``completion`` defaults to exact match of the final answer.
+    Output stability is a GROUP term (agreement of the K samples' answers): ``taskrl.scoring.score`` adds it per
+    group of samples of a task. ``completion`` defaults to exact match of the final answer.
     """
     if busy_work_weight < 0:
         raise ValueError(f"seed_weighted: busy_work_weight must be >= 0, got {busy_work_weight}")
     terms = [
-        WeightedTerm("completion", completion or AnswerMatch(), 0.4),
-        WeightedTerm("efficiency", UsefulParallelism(k), _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05)),
-        WeightedTerm("busy_work", BusyWork(), busy_work_weight),
+        TermWeight("completion", 0.4, fn=completion or AnswerMatch()),
+        TermWeight("efficiency", _anneal(0.3, efficiency_anneal_steps, "linear", end=0.05), fn=UsefulParallelism(k)),
+        TermWeight("busy_work", busy_work_weight, fn=BusyWork()),
     ]
-    gates = [Gate("grounding", grounding or Grounding())]
-    return ComposedReward(
-        terms, group_terms=[WeightedTerm("stability", OutputAgreement(), 0.3)], gates=gates, clock=clock
-    )
+    gates = [GateRule("grounding", check=grounding or Grounding())]
+    return Rubric(terms=terms, group_terms=[TermWeight("stability", 0.3, fn=OutputAgreement())], gates=gates)
 
 
 def composer(
-    tests: Term | None = None,
+    tests: TermFn | None = None,
     *,
     valid_tool_use_weight: float = 0.1,
     valid_tool_use_counts_errors: bool = False,
@@ -361,8 +368,7 @@ def composer(
     tamper_metric: str = "tampering",
     tamper_gate: bool = True,
     floor_at_failure: bool = False,
-    clock: RewardClock | None = None,
-) -> ComposedReward:
+) -> Rubric:
     """Cursor Composer 2 (Cursor's Composer 2 technical report): hidden tests + valid tool use + effort
     penalty ((1+k·x)^(1-q)-1)/(k·(1-q)) (default k=1, q=2 over tool calls: bounded by 1), with Cursor's
     anti-hacking: tampering (the code env's ``trajectory.metrics["tampering"]``, or an env's
@@ -383,18 +389,18 @@ def composer(
         if value < 0:
             raise ValueError(f"composer: {name} must be >= 0, got {value}")
     terms = [
-        WeightedTerm("tests", tests or RecordedTests(), 1.0),
-        WeightedTerm("valid_tool_use", ValidToolUse(count_errors=valid_tool_use_counts_errors), valid_tool_use_weight),
-        WeightedTerm("effort", effort or EffortPenalty(), effort_weight),
-        WeightedTerm("trivial_tests", TrivialTests(), trivial_tests_weight),
+        TermWeight("tests", 1.0, fn=tests or RecordedTests()),
+        TermWeight("valid_tool_use", valid_tool_use_weight, fn=ValidToolUse(count_errors=valid_tool_use_counts_errors)),
+        TermWeight("effort", effort_weight, fn=effort or EffortPenalty()),
+        TermWeight("trivial_tests", trivial_tests_weight, fn=TrivialTests()),
     ]
     terms = [t for t in terms if t.name == "tests" or t.weight != 0]
-    gates = [Gate("tests_intact", Untampered(tamper_metric, tamper_key))] if tamper_gate else []
-    clamp = PenaltyClamp(0.0) if floor_at_failure else None
-    return ComposedReward(terms, gates=gates, clamp=clamp, clock=clock)
+    gates = [GateRule("tests_intact", check=Untampered(tamper_metric, tamper_key))] if tamper_gate else []
+    clamp = ClampRule(0.0) if floor_at_failure else None
+    return Rubric(terms=terms, gates=gates, clamp=clamp)
 
 
-PRESETS: dict[str, Callable[..., ComposedReward]] = {
+PRESETS: dict[str, Callable[..., Rubric]] = {
     "context1": context1,
     "parl": parl,
     "seed_weighted": seed_weighted,
@@ -402,7 +408,7 @@ PRESETS: dict[str, Callable[..., ComposedReward]] = {
 }
 
 
-def make_reward(name: str, **kwargs: Any) -> ComposedReward:
+def make_reward(name: str, **kwargs: Any) -> Rubric:
     """Build a preset by name (for configs); an unknown name lists the presets."""
     if name not in PRESETS:
         raise ValueError(f"unknown reward preset {name!r}; presets: {', '.join(PRESETS)}")

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from taskrl.rewards.compose import Term
 from taskrl.rewards.formulas import effort_penalty
 from taskrl.rewards.views import assistant_turns, extract_numbers, tool_exchanges
+from taskrl.scoring import TermFn
 from taskrl.tools import ToolSet
 from taskrl.types import Task, Trajectory
 
@@ -263,7 +263,7 @@ class SummaryUsefulness:
     call's string arguments (e.g. the file path). None when the episode has no summaries.
     """
 
-    success: Term
+    success: TermFn
     """The continuation's outcome in [0, 1] (e.g. ``TestPassRate()``); None from it makes this term None."""
     key: str = SUMMARIES_KEY
     """``trajectory.info`` key of the summary records."""

@@ -83,7 +83,7 @@ def save_checkpoint(run_dir: str | Path, step: int, learner: Learner, state: dic
 
     Sharded (fsdp2): every rank must call it (each writes its shards); rank 0 does the renames."""
     check_finite(learner, f"checkpoint step {step}")
-    sharded = learner.config.learner_backend == "fsdp2"
+    sharded = learner.config.placement.learner_backend == "fsdp2"
     group, main = learner.group, learner.group.is_main
     root = Path(run_dir) / CHECKPOINTS
     name = f"step_{step:06d}"

@@ -3,7 +3,8 @@
 ``EpochSampler`` walks the task set in a fresh seeded permutation every epoch; its only state is the position,
 so a resumed run draws exactly the tasks the uninterrupted run would have. ``TaskSampler`` is the contract the
 trainer reads (``sample(step, n, rng)``, ``epoch``, ``update``, ``metrics``, ``state_dict``), with defaults for all
-but ``sample``; ``taskrl.rewards.CurriculumSampler`` subclasses it too, so a curriculum can replace the epoch walk.
+but ``sample``; ``taskrl.training.curriculum.CurriculumSampler`` subclasses it too, so a curriculum can
+replace the epoch walk.
 ``TrajectoryFile`` serves SFT batches from a trajectories JSONL the same way.
 """
 

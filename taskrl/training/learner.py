@@ -112,12 +112,12 @@ class Learner:
         self.device = next(model.parameters()).device
         self.version = 0
         self.autocast_dtype, self.precision_note = learner_autocast(config.learner_precision, self.device)
-        self.algorithm = algorithm(config.algo)
+        self.algorithm = algorithm(config.algo.name)
         self.value_head = make_value_head(model) if self.algorithm.value_head else None
         self.reference = Reference(model) if config.kl != "none" else None  # a full-FT copy is taken before sharding
         self.graph = LearnerGraph(model)
         self.ref_graph = LearnerGraph(self.reference.copy) if self.reference and self.reference.copy else None
-        self.sharded = config.learner_backend == "fsdp2" and self.group.active
+        self.sharded = config.placement.learner_backend == "fsdp2" and self.group.active
         # One prompt pass per optimizer step (model.StepPrefix): not sharded (every rank must make the same decoder
         # calls) and only on a plain per-layer KV cache.
         self.step_prefix = not self.sharded and StepPrefix.supported(model)
@@ -139,7 +139,7 @@ class Learner:
 
     # -- public ------------------------------------------------------------------------------------
     def update(self, trajectories: Sequence[Trajectory], *, step: int, sft_mode: bool = False) -> dict[str, float]:
-        """One learner step on ``trajectories``: ``config.algo``'s or, with ``sft_mode``, behaviour cloning.
+        """One learner step on ``trajectories``: ``config.algo.name``'s or, with ``sft_mode``, behaviour cloning.
 
         ``step`` drives the schedules (RL steps count from the end of the SFT warm-up) and the minibatch
         shuffle. Returns ``losses/*`` and ``charts/*`` metrics.
@@ -152,7 +152,7 @@ class Learner:
         if sft_mode:
             batch = sft.select(usable, min_reward=cfg.sft_min_reward, keep=cfg.sft_keep)
         else:
-            batch = [t for t in usable if self._staleness(t) <= cfg.max_staleness]
+            batch = [t for t in usable if self._staleness(t) <= cfg.rollout.max_staleness]
             metrics["charts/stale_dropped"] = float(len(usable) - len(batch))
         metrics["charts/untrainable"] = float(len(trajectories) - len(usable))
         sequences = sequences_from(batch)
@@ -291,7 +291,7 @@ class Learner:
         return fsdp.padded(batches, self.group) if self.sharded else list(batches)
 
     def _temperature(self) -> float:
-        return self.config.temperature if self.config.temperature > 0 else 1.0
+        return self.config.rollout.temperature if self.config.rollout.temperature > 0 else 1.0
 
     def _advantages(
         self, batch: list[Trajectory], sequences: list[TokenSequence], scores: _Scores, metrics: dict[str, float]
@@ -317,11 +317,11 @@ class Learner:
                 reward=traj.reward,
                 group_id=traj.group_id,
                 sizes=[sequences[i].num_sampled for i in indices],
-                kl=[k1[i] for i in indices] if k1 else [],
+                kl=[cfg.kl_coef * k1[i] for i in indices] if k1 else [],
                 values=[scores.values[i] for i in indices] if self.value_head is not None else [],
                 bootstrap_value=scores.last_value[indices[-1]] if truncated and indices and scores.last_value else 0.0,
             ))  # fmt: skip
-        result = advantage_fn(inputs, cfg)
+        result = advantage_fn(inputs, cfg.algo)
         metrics.update(result.metrics)
         filtered = 0
         for t_index, per_token in enumerate(result.per_token):
@@ -477,7 +477,7 @@ class Learner:
         if out.entropy is not None:
             stats.add("entropy", out.entropy)
         if sft_mode:
-            per_token, _ = sft.ALGORITHM.token_loss(logprobs, logprobs.detach(), logprobs.detach(), cfg)
+            per_token, _ = sft.ALGORITHM.token_loss(logprobs, logprobs.detach(), logprobs.detach(), cfg.algo)
             stats.add("sft_nll", per_token)
             loss = per_token.sum() / total_tokens
             loss.backward()
@@ -489,7 +489,7 @@ class Learner:
         old = cat(scores.old) if scores.old else logprobs.detach()
         advantages = cat(scores.advantages)
         sampler = torch.cat([s.sampler_logprobs for s in rows]).to(self.device)
-        per_token, extra = self.algorithm.token_loss(logprobs, old, advantages, cfg)
+        per_token, extra = self.algorithm.token_loss(logprobs, old, advantages, cfg.algo)
         stats.add("policy_loss", per_token)
         stats.add("approx_kl", approx_kl(logprobs, old))
         # KL(sampler || learner) by k3 on the sampler's tokens: the inference/training numerics gap (bf16 vs fp32,
@@ -512,9 +512,9 @@ class Learner:
             stats.add("is_truncated", (weights >= cfg.is_truncation).float())
         loss = (per_token * weights).sum()
         if out.values is not None and self.algorithm.value_loss is not None:
-            value_loss = self.algorithm.value_loss(out.values, cat(scores.values), cat(scores.returns), cfg)
+            value_loss = self.algorithm.value_loss(out.values, cat(scores.values), cat(scores.returns), cfg.algo)
             stats.add("value_loss", value_loss)
-            loss = loss + cfg.vf_coef * value_loss.sum()
+            loss = loss + value_loss.sum()  # weighted by the algorithm (PPO's vf_coef)
         loss = loss / total_tokens
         loss.backward()
         return batch.computed_tokens, bool(torch.isfinite(loss.detach()))

@@ -59,17 +59,17 @@ def _trainable(model: Any, config: TrainConfig) -> Any:
         except ImportError:
             raise ModelSetupError("finetune='lora' needs peft: pip install 'taskrl[train]'") from None
         names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        missing = [t for t in config.lora_targets if t not in names]
+        missing = [t for t in config.lora.targets if t not in names]
         if missing:
             raise ModelSetupError(
-                f"TrainConfig.lora_targets {missing} match no module of the model; it has e.g. "
+                f"lora.targets {missing} match no module of the model; it has e.g. "
                 f"{sorted(n for n in names if n)[:12]}"
             )
         lora = LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=list(config.lora_targets),
+            r=config.lora.rank,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=list(config.lora.targets),
             bias="none",
             task_type="CAUSAL_LM",
         )

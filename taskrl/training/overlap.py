@@ -3,7 +3,7 @@ evaluation of a training run plays.
 
 One loop for the whole run keeps loop-bound clients valid (``OpenAIPolicy``'s connection pool, ``HFPolicy``'s
 batcher), and a thread of its own lets the trainer's main thread update the model while the next step's
-episodes play (``TrainConfig.async_rollout``): ``submit`` returns at once, ``run`` waits.
+episodes play (``rollout.async_rollout``): ``submit`` returns at once, ``run`` waits.
 """
 
 from __future__ import annotations

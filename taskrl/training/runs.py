@@ -10,16 +10,17 @@ import os
 import re
 from pathlib import Path
 
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, dotted, migrate_flat
 
 RESUME_MAY_CHANGE = frozenset({
     "steps", "resume", "progress", "checkpoint_every", "keep_checkpoints", "log_trajectories", "device",
     "eval_every", "eval_tasks", "log_backends",
     # where rollouts and updates run, not what they compute (same seeds per episode; float rounding aside)
-    "rollout_url", "rollout_api_key_env", "ray", "ray_address", "ray_workers", "ray_num_cpus_per_worker",
-    "ray_num_gpus_per_worker", "nproc", "dist_backend",
+    "placement.rollout_url", "placement.rollout_api_key_env", "placement.ray", "placement.ray_address",
+    "placement.ray_workers", "placement.ray_num_cpus_per_worker", "placement.ray_num_gpus_per_worker",
+    "placement.nproc", "placement.dist_backend",
 })  # fmt: skip
-"""Fields that do not change what the run computes, so a resumed run may change them."""
+"""Keys (dotted) that do not change what the run computes, so a resumed run may change them."""
 
 _STEP_SUFFIX = re.compile(r"_(\d+)$")
 CHECKPOINTS = "checkpoints"
@@ -56,8 +57,10 @@ def check_resumable(run_dir: Path, config: TrainConfig, *, has_checkpoint: bool)
     saved_path = run_dir / "config.json"
     if not saved_path.exists():
         return
-    saved = json.loads(saved_path.read_text())
-    current = json.loads(json.dumps(config.to_dict(), default=str))
+    # A run directory written before configs had sections holds a flat config.json: converted here, once, by the
+    # table of moved keys (the trainer then rewrites config.json in the nested form).
+    saved = dotted(migrate_flat(json.loads(saved_path.read_text())))
+    current = dotted(json.loads(json.dumps(config.to_dict(), default=str)))
     changed = sorted(k for k, v in current.items() if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != v)
     if changed:
         details = ", ".join(f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed[:6])

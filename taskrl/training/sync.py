@@ -86,16 +86,7 @@ def rollout_copy(policy: HFPolicy, dtype: torch.dtype | None = None) -> HFPolicy
         name=f"{policy.name}-rollout",
         device=None,
         chat_format=policy.chat_format,
-        max_batch_size=policy.max_batch_size,
-        batch_wait_s=policy.batch_wait_s,
-        engine=policy.engine,
-        prefill_chunk_tokens=policy.prefill_chunk_tokens,
-        prefix_cache_bytes=policy.prefix_cache_bytes,
-        draft_tokens=policy.draft_tokens,
-        fast_forward=policy.fast_forward,
-        decode_token_budget=policy.decode_token_budget,
-        schedule=policy.schedule,
-        priority_tokens=policy.priority_tokens,
+        engine_config=policy.engine_config,
     )
 
 
@@ -280,27 +271,28 @@ def prune_adapters(adapters_dir: Path, keep: int, current: Path) -> None:
 def connect_server(config: TrainConfig, *, timeout_s: float = 10.0) -> OpenAIPolicy:
     """The rollout ``OpenAIPolicy`` of ``rollout_policy='server'``, after checking the server serves the model."""
 
-    api_key = os.environ.get(config.rollout_api_key_env) or None
-    url = config.rollout_url.rstrip("/")
+    api_key = os.environ.get(config.placement.rollout_api_key_env) or None
+    url = config.placement.rollout_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(f"{url}/models", headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise ConfigError(
-            f"TrainConfig.rollout_url: cannot reach {url}/models ({type(exc).__name__}); start the server "
+            f"placement.rollout_url: cannot reach {url}/models ({type(exc).__name__}); start the server "
             "(`taskrl serve ...`, vLLM with --enable-lora) or fix the URL"
         ) from None
     if response.status_code >= 400:
-        raise ConfigError(f"TrainConfig.rollout_url: {url}/models returned HTTP {response.status_code}")
+        raise ConfigError(f"placement.rollout_url: {url}/models returned HTTP {response.status_code}")
     try:
         served = [str(m["id"]) for m in response.json()["data"]]
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"TrainConfig.rollout_url: {url}/models is not an OpenAI model list") from None
-    if config.rollout_model not in served:
+        raise ConfigError(f"placement.rollout_url: {url}/models is not an OpenAI model list") from None
+    if config.placement.rollout_model not in served:
         raise ConfigError(
-            f"TrainConfig.rollout_model: {config.rollout_model!r} is not served at {url} (served: {', '.join(served)})"
+            f"placement.rollout_model: {config.placement.rollout_model!r} is not served at {url} "
+            f"(served: {', '.join(served)})"
         )
-    return OpenAIPolicy(url, config.rollout_model, api_key=api_key, timeout_s=600.0)
+    return OpenAIPolicy(url, config.placement.rollout_model, api_key=api_key, timeout_s=600.0)
 
 
 def rollout_setup(
@@ -312,16 +304,16 @@ def rollout_setup(
     server_policy: OpenAIPolicy | None = None,
     copy_policy: HFPolicy | None = None,
 ) -> tuple[HFPolicy | OpenAIPolicy, WeightSync]:
-    """The rollout policy of ``config.rollout_policy`` and the sync that feeds it the learner's weights
+    """The rollout policy of ``config.placement.rollout_policy`` and the sync that feeds it the learner's weights
     (``copy_policy``: the rollout copy, taken before the learner was built, e.g. by ``rollout_copy``)."""
-    if config.rollout_policy == "inprocess":
+    if config.placement.rollout_policy == "inprocess":
         return learner_policy, InProcessSync(learner_policy, learner.model)
-    if config.rollout_policy == "copy":
+    if config.placement.rollout_policy == "copy":
         rollout = copy_policy if copy_policy is not None else rollout_copy(learner_policy)
         return rollout, CopySync(learner, rollout)
     policy = server_policy if server_policy is not None else connect_server(config)
     sync = ServerLoRASync(
-        learner, policy, adapters_dir=Path(run_dir) / ADAPTERS, base_model=config.rollout_model,
+        learner, policy, adapters_dir=Path(run_dir) / ADAPTERS, base_model=config.placement.rollout_model,
         api_key=policy.api_key,
     )  # fmt: skip
     return policy, sync

@@ -1,4 +1,4 @@
-"""The trainer's vLLM rollout engine (``TrainConfig.rollout_policy = "vllm"``): a supervised vLLM server, the
+"""The trainer's vLLM rollout engine (``placement.rollout_policy = "vllm"``): a supervised vLLM server, the
 token-in/token-out ``VLLMPolicy`` that samples from it, the LoRA sync that hot-loads each update as a new version,
 and the supervision of a step's rollouts.
 
@@ -55,11 +55,12 @@ def model_dir(model: str) -> str:
 
 def server_of(config: TrainConfig) -> VLLMServer:
     """The (not yet started) ``VLLMServer`` of a config: the vLLM at ``rollout_url``, or a local one over ``model``."""
-    table = dict(config.vllm)
-    url = config.rollout_url
+    table = dict(config.placement.vllm)
+    url = config.placement.rollout_url
     server_config = vllm_server_config(
-        table, model="" if url else model_dir(config.model), url=url, served_name=config.rollout_model or "base",
-        lora_rank=config.lora_rank, max_staleness=config.max_staleness,
+        table, model="" if url else model_dir(config.model), url=url,
+        served_name=config.placement.rollout_model or "base",
+        lora_rank=config.lora.rank, max_staleness=config.rollout.max_staleness,
     )  # fmt: skip
     return VLLMServer(server_config)
 
@@ -103,7 +104,7 @@ class VLLMSync:
         self.learner = learner
         self.adapters_dir = adapters_dir
         self.run = run
-        self.keep = learner.config.max_staleness + 1
+        self.keep = learner.config.rollout.max_staleness + 1
 
     def __call__(self, version: int) -> None:
         policy = self.engine.policy
@@ -155,7 +156,7 @@ class VLLMEngine:
         names carry a per-run tag: runs sharing one server (or a resumed run) never collide on a name."""
         self.policy = vllm_policy(
             self.server.base_url, self.server.served_model, learner_policy.chat_format,
-            max_positions=self.server.config.max_model_len, max_staleness=self.config.max_staleness,
+            max_positions=self.server.config.max_model_len, max_staleness=self.config.rollout.max_staleness,
             logprobs_mode=self.server.config.logprobs_mode,
             adapter_prefix=f"{self.server.served_model}-{secrets.token_hex(3)}",
         )  # fmt: skip
@@ -166,7 +167,7 @@ class VLLMEngine:
         """A picklable factory of the same policy for Ray rollout actors (they rebuild the chat format)."""
         return functools.partial(
             vllm_policy, self.server.base_url, self.server.served_model, self.config.model,
-            max_positions=self.server.config.max_model_len, max_staleness=self.config.max_staleness,
+            max_positions=self.server.config.max_model_len, max_staleness=self.config.rollout.max_staleness,
             logprobs_mode=self.server.config.logprobs_mode,
         )  # fmt: skip
 
@@ -195,7 +196,7 @@ class VLLMEngine:
     ) -> list[Trajectory]:
         """``play()`` the step's rollouts; when the server died under them, restart it and play them again."""
         restarts = replayed = 0
-        limit = self.config.rollout_restarts
+        limit = self.config.placement.rollout_restarts
         while True:
             try:
                 trajectories = await play()
@@ -234,7 +235,7 @@ class VLLMEngine:
         if restarts >= limit:
             raise RolloutEngineError(
                 f"step {step}: the vLLM server at {self.server.base_url} went down during the rollouts after "
-                f"{restarts} restart(s) this step (TrainConfig.rollout_restarts={limit}); last error: "
+                f"{restarts} restart(s) this step (placement.rollout_restarts={limit}); last error: "
                 f"{_first_line(cause)}; its log ({self.server.log_path}) ends:\n{self.server.log_tail()}"
             ) from cause
 

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskrl.algos.grpo import group_advantages, policy_loss
+from taskrl.algos.grpo import group_advantages
+from taskrl.algos.losses import clipped_policy_loss as policy_loss
 
 
 def test_group_advantages_golden_values_and_dropped_groups() -> None:
@@ -63,13 +64,12 @@ def test_clip_higher_widens_only_the_upper_bound() -> None:
 
 def test_dr_grpo_keeps_a_small_credit_small_and_std_normalisation_blows_it_up() -> None:
     from taskrl.algos.algorithm import TrajectoryInput
-    from taskrl.algos.grpo import advantages
-    from taskrl.training.config import TrainConfig
+    from taskrl.algos.grpo import GRPOConfig, advantages
 
     # group "credit" differs by a 0.1 valid-call credit; group "fix" by a real fix worth 1.0
     inputs = [TrajectoryInput(reward=r, group_id=g, sizes=[2]) for g, r in
               [("credit", 0.0), ("credit", 0.1), ("fix", 0.0), ("fix", 1.0)]]  # fmt: skip
     size = lambda config: [float(a[0][0]) for a in advantages(inputs, config).per_token]  # noqa: E731
-    assert size(TrainConfig()) == pytest.approx([-0.05, 0.05, -0.5, 0.5])  # Dr. GRPO, the default
-    scaled = size(TrainConfig(normalize_std=True))
+    assert size(GRPOConfig()) == pytest.approx([-0.05, 0.05, -0.5, 0.5])  # Dr. GRPO, the default
+    scaled = size(GRPOConfig(normalize_std=True))
     assert scaled[1] == pytest.approx(scaled[3], rel=1e-4)  # the credit weighs as much as the fix

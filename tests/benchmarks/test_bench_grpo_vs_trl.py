@@ -14,7 +14,7 @@ import pytest
 from taskrl.env import acheck_env
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import Trainer
+from taskrl.training.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import grpo_vs_trl as bench  # noqa: E402
@@ -39,10 +39,12 @@ def test_reward_is_continuous_in_the_text() -> None:
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_config_fixes_what_the_comparison_fixes(tmp_path: Path, mode: str) -> None:
     config = bench.taskrl_config(_args(), mode, str(tmp_path))
-    assert (config.finetune, config.tasks_per_step, config.group_size, config.max_turns) == (mode, 1, 8, 1)
-    assert (config.max_new_tokens, config.temperature, config.top_p, config.kl) == (64, 1.0, 1.0, "none")
+    assert (config.finetune, config.rollout.tasks_per_step, config.rollout.group_size,
+            config.rollout.max_turns) == (mode, 1, 8, 1)
+    assert (config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p, config.kl) == (64, 1.0,
+                                                                                                            1.0, "none")
     assert (config.epochs_per_batch, config.minibatches, config.dtype) == (1, 1, "float32")
-    assert config.lora_targets == bench.LORA_TARGETS and not config.drop_zero_variance
+    assert config.lora.targets == bench.LORA_TARGETS and not config.algo.drop_zero_variance
     assert (config.learner_precision, config.gradient_checkpointing) == ("float32", False)
     best = bench.taskrl_config(_args(), mode, str(tmp_path), "best")  # bf16 where accelerated + checkpointing
     assert (best.learner_precision, best.gradient_checkpointing, best.dtype) == ("auto", True, "float32")

@@ -22,7 +22,7 @@ def test_arms_are_the_demo_recipe_with_and_without_the_sft_warm_start(tmp_path: 
     configs = {arm: config_from_dict(bench.arm_config(arm, tmp_path / arm, _args())) for arm in bench.ARMS}
     assert configs["grpo"].sft_warmup_steps == 0 and configs["sft+grpo"].sft_warmup_steps == 3
     for config in configs.values():
-        assert (config.env, config.finetune, config.algo, config.lr) == (
+        assert (config.env, config.finetune, config.algo.name, config.lr) == (
             "price", "lora", "grpo", bench.PRICE_RECIPE["lr"],
         )  # fmt: skip
         assert config.steps == 10_000 and config.eval_tasks == 32

@@ -23,16 +23,14 @@ from taskrl.datagen.multihop import (
     LLMGenerator,
     mask_term,
     normalize,
-    read_tasks,
     verify_fact,
     verify_task,
-    write_tasks,
 )
 from taskrl.envs.search.corpus import Document
 from taskrl.envs.search.embed import HASHING
 from taskrl.envs.search.store import CorpusStore
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.types import Message
+from taskrl.types import Message, read_tasks, write_tasks
 
 DOCS = {
     "orchard": "The orchard grows pears and plums on the south slope. Each tree is pruned with a fennick blade "

@@ -10,13 +10,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs" / "search"))
 from search_planted import PLANTED  # noqa: E402
 
 from taskrl.cli import app  # noqa: E402
-from taskrl.datagen.multihop import read_tasks, verify_task  # noqa: E402
+from taskrl.datagen.multihop import verify_task  # noqa: E402
 from taskrl.datagen.widesearch import SwarmTaskConfig, generate_swarm_tasks  # noqa: E402
 from taskrl.envs.search.corpus import Document  # noqa: E402
 from taskrl.envs.search.embed import HASHING  # noqa: E402
 from taskrl.envs.search.store import CorpusStore  # noqa: E402
 from taskrl.envs.swarm.tasks import split_rows, task_performance  # noqa: E402
-from taskrl.types import Task  # noqa: E402
+from taskrl.types import Task, read_tasks  # noqa: E402
 
 
 @pytest.fixture(scope="module")

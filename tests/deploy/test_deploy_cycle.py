@@ -24,7 +24,7 @@ from taskrl.deploy.store import InteractionStore
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.types import Message
@@ -81,10 +81,10 @@ async def test_cycle_promotes_a_policy_users_accept_more(tmp_path: Path) -> None
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(10.0)  # prefer a few dozen tokens, as a pretrained model does
     served = HFPolicy(copy.deepcopy(model), tokenizer, device="cpu")
-    train_config = TrainConfig(
-        run_dir=str(tmp_path / "run"), algo="grpo", finetune="full", freeze=["layers", "norm"], lr=1e-2,
-        group_size=8, max_new_tokens=MAX_TOKENS, progress=False,
-    )  # fmt: skip
+    train_config = config_from_dict({"run_dir": str(tmp_path / "run"), "algo.name": "grpo", "finetune": "full",
+                                     "freeze": ["layers",
+                                                "norm"], "lr": 1e-2, "rollout.group_size": 8,
+                                                "rollout.max_new_tokens": MAX_TOKENS, "progress": False})  # fmt: skip
     learner = Learner(prepare_model(model, train_config), train_config, pad_id=tokenizer.pad_token_id or 0)
     config = ServeConfig(api_keys={"user-key": "users"}, router=RouterConfig(holdout=0.0))
     cycle_config = CycleConfig(

@@ -21,7 +21,7 @@ from taskrl.policies.base import Policy, SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.types import Message
@@ -52,8 +52,9 @@ def run_cycle(tmp_path: Path, candidate_drop: float, with_ids: bool) -> tuple[di
     served = HFPolicy(copy.deepcopy(model), tokenizer, device="cpu")
     url = f"sqlite:///{tmp_path / 's.db'}"
     labelled_store(url, served)
-    train_config = TrainConfig(run_dir=str(tmp_path / "run"), algo="grpo", finetune="full", freeze=["layers"],
-                               group_size=8, max_new_tokens=4, progress=False)  # fmt: skip
+    train_config = config_from_dict({"run_dir": str(tmp_path / "run"), "algo.name": "grpo", "finetune": "full",
+                                     "freeze": ["layers"], "rollout.group_size": 8, "rollout.max_new_tokens": 4,
+                                     "progress": False})  # fmt: skip
     learner = Learner(prepare_model(model, train_config), train_config, pad_id=tokenizer.pad_token_id or 0)
 
     async def suite(policy: Policy) -> dict[str, list[Any]]:

@@ -19,7 +19,7 @@ from taskrl.deploy.store import InteractionStore
 from taskrl.policies.base import Policy
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from tests.deploy.test_deploy_cycle_gate import STABLE, TASKS, labelled_store
@@ -38,8 +38,9 @@ def setup(tmp_path: Path, drop: float, revert: bool) -> tuple[ProductionCycle, L
     served = HFPolicy(copy.deepcopy(model), tokenizer, device="cpu")
     url = f"sqlite:///{tmp_path / 's.db'}"
     labelled_store(url, served)
-    train_config = TrainConfig(run_dir=str(tmp_path / "run"), algo="grpo", finetune="full", freeze=["layers"],
-                               group_size=8, max_new_tokens=4, progress=False, lr=0.05)  # fmt: skip
+    train_config = config_from_dict({"run_dir": str(tmp_path / "run"), "algo.name": "grpo", "finetune": "full",
+                                     "freeze": ["layers"], "rollout.group_size": 8, "rollout.max_new_tokens": 4,
+                                     "progress": False, "lr": 0.05})  # fmt: skip
     learner = Learner(prepare_model(model, train_config), train_config, pad_id=tokenizer.pad_token_id or 0)
 
     async def suite(policy: Policy) -> dict[str, list[Any]]:

@@ -19,15 +19,16 @@ from taskrl.deploy.server import create_app, running_server
 from taskrl.deploy.store import InteractionStore
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
 from taskrl.types import Trajectory
 
 
 def first_is_weight(model: object, trajectories: list[Trajectory], tmp_path: Path, pad_id: int) -> float:
-    config = TrainConfig(run_dir=str(tmp_path / "run"), algo="grpo", finetune="full", group_size=8, lr=1e-6,
-                         temperature=1.0, progress=False)  # fmt: skip
+    config = config_from_dict({"run_dir": str(tmp_path / "run"), "algo.name": "grpo", "finetune": "full",
+                               "rollout.group_size": 8, "lr": 1e-6, "rollout.temperature": 1.0,
+                               "progress": False})  # fmt: skip
     learner = Learner(prepare_model(copy.deepcopy(model), config), config, pad_id=pad_id)
     return float(learner.update(trajectories, step=0)["losses/is_weight"])
 

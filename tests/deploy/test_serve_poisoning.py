@@ -25,7 +25,7 @@ from taskrl.deploy.config import ServeConfig
 from taskrl.deploy.dataset import trajectories_from_store
 from taskrl.deploy.server import create_app, running_server
 from taskrl.deploy.store import Feedback, Interaction, InteractionStore, StoreError
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.types import Message
 
@@ -69,7 +69,8 @@ def test_tiny_temperature_is_greedy_and_never_stores_nan(tiny: tuple[Any, Any], 
 
 async def test_a_poisoned_request_cannot_fail_another_tenants_batch(tiny: tuple[Any, Any], tmp_path: Path) -> None:
     model, tokenizer = tiny
-    policy = HFPolicy(model, tokenizer, device="cpu", batch_wait_s=0.05)  # wide window: all join one batch
+    policy = HFPolicy(model, tokenizer, device="cpu",
+                      engine_config=EngineConfig(batch_wait_s=0.05))  # wide window: all join one batch
     poisons = [
         {"seed": 2**64}, {"seed": 2**70}, {"temperature": 1e-40}, {"temperature": 1e30}, {"top_p": 0.0},
         {"top_k": -5}, {"max_tokens": 0}, {"max_tokens": 10**9}, {"logit_bias": {"1": 100}},
@@ -151,7 +152,8 @@ def test_poisoned_rows_are_skipped_and_training_writes_metrics(tiny: tuple[Any, 
     assert all(math.isfinite(x) for t in trajectories for s in t.segments for x in s.logprobs)
     run = tmp_path / "run"
     args = ["train-from-store", url, "--set", f"model='{tmp_path / 'base'}'", "--set", "steps=2", "--set",
-            "lora_rank=4", "--set", f"run_dir='{run}'", "--set", "device='cpu'", "--set", "group_size=4"]  # fmt: skip
+            "lora.rank=4", "--set", f"run_dir='{run}'", "--set", "device='cpu'", "--set",
+            "rollout.group_size=4"]  # fmt: skip
     result = CliRunner().invoke(cli_app, args)
     assert result.exit_code == 0, result.output
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -202,14 +204,15 @@ async def test_the_cycle_gate_refuses_a_poisoned_candidate(tiny: tuple[Any, Any]
     from taskrl.deploy.gate import GateConfig, gate_decision
     from taskrl.deploy.router import Router
     from taskrl.policies.base import SamplingParams
-    from taskrl.training.config import TrainConfig
+    from taskrl.training.config import config_from_dict
     from taskrl.training.learner import Learner
     from taskrl.training.model import prepare_model
 
     model, tokenizer = tiny
     served = HFPolicy(copy.deepcopy(model), tokenizer, device="cpu")
-    train_config = TrainConfig(run_dir=str(tmp_path / "run"), algo="grpo", finetune="full", group_size=2,
-                               max_new_tokens=4, progress=False)  # fmt: skip
+    train_config = config_from_dict({"run_dir": str(tmp_path / "run"), "algo.name": "grpo", "finetune": "full",
+                                     "rollout.group_size": 2, "rollout.max_new_tokens": 4,
+                                     "progress": False})  # fmt: skip
     learner = Learner(prepare_model(copy.deepcopy(model), train_config), train_config, pad_id=tokenizer.pad_token_id)
     with torch.no_grad():  # what a poisoned update leaves behind
         next(learner.model.parameters()).fill_(float("nan"))

@@ -14,7 +14,7 @@ import pytest
 
 from taskrl.deploy.server import create_app, running_server
 from taskrl.deploy.store import InteractionStore
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import tiny_model
 
 LONG = {"model": "tiny", "messages": [{"role": "user", "content": "tell me a long story"}], "max_tokens": 160,
@@ -24,7 +24,8 @@ LONG = {"model": "tiny", "messages": [{"role": "user", "content": "tell me a lon
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InteractionStore, HFPolicy]]:
     model, tokenizer = tiny_model(seed=0)
-    policy = HFPolicy(model, tokenizer, device="cpu", draft_tokens=0)  # one token per step: a steady stream
+    policy = HFPolicy(model, tokenizer, device="cpu",
+                      engine_config=EngineConfig(draft_tokens=0))  # one token per step: a steady stream
     path = tmp_path_factory.mktemp("stream") / "s.db"
     with InteractionStore(f"sqlite:///{path}", sqlite_synchronous="NORMAL") as store:
         try:

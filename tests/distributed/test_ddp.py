@@ -11,7 +11,6 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +25,22 @@ from taskrl.env import make
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import derive_seed
 from taskrl.runlog import read_metrics, read_trajectories
-from taskrl.trainer import train
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.data import EpochSampler
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
+from taskrl.training.trainer import train
 from taskrl.types import Segment, Trajectory
 
-BASE = TrainConfig(lr=1e-4, max_grad_norm=0.5, temperature=1.0, progress=False, group_size=3)
+BASE = config_from_dict(
+    {"lr": 1e-4, "max_grad_norm": 0.5, "rollout.temperature": 1.0, "progress": False, "rollout.group_size": 3}
+)
 
 CASES: list[tuple[dict[str, Any], int]] = [
     # (config changes, trajectories on rank 0; rank 1 gets the rest). 9 trajectories = 3 groups of 3.
     ({"finetune": "full", "epochs_per_batch": 2, "minibatches": 2}, 6),  # uneven tokens, 4 global optimizer steps
-    ({"finetune": "lora", "lora_rank": 4, "epochs_per_batch": 2, "kl": "k1_reward", "kl_coef": 0.1}, 3),
-    ({"finetune": "full", "algo": "ppo"}, 9),  # value head and GAE; rank 1 has nothing, yet joins every collective
+    ({"finetune": "lora", "lora.rank": 4, "epochs_per_batch": 2, "kl": "k1_reward", "kl_coef": 0.1}, 3),
+    ({"finetune": "full", "algo.name": "ppo"}, 9),  # value head and GAE; rank 1 has nothing, yet joins every collective
 ]
 
 
@@ -74,8 +75,8 @@ def _rank_main(trajectories: list[Trajectory], config: TrainConfig) -> dict[str,
     results = []
     for changes, split in CASES:
         own = trajectories[:split] if group.rank == 0 else trajectories[split:]
-        results.append(_update(replace(BASE, model=config.model, **changes), own))
-    learner = _learner(replace(BASE, model=config.model, finetune="lora", lora_rank=4))
+        results.append(_update(BASE.override({"model": config.model, **changes}), own))
+    learner = _learner(BASE.override({"model": config.model, "finetune": "lora", "lora.rank": 4}))
     group.broadcast_(learner.trainable_state())
     group.check_in_sync(learner.trainable_state(), "after broadcast")  # passes
     if group.rank == 1:
@@ -131,12 +132,12 @@ def _train_config(root: Path) -> TrainConfig:
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     # SFT on the policy's own samples moves the weights from step 1; the k1 penalty gives GRPO groups variance.
-    return TrainConfig(
-        run_dir=str(root / "run"), model=str(model_dir), device="cpu", env="price", finetune="lora", lora_rank=4,
-        steps=3, sft_warmup_steps=1, sft_data="policy", sft_min_reward=0.0, lr=1e-2, sft_lr=1e-2, kl="k1_reward",
-        kl_coef=0.5, tasks_per_step=3, group_size=2, max_turns=1, max_new_tokens=6, checkpoint_every=1,
-        progress=False, nproc=2,
-    )  # fmt: skip
+    return config_from_dict({"run_dir": str(root / "run"), "model": str(model_dir), "device": "cpu", "env": "price",
+                             "finetune": "lora", "lora.rank": 4, "steps": 3, "sft_warmup_steps": 1,
+                             "sft_data": "policy", "sft_min_reward": 0.0, "lr": 1e-2, "sft_lr": 1e-2,
+                             "kl": "k1_reward", "kl_coef": 0.5, "rollout.tasks_per_step": 3, "rollout.group_size": 2,
+                             "rollout.max_turns": 1, "rollout.max_new_tokens": 6, "checkpoint_every": 1,
+                             "progress": False, "placement.nproc": 2})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def two_ranks(
     config = _train_config(root)
     # Step 1 in this process (no process group: one rank plays all 3 tasks), as a run killed after its checkpoint;
     # the ranks resume it at step 1 with 2 tasks on rank 0 and 1 on rank 1.
-    train(replace(config, steps=1))
+    train(config.override({"steps": 1}))
     ranks = spawn(_rank_main, 2, (trajectories, config))
     assert [r["rank"] for r in ranks] == [0, 1]
     return {"root": root, "config": config, "ranks": ranks}
@@ -159,9 +160,9 @@ def test_two_rank_update_equals_one_process_update(trajectories: list[Trajectory
     tokens = [sum(t.num_sampled_tokens for t in trajectories[:split]) for _, split in CASES]
     assert tokens[0] != sum(t.num_sampled_tokens for t in trajectories) - tokens[0]  # the split is uneven
     for index, (changes, _) in enumerate(CASES):
-        reference = _update(replace(BASE, model=model, **changes), trajectories)
+        reference = _update(BASE.override({"model": model, **changes}), trajectories)
         assert len(reference["grads"]) == changes.get("epochs_per_batch", 1) * changes.get("minibatches", 1)
-        initial = _learner(replace(BASE, model=model, **changes)).trainable_state()
+        initial = _learner(BASE.override({"model": model, **changes})).trainable_state()
         moved = max(float(np.abs(reference["weights"][name] - w.numpy()).max()) for name, w in initial.items())
         assert moved > 5e-5, "the update must move the weights for the comparison to mean anything"
         for rank in ranks:
@@ -208,11 +209,11 @@ def test_two_rank_training_run_resumes_and_logs_once_per_step(two_ranks: dict[st
     # the ranks' shares, gathered on rank 0, are exactly the tasks one process samples, in its order
     sampler = EpochSampler(list(make("price").tasks("train")), config.seed)
     for step in (1, 2, 3):
-        tasks = sampler.sample(step - 1, config.tasks_per_step, random.Random(0))
-        assert [t.task_id for t in written[step]] == [t.id for t in tasks for _ in range(config.group_size)]
+        tasks = sampler.sample(step - 1, config.rollout.tasks_per_step, random.Random(0))
+        assert [t.task_id for t in written[step]] == [t.id for t in tasks for _ in range(config.rollout.group_size)]
         # ... and with one process's episode seeds (each task seeded by its index in the whole step)
         rollout_seed = derive_seed(config.seed, "rollout", step - 1)
-        samples = range(config.group_size)
+        samples = range(config.rollout.group_size)
         expected = [derive_seed(rollout_seed, i, t.id, k) for i, t in enumerate(tasks) for k in samples]
         assert [t.seed for t in written[step]] == expected
     assert (run / "checkpoints" / "latest").read_text() == "step_000003"
@@ -225,13 +226,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bad_nproc_fails_at_start_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="TrainConfig.nproc must be <= tasks_per_step"):
-        TrainConfig(nproc=3, tasks_per_step=2)
+    with pytest.raises(ValueError, match="placement.nproc must be <= tasks_per_step"):
+        config_from_dict({"placement.nproc": 3, "rollout.tasks_per_step": 2})
     with pytest.raises(ValueError, match="TrainConfig.device must be auto, cpu or cuda when nproc > 1"):
-        TrainConfig(nproc=2, device="cuda:1")
+        config_from_dict({"placement.nproc": 2, "device": "cuda:1"})
     run = _cli("--nproc", "0", "--set", f'run_dir="{tmp_path / "never"}"')
     lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert run.returncode == 2 and len(lines) == 1 and "TrainConfig.nproc must be an integer >= 1" in lines[0]
+    assert run.returncode == 2 and len(lines) == 1 and "placement.nproc must be an integer >= 1" in lines[0]
     assert not (tmp_path / "never").exists()
 
 
@@ -251,8 +252,9 @@ def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
     and the run is the same data-parallel run as --nproc 2: one metrics row per step, weights in sync."""
     config = _train_config(tmp_path)
     sets = {"run_dir": config.run_dir, "model": config.model, "device": "cpu", "env": "price", "finetune": "lora",
-            "lora_rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward", "kl_coef": 0.5, "tasks_per_step": 2,
-            "group_size": 2, "max_turns": 1, "max_new_tokens": 6, "checkpoint_every": 1, "progress": False}  # fmt: skip
+            "lora.rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward", "kl_coef": 0.5, "rollout.tasks_per_step": 2,
+            "rollout.group_size": 2, "rollout.max_turns": 1, "rollout.max_new_tokens": 6, "checkpoint_every": 1,
+            "progress": False}  # fmt: skip
     args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "taskrl.cli", "train", *args]
@@ -263,6 +265,13 @@ def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
     assert [row["step"] for row in rows] == [1, 2] and rows[-1]["charts/episodes"] == 4.0
     assert (Path(config.run_dir) / "checkpoints" / "latest").read_text() == "step_000002"
     # an nproc that contradicts the launcher fails at start on every rank, naming the field
-    other = ["--set", f"run_dir={json.dumps(str(tmp_path / 'bad'))}", "--set", "tasks_per_step=4", "--set", "nproc=3"]
+    other = [
+        "--set",
+        f"run_dir={json.dumps(str(tmp_path / 'bad'))}",
+        "--set",
+        "rollout.tasks_per_step=4",
+        "--set",
+        "placement.nproc=3",
+    ]
     bad = subprocess.run([*cmd, *other], capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "TrainConfig.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout
+    assert bad.returncode != 0 and "placement.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,24 @@ from taskrl.distributed.ddp import DataParallel, spawn
 from taskrl.distributed.launch import train_rank
 from taskrl.policies.models import tiny_model
 from taskrl.runlog import read_metrics
-from taskrl.trainer import train
 from taskrl.training.checkpoint import load_checkpoint, save_checkpoint
-from taskrl.training.config import ConfigError, TrainConfig
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.memory import optimizer_bytes, tensor_bytes
 from taskrl.training.model import prepare_model
+from taskrl.training.trainer import train
 from taskrl.types import Segment, Trajectory
 
-BASE = TrainConfig(lr=1e-3, max_grad_norm=0.5, temperature=1.0, progress=False, group_size=3, learner_backend="fsdp2",
-                   rollout_policy="copy")  # fmt: skip
+BASE = config_from_dict({"lr": 1e-3, "max_grad_norm": 0.5, "rollout.temperature": 1.0, "progress": False,
+                         "rollout.group_size": 3, "placement.learner_backend": "fsdp2",
+                         "placement.rollout_policy": "copy"})  # fmt: skip
 
 CASES: list[tuple[dict[str, Any], int]] = [
     # (config changes, trajectories on rank 0; rank 1 gets the rest). 9 trajectories = 3 groups of 3.
     ({"finetune": "full", "epochs_per_batch": 2, "minibatches": 2}, 6),  # uneven shares, 4 optimizer steps
-    ({"finetune": "lora", "lora_rank": 4, "kl": "k1_reward", "kl_coef": 0.1}, 3),  # reference = adapter disabled
-    ({"finetune": "full", "algo": "ppo"}, 9),  # value head + GAE; rank 1 has nothing, yet joins every collective
-    ({"finetune": "lora", "lora_rank": 4, "algo": "ppo", "gradient_checkpointing": True}, 6),
+    ({"finetune": "lora", "lora.rank": 4, "kl": "k1_reward", "kl_coef": 0.1}, 3),  # reference = adapter disabled
+    ({"finetune": "full", "algo.name": "ppo"}, 9),  # value head + GAE; rank 1 has nothing, yet joins every collective
+    ({"finetune": "lora", "lora.rank": 4, "algo.name": "ppo", "gradient_checkpointing": True}, 6),
 ]
 RESUME = {"finetune": "full", "minibatches": 2}
 """The config of the resume tests (full fine-tuning: every weight and its AdamW state is sharded)."""
@@ -69,21 +69,22 @@ def _own(trajectories: list[Trajectory], split: int, group: DataParallel) -> lis
 
 def _train_config(root: Path, model: str) -> TrainConfig:
     """A 2-rank `taskrl train` run: LoRA, the rollout copy synced from the shards, a checkpoint every step."""
-    return TrainConfig(
-        run_dir=str(root / "run"), model=model, device="cpu", env="price", finetune="lora", lora_rank=4, steps=2,
-        lr=1e-2, kl="k1_reward", kl_coef=0.5, tasks_per_step=2, group_size=2, max_turns=1, max_new_tokens=6,
-        sft_warmup_steps=1, sft_data="policy", sft_min_reward=0.0, sft_lr=1e-2,  # moves the weights from step 1
-        checkpoint_every=1, progress=False, nproc=2, learner_backend="fsdp2", rollout_policy="copy",
-    )  # fmt: skip
+    return config_from_dict({"run_dir": str(root / "run"), "model": model, "device": "cpu", "env": "price",
+                             "finetune": "lora", "lora.rank": 4, "steps": 2, "lr": 1e-2, "kl": "k1_reward",
+                             "kl_coef": 0.5, "rollout.tasks_per_step": 2, "rollout.group_size": 2,
+                             "rollout.max_turns": 1, "rollout.max_new_tokens": 6, "sft_warmup_steps": 1,
+                             "sft_data": "policy", "sft_min_reward": 0.0, "sft_lr": 1e-2, "checkpoint_every": 1,
+                             "progress": False, "placement.nproc": 2, "placement.learner_backend": "fsdp2",
+                             "placement.rollout_policy": "copy"})  # fmt: skip
 
 
 def _rank_main(trajectories: list[Trajectory], model: str, root: str) -> dict[str, Any]:
     """Each of 2 ranks: every update case on its share; then step 0, a checkpoint, step 1 (uninterrupted); then a
     resume of the 1-process checkpoint and its step 1; then a whole training run."""
     group = DataParallel.from_process_group()
-    cases = [_update(replace(BASE, model=model, **changes), _own(trajectories, split, group))
+    cases = [_update(BASE.override({"model": model, **changes}), _own(trajectories, split, group))
              for changes, split in CASES]  # fmt: skip
-    config = replace(BASE, model=model, **RESUME)
+    config = BASE.override({"model": model, **RESUME})
     learner = _learner(config)
     learner.update(_own(trajectories, 6, group), step=0)  # whole groups per rank, as the trainer deals them
     save_checkpoint(Path(root) / "two", 1, learner, {}, keep=2)
@@ -135,7 +136,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, trajectories: list[Trajectory]
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     # 1 process (fsdp2 without a group: unsharded, but the same sharded checkpoint format): step 0 and a checkpoint
-    config = replace(BASE, model=str(model_dir), **RESUME)
+    config = BASE.override({"model": str(model_dir), **RESUME})
     single = _learner(config)
     assert not single.sharded
     single.update(trajectories, step=0)
@@ -148,9 +149,10 @@ def run(tmp_path_factory: pytest.TempPathFactory, trajectories: list[Trajectory]
 def test_sharded_update_equals_one_process_update(trajectories: list[Trajectory], run: dict[str, Any]) -> None:
     for index, (changes, _) in enumerate(CASES):
         # the 1-process reference: the plain (DDP-path) learner on all 9 trajectories
-        reference = _update(replace(BASE, model=run["model"], learner_backend="ddp", **changes), trajectories)
+        reference = _update(BASE.override({"model": run["model"], "placement.learner_backend": "ddp", **changes}),
+                            trajectories)
         assert not reference["sharded"]
-        initial = _full(_learner(replace(BASE, model=run["model"], **changes)))
+        initial = _full(_learner(BASE.override({"model": run["model"], **changes})))
         moved = max(float(np.abs(reference["weights"][n] - w).max()) for n, w in initial.items())
         assert moved > 5e-4, "the update must move the weights for the comparison to mean anything"
         for rank in run["ranks"]:
@@ -168,7 +170,7 @@ def test_sharded_update_equals_one_process_update(trajectories: list[Trajectory]
 
 def test_each_rank_holds_about_half_the_parameter_and_optimizer_bytes(run: dict[str, Any]) -> None:
     for index, (changes, _) in enumerate(CASES):
-        config = replace(BASE, model=run["model"], learner_backend="ddp", **changes)
+        config = BASE.override({"model": run["model"], "placement.learner_backend": "ddp", **changes})
         learner = _learner(config)
         learner.update(_trajectories_for_bytes(), step=0)
         one_process = _bytes(learner)
@@ -191,7 +193,7 @@ def test_resume_2_to_1_and_1_to_2_ranks_gives_the_uninterrupted_next_step(
     for name, value in ranks[0]["uninterrupted"].items():
         np.testing.assert_array_equal(ranks[1]["uninterrupted"][name], value)
     # 1 process, uninterrupted: steps 0 and 1 (the same global batches as the ranks' shares together)
-    config = replace(BASE, model=run["model"], **RESUME)
+    config = BASE.override({"model": run["model"], **RESUME})
     single = _learner(config)
     single.update(trajectories, step=0)
     single.update(trajectories, step=1)
@@ -209,11 +211,11 @@ def test_resume_2_to_1_and_1_to_2_ranks_gives_the_uninterrupted_next_step(
 
 
 def test_fsdp2_config_is_validated() -> None:
-    with pytest.raises(ConfigError, match="TrainConfig.learner_backend must be one of ddp, fsdp2"):
-        TrainConfig(learner_backend="zero3")
-    with pytest.raises(ConfigError, match="TrainConfig.learner_backend 'fsdp2' with nproc > 1 needs rollout_policy"):
-        TrainConfig(learner_backend="fsdp2", nproc=2)
-    TrainConfig(learner_backend="fsdp2", nproc=2, rollout_policy="copy")
+    with pytest.raises(ConfigError, match="placement.learner_backend must be one of ddp, fsdp2"):
+        config_from_dict({"placement.learner_backend": "zero3"})
+    with pytest.raises(ConfigError, match="placement.learner_backend 'fsdp2' with nproc > 1 needs rollout_policy"):
+        config_from_dict({"placement.learner_backend": "fsdp2", "placement.nproc": 2})
+    config_from_dict({"placement.learner_backend": "fsdp2", "placement.nproc": 2, "placement.rollout_policy": "copy"})
 
 
 def test_two_rank_training_run_syncs_checkpoints_exports_and_resumes_on_one(run: dict[str, Any]) -> None:
@@ -227,6 +229,6 @@ def test_two_rank_training_run_syncs_checkpoints_exports_and_resumes_on_one(run:
     checkpoint = Path(config.run_dir) / "checkpoints" / "step_000002"
     assert (checkpoint / "dcp" / ".metadata").is_file() and not (checkpoint / "trainable.safetensors").exists()
     assert (Path(config.run_dir) / "policy" / "adapter_model.safetensors").is_file()
-    rows = train(replace(config, nproc=1, steps=3))
+    rows = train(config.override({"placement.nproc": 1, "steps": 3}))
     assert len(rows) == 1 and rows[0]["charts/policy_version"] == 3.0
     assert [row["step"] for row in read_metrics(config.run_dir)] == [1, 2, 3]

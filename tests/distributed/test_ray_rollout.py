@@ -35,9 +35,9 @@ from taskrl.policies.models import tiny_model  # noqa: E402
 from taskrl.policies.scripted import ScriptedPolicy  # noqa: E402
 from taskrl.rollout import RolloutConfig, derive_seed, run_episodes  # noqa: E402
 from taskrl.runlog import read_metrics, read_trajectories  # noqa: E402
-from taskrl.trainer import Trainer  # noqa: E402
-from taskrl.training.config import ConfigError, TrainConfig  # noqa: E402
+from taskrl.training.config import ConfigError, TrainConfig, config_from_dict  # noqa: E402
 from taskrl.training.learner import Learner  # noqa: E402
+from taskrl.training.trainer import Trainer  # noqa: E402
 from taskrl.types import Trajectory  # noqa: E402
 
 
@@ -63,16 +63,22 @@ def config_for(model_dir: str, tmp_path: Path, **changes: Any) -> TrainConfig:
     # Full fine-tuning of the embeddings keeps peft out of the actors (seconds each on a loaded machine); the
     # LoRA set-up is checked in-process below, with the same worker class.
     base = {"run_dir": str(tmp_path / "run"), "model": model_dir, "device": "cpu", "env": "price",
-            "finetune": "full", "freeze": ["layers", "norm"], "lora_rank": 4, "tasks_per_step": 3, "group_size": 2,
-            "max_turns": 2, "max_new_tokens": 12, "temperature": 1.0, "ray": True, "ray_workers": 2,
-            "ray_num_cpus_per_worker": 0.5, "sft_min_reward": 0.0, "sft_lr": 1e-2, "progress": False}  # fmt: skip
-    return TrainConfig(**{**base, **changes})
+            "finetune": "full", "freeze": ["layers",
+                                           "norm"], "lora.rank": 4, "rollout.tasks_per_step": 3,
+                                           "rollout.group_size": 2,
+            "rollout.max_turns": 2, "rollout.max_new_tokens": 12, "rollout.temperature": 1.0, "placement.ray": True,
+            "placement.ray_workers": 2,
+            "placement.ray_num_cpus_per_worker": 0.5, "sft_min_reward": 0.0, "sft_lr": 1e-2,
+            "progress": False}  # fmt: skip
+    return config_from_dict({**{**base, **changes}})
 
 
 def rollout_config(config: TrainConfig, step: int) -> RolloutConfig:
-    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
-    return RolloutConfig(max_turns=config.max_turns, max_context_tokens=config.max_context_tokens, sampling=sampling,
-                         group_size=config.group_size, seed=derive_seed(config.seed, "rollout", step))  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature)
+    return RolloutConfig(max_turns=config.rollout.max_turns, max_context_tokens=config.rollout.max_context_tokens,
+                         sampling=sampling,
+                         group_size=config.rollout.group_size, seed=derive_seed(config.seed, "rollout",
+                                                                                step))  # fmt: skip
 
 
 def exact(trajectories: list[Trajectory]) -> list[Any]:
@@ -93,7 +99,8 @@ def max_logprob_gap(a: list[Trajectory], b: list[Trajectory]) -> float:
 @pytest.fixture(scope="module")
 def trainer(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
     """One Trainer with ray=true for the module: its actors serve the equality checks, then it trains 2 steps."""
-    config = config_for(model_dir, tmp_path_factory.mktemp("run"), steps=2, sft_warmup_steps=1, tasks_per_step=2,
+    config = config_for(model_dir, tmp_path_factory.mktemp("run"), steps=2, sft_warmup_steps=1,
+                        **{"rollout.tasks_per_step": 2},
                         checkpoint_every=1)  # fmt: skip
     trainer = Trainer(config)
     yield trainer
@@ -109,7 +116,7 @@ def test_ray_collect_equals_local_collect_token_for_token(trainer: Trainer) -> N
     assert [len(share) for share in rollout.shares(tasks)] == [2, 1]  # groups are dealt whole
     expected = asyncio.run(run_episodes(lambda: make("price"), local, tasks, settings))
     got = rollout.collect(tasks, settings, step=0)
-    assert len(got) == len(tasks) * config.group_size
+    assert len(got) == len(tasks) * config.rollout.group_size
     assert exact(got) == exact(expected)  # same order, same seeds, same sampled tokens at temperature 1
     assert max_logprob_gap(got, expected) < 1e-4
     assert all(s.num_sampled > 0 for t in got for s in t.segments)
@@ -127,7 +134,7 @@ def test_ray_collect_equals_local_collect_token_for_token(trainer: Trainer) -> N
     assert exact(after) == exact(reference)
     for traj in after[:2]:  # the sampler's logprobs are the updated local model's, token by token
         segment = traj.segments[0]
-        scored = local.logprobs_of(segment.token_ids, temperature=config.temperature)
+        scored = local.logprobs_of(segment.token_ids, temperature=config.rollout.temperature)
         sampled = [(x, y) for x, y, m in zip(segment.logprobs, scored, segment.loss_mask, strict=True) if m]
         assert max(abs(x - y) for x, y in sampled) < 1e-4
 
@@ -186,7 +193,7 @@ def crashing_env() -> PriceEnv:
 def test_a_worker_that_dies_twice_or_fails_is_reported_with_its_tasks(model_dir: str, tmp_path: Path) -> None:
     from taskrl.types import Task
 
-    config = config_for(model_dir, tmp_path, ray_workers=1)
+    config = config_for(model_dir, tmp_path, **{"placement.ray_workers": 1})
     rollout = RayRollout(config, env_factory=crashing_env, policy_factory=functools.partial(ScriptedPolicy, crash_rule))
     settings = rollout_config(config, step=0)
     try:
@@ -204,7 +211,7 @@ def test_a_worker_that_dies_twice_or_fails_is_reported_with_its_tasks(model_dir:
 
 def test_cli_flags_and_lazy_import(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "--ray-address", "nonsense", "--set", f"run_dir={tmp_path}"])
-    assert isinstance(result.exception, ConfigError) and "TrainConfig.ray_address" in str(result.exception)
+    assert isinstance(result.exception, ConfigError) and "placement.ray_address" in str(result.exception)
     code = ("import sys, taskrl, taskrl.training.config, taskrl.distributed.ray_rollout, "
             "taskrl.distributed.ray_subagents; assert 'ray' not in sys.modules, 'ray imported eagerly'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -223,9 +230,10 @@ def test_ray_actors_sample_from_a_server_and_follow_its_adapters(
     server = ServerThread(create_app({"tiny": served}, config=ServeConfig(admin_keys=("admin",))))
     server.start()
     monkeypatch.setenv("TASKRL_ROLLOUT_API_KEY", "admin")
-    config = config_for(model_dir, tmp_path, finetune="lora", freeze=[], rollout_policy="server",
-                        rollout_url=server.base_url, rollout_model="tiny", steps=2, sft_warmup_steps=1,
-                        tasks_per_step=2, max_new_tokens=6, checkpoint_every=0)  # fmt: skip
+    placed = {"placement.rollout_policy": "server", "placement.rollout_url": server.base_url,
+              "placement.rollout_model": "tiny", "rollout.tasks_per_step": 2, "rollout.max_new_tokens": 6}
+    config = config_for(model_dir, tmp_path, finetune="lora", freeze=[], steps=2, sft_warmup_steps=1,
+                        checkpoint_every=0, **placed)  # fmt: skip
     trainer = Trainer(config)
     try:
         trainer.train()
@@ -250,14 +258,16 @@ def test_ray_actors_sample_from_a_server_and_follow_its_adapters(
 def test_ray_actors_sample_from_the_trainers_vllm(tmp_path: Path, vllm_server: Any) -> None:
     """rollout_policy=vllm with ray=true: the actors are token-mode VLLMPolicy clients of the trainer's vLLM (the
     session's server); after an update the trainer hot-loads the adapter once and every actor switches to it."""
-    config = TrainConfig(run_dir=str(tmp_path / "run"), model="smollm2", env="price", lora_rank=4, lr=1e-3, steps=2,
-                         tasks_per_step=2, group_size=2, max_turns=1, max_new_tokens=8, ray=True, ray_workers=2,
-                         ray_num_cpus_per_worker=0.5, rollout_policy="vllm", checkpoint_every=0,
-                         progress=False)  # fmt: skip
+    config = config_from_dict({"run_dir": str(tmp_path / "run"), "model": "smollm2", "env": "price", "lora.rank": 4,
+                               "lr": 1e-3, "steps": 2, "rollout.tasks_per_step": 2, "rollout.group_size": 2,
+                               "rollout.max_turns": 1, "rollout.max_new_tokens": 8, "placement.ray": True,
+                               "placement.ray_workers": 2, "placement.ray_num_cpus_per_worker": 0.5,
+                               "placement.rollout_policy": "vllm", "checkpoint_every": 0,
+                               "progress": False})  # fmt: skip
 
     def spread(step: int, trajectories: list[Trajectory]) -> None:  # a reward spread: every step updates
         for i, t in enumerate(trajectories):
-            t.rewards["spread"] = 0.25 * (i % 2)
+            t.terms["spread"] = 0.25 * (i % 2)
 
     trainer = Trainer(config, rollout_server=vllm_server, score_fn=spread)
     try:

@@ -16,14 +16,14 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from taskrl.chat import format_tool_call  # noqa: E402
-from taskrl.datagen.multihop import write_tasks  # noqa: E402
 from taskrl.distributed.ray_subagents import RaySubagentRuntime, shutdown_subagent_pools  # noqa: E402
+from taskrl.env import make  # noqa: E402
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig  # noqa: E402
 from taskrl.envs.swarm.tasks import WIDE, render_prompt  # noqa: E402
 from taskrl.policies.base import Completion, SamplingParams  # noqa: E402
 from taskrl.policies.scripted import ScriptedPolicy  # noqa: E402
 from taskrl.rollout import RolloutConfig, run_episode  # noqa: E402
-from taskrl.types import Message, Task, Trajectory  # noqa: E402
+from taskrl.types import Message, Task, Trajectory, write_tasks  # noqa: E402
 
 DELAY_S = 0.8
 HELPERS = 4
@@ -77,7 +77,7 @@ def test_four_assignments_of_one_turn_run_on_four_actors_at_once(tasks_path: str
     config = SwarmEnvConfig(tasks=tasks_path, subagent_env="noop", subagent_backend="ray", ray_actors=HELPERS,
                             ray_cpus_per_actor=0.25)  # fmt: skip
     helper = SlowHelper()
-    env = SwarmEnv(config, subagent_policy=helper)
+    env = make("swarm", config=config, subagent_policy=helper)
     assert isinstance(env.runtime, RaySubagentRuntime)
     env.runtime.pool()  # the actors start here (once per process), so the episode below times only the work
     traj = play(env, orchestrator([f"item {i}" for i in range(1, HELPERS + 1)]))
@@ -95,7 +95,7 @@ def test_four_assignments_of_one_turn_run_on_four_actors_at_once(tasks_path: str
     assert traj.metrics["critical_steps"] == (1 + 1) + 1 and traj.metrics["total_steps"] == 2 + HELPERS
 
     # The next episode's env shares the pool: a killed actor is replaced and its assignment retried.
-    second = SwarmEnv(config, subagent_policy=helper)
+    second = make("swarm", config=config, subagent_policy=helper)
     pool = second.runtime.pool()
     assert pool is env.runtime.pool()
     ray.kill(pool.actors[0], no_restart=True)
@@ -107,7 +107,7 @@ def test_four_assignments_of_one_turn_run_on_four_actors_at_once(tasks_path: str
 def test_an_actor_that_keeps_dying_becomes_an_error_result(tasks_path: str) -> None:
     config = SwarmEnvConfig(tasks=tasks_path, subagent_env="noop", subagent_backend="ray", ray_actors=1,
                             ray_cpus_per_actor=0.25)  # fmt: skip
-    env = SwarmEnv(config, subagent_policy=SlowHelper())
+    env = make("swarm", config=config, subagent_policy=SlowHelper())
     traj = play(env, orchestrator(["please die 1"]))
     assert traj.error is None and traj.terminated  # the orchestrator's episode goes on
     (child,) = traj.children
@@ -123,7 +123,7 @@ def test_an_unpicklable_policy_is_refused_with_the_fix(tasks_path: str) -> None:
             self.held = threading.Lock()
 
     config = SwarmEnvConfig(tasks=tasks_path, subagent_env="noop", subagent_backend="ray", ray_actors=1)
-    env = SwarmEnv(config, subagent_policy=Locked())
+    env = make("swarm", config=config, subagent_policy=Locked())
     with pytest.raises(ValueError, match="subagent_policy='scripted', 'hf' or 'openai'"):
         env.runtime.pool()
 
@@ -133,4 +133,7 @@ def test_config_validation(tasks_path: str) -> None:
         SwarmEnvConfig(tasks=tasks_path, subagent_backend="threads")
     with pytest.raises(ValueError, match="ray_actors"):
         SwarmEnvConfig(tasks=tasks_path, subagent_backend="ray", ray_actors=0)
+    ray_config = SwarmEnvConfig(tasks=tasks_path, subagent_env="noop", subagent_backend="ray", ray_actors=1)
+    with pytest.raises(ValueError, match=r'make\("swarm", subagent_backend="ray"'):  # the factory gives the runtime
+        SwarmEnv(ray_config)
     assert Path(tasks_path).is_file()

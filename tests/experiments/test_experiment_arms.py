@@ -17,8 +17,10 @@ from taskrl.runlog import read_trajectories
 
 
 def _base(run_dir: Path) -> dict[str, Any]:
-    return {"run_dir": str(run_dir), "env": "price", "finetune": "lora", "lora_rank": 4, "steps": 2, "max_turns": 2,
-            "max_new_tokens": 12, "seed": 3, "progress": False, "checkpoint_every": 0, "eval_every": 0}  # fmt: skip
+    return {"run_dir": str(run_dir), "env": "price", "finetune": "lora", "lora.rank": 4, "steps": 2,
+            "rollout.max_turns": 2,
+            "rollout.max_new_tokens": 12, "seed": 3, "progress": False, "checkpoint_every": 0,
+            "eval_every": 0}  # fmt: skip
 
 
 def _policy() -> HFPolicy:
@@ -29,7 +31,7 @@ def _policy() -> HFPolicy:
 def test_rft_matches_its_grpo_arm_prompts_and_samples(tmp_path: Path) -> None:
     rl = grpo_config(_base(tmp_path / "grpo"), lr=1e-3, tasks_per_step=2, group_size=3, overlong_filter=True)
     rft = rft_config({**rl, "run_dir": str(tmp_path / "rft")}, min_reward=0.0, lr=1e-3)
-    assert rft["algo"] == "sft" and rft["sft_data"] == "policy" and "overlong_filter" not in rft
+    assert rft["algo.name"] == "sft" and rft["sft_data"] == "policy" and "overlong_filter" not in rft
     budgets, prompts = {}, {}
     for name, config in (("grpo", rl), ("rft", rft)):
         trainer, budgets[name] = train_arm(config, minutes=30, policy=_policy())
@@ -51,7 +53,8 @@ def test_rft_keeps_only_verified_successes(tmp_path: Path) -> None:
 
 
 def test_sft_arm_clones_the_expert_and_the_held_out_eval_has_intervals(tmp_path: Path) -> None:
-    config = sft_config({**_base(tmp_path / "sft"), "steps": 1, "max_new_tokens": 40}, lr=1e-3, tasks_per_step=2)
+    config = sft_config({**_base(tmp_path / "sft"), "steps": 1, "rollout.max_new_tokens": 40}, lr=1e-3,
+                        tasks_per_step=2)
     trainer, budget = train_arm(config, minutes=30, policy=_policy())
     try:
         assert budget["episodes"] == 2.0 and budget["rewards"] == [1.0]  # the expert solves every task

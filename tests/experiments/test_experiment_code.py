@@ -97,7 +97,7 @@ def test_stage_configs_are_valid_and_the_arms_train_on_disjoint_kinds(tmp_path: 
         assert set(config["env_kwargs"]) <= {"tasks_path", "hint_lines", "kinds"}  # the earlier runs' configs
     assert configs["sft"]["env_kwargs"] == configs["sft_only"]["env_kwargs"]
     assert configs["sft"]["env_kwargs"]["kinds"] == list(DEMO_KINDS)
-    assert configs["grpo"]["env_kwargs"]["kinds"] == list(RL_KINDS) and configs["grpo"]["algo"] == "grpo"
+    assert configs["grpo"]["env_kwargs"]["kinds"] == list(RL_KINDS) and configs["grpo"]["algo.name"] == "grpo"
     assert all("micro_batch_tokens" not in config for config in configs.values())
     args = stage_args("edit_file")
     args.micro_batch_tokens = 1024

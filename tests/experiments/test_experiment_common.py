@@ -21,9 +21,10 @@ def _recipe() -> dict[str, Any]:
     calls: dict[str, list[Any]] = {"held_out": [], "final": []}
 
     def stage_config(arm: str, run_dir: Path, start: Path, args: argparse.Namespace) -> dict[str, Any]:
-        return {"run_dir": str(run_dir), "env": "price", "model": str(start), "finetune": "lora", "lora_rank": 4,
-                "algo": "grpo", "steps": 1000, "lr": 1e-3, "tasks_per_step": 1, "group_size": 2, "max_turns": 2,
-                "max_new_tokens": 8, "checkpoint_every": 1, "eval_every": 0, "progress": False}  # fmt: skip
+        return {"run_dir": str(run_dir), "env": "price", "model": str(start), "finetune": "lora", "lora.rank": 4,
+                "algo.name": "grpo", "steps": 1000, "lr": 1e-3, "rollout.tasks_per_step": 1, "rollout.group_size": 2,
+                "rollout.max_turns": 2,
+                "rollout.max_new_tokens": 8, "checkpoint_every": 1, "eval_every": 0, "progress": False}  # fmt: skip
 
     def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool) -> dict[str, Any]:
         calls["held_out"].append((name, trainer.completed, n, sampled))
@@ -92,11 +93,13 @@ def test_the_warm_start_is_trained_merged_evaluated_and_kept(tmp_path: Path) -> 
     evaluated: list[int] = []
 
     def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.Namespace) -> dict[str, Any]:
-        config = {"run_dir": str(run_dir), "env": "price", "finetune": "lora", "lora_rank": 4, "tasks_per_step": 1,
-                  "group_size": 2, "max_turns": 2, "max_new_tokens": 8, "eval_every": 0, "progress": False}  # fmt: skip
+        config = {"run_dir": str(run_dir), "env": "price", "finetune": "lora", "lora.rank": 4,
+                  "rollout.tasks_per_step": 1,
+                  "rollout.group_size": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 8, "eval_every": 0,
+                  "progress": False}  # fmt: skip
         if stage == "sft":
-            return {**config, "algo": "sft", "sft_data": "expert", "model": str(base), "steps": args.sft_steps}
-        return {**config, "algo": "sft", "model": str(start), "steps": 1}
+            return {**config, "algo.name": "sft", "sft_data": "expert", "model": str(base), "steps": args.sft_steps}
+        return {**config, "algo.name": "sft", "model": str(start), "steps": 1}
 
     def start_evals(trainer: Any) -> dict[str, Any]:
         evaluated.append(trainer.completed or 0)

@@ -55,6 +55,7 @@ def test_one_step_in_bf16_on_cpu_records_the_scaled_budget(tmp_path: Path) -> No
     assert all(r["held_out_tasks"] == 64 and 0.0 <= r["outcome"]["reward"]["value"] <= 1.0 for r in records)
     assert records[0]["warm_start"]["steps"] == 1 and records[0]["warm_start"]["config"]["dtype"] == "bfloat16"
     grpo = records[1]
-    assert (grpo["config"]["dtype"], grpo["config"]["device"], grpo["config"]["algo"]) == ("bfloat16", "cpu", "grpo")
-    assert (grpo["config"]["tasks_per_step"], grpo["config"]["group_size"]) == (2, 2)
+    assert (grpo["config"]["dtype"], grpo["config"]["device"], grpo["config"]["algo.name"]) == ("bfloat16", "cpu",
+                                                                                                "grpo")
+    assert (grpo["config"]["rollout.tasks_per_step"], grpo["config"]["rollout.group_size"]) == (2, 2)
     assert grpo["budget"]["steps"] == 1 and not grpo["budget"]["time_limited"] and grpo["budget"]["episodes"] == 4

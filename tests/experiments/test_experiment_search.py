@@ -90,13 +90,13 @@ def _args(**changes: object) -> argparse.Namespace:
 def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp_path: Path) -> None:
     args, start = _args(), tmp_path / "start"
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
-    assert (sft.algo, sft.model, sft.env, sft.env_kwargs["tasks"]) == ("sft", "smollm2", "search", "/d/sft.jsonl")
-    assert sft.env_kwargs["expert_grep"] is False and sft.env_kwargs["context_budget"] == sft.max_context_tokens
+    assert (sft.algo.name, sft.model, sft.env, sft.env_kwargs["tasks"]) == ("sft", "smollm2", "search", "/d/sft.jsonl")
+    assert sft.env_kwargs["expert_grep"] is False and sft.env_kwargs["context_budget"] == sft.rollout.max_context_tokens
     assert sft.checkpoint_every == 1, "the warm start resumes after a kill"
     arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
-    assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs["tasks"] == "/d/sft.jsonl"
-    assert arms["grpo"].algo == "grpo" and arms["grpo"].env_kwargs["tasks"] == "/d/rl.jsonl"
+    assert arms["sft_only"].algo.name == "sft" and arms["sft_only"].env_kwargs["tasks"] == "/d/sft.jsonl"
+    assert arms["grpo"].algo.name == "grpo" and arms["grpo"].env_kwargs["tasks"] == "/d/rl.jsonl"
     shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "max_context_tokens", "seed", "dtype", "env")
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
     assert bench.env_kwargs("eval", args)["tasks"] == "/d/eval.jsonl"

@@ -23,23 +23,25 @@ from experiments.summary_plots import plot_summary  # noqa: E402
 def test_stages_are_valid_configs_from_one_warm_start(tmp_path: Path) -> None:
     args = bench.parse_args(["--device", "cpu"])
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
-    assert (sft.algo, sft.model) == ("sft", "smollm2")
-    assert sft.sft_data == str(tmp_path / "demonstrations.jsonl") and sft.summary == {}, "mixed: played beforehand"
+    assert (sft.algo.name, sft.model) == ("sft", "smollm2")
+    assert sft.sft_data == str(tmp_path / "demonstrations.jsonl")
+    assert sft.rollout.summary == {}, "mixed: played beforehand"
     first_run = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None,
                                                     bench.parse_args(["--sft-uncompacted-share", "0"])))  # fmt: skip
     assert first_run.sft_data == "expert"
-    assert first_run.summary == {"trigger_tokens": 360, "mode": "self", "max_summary_tokens": 96}, "all compact"
+    assert first_run.rollout.summary == {"trigger_tokens": 360, "mode": "self", "max_summary_tokens": 96}, "all compact"
     plain = bench.parse_args(["--no-sft-summaries"])
     plain_sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, plain))
-    assert (plain_sft.sft_data, plain_sft.summary) == ("expert", {})
+    assert (plain_sft.sft_data, plain_sft.rollout.summary) == ("expert", {})
     assert sft.env_kwargs == {"min_items": 2, "max_items": 6, "one_call_per_turn": True}
     start = tmp_path / "start"
     stages = {s: config_from_dict(bench.stage_config(s, tmp_path / s, start, args)) for s in
               ("sft_only", "baselines", "grpo")}  # fmt: skip
     assert {c.model for c in stages.values()} == {str(start)}
     grpo = stages["grpo"]
-    assert grpo.algo == "grpo" and grpo.env_kwargs["min_items"] == 5 and grpo.split == "train"
-    assert SummaryConfig(**grpo.summary) == SummaryConfig(trigger_tokens=360, mode="self", max_summary_tokens=96)
+    assert grpo.algo.name == "grpo" and grpo.env_kwargs["min_items"] == 5 and grpo.split == "train"
+    assert SummaryConfig(**grpo.rollout.summary) == SummaryConfig(trigger_tokens=360, mode="self",
+                                                                  max_summary_tokens=96)
     shared = ("max_turns", "max_new_tokens", "max_context_tokens", "dtype", "env", "finetune", "lora_rank")
     assert all(getattr(grpo, f) == getattr(stages["baselines"], f) == getattr(sft, f) for f in shared)
 

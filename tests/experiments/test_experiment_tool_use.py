@@ -30,11 +30,11 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     shape = bench.DESIGNS[design]
     start = tmp_path / "start"
     sft = config_from_dict(bench.stage_config("sft", tmp_path / "sft", None, args))
-    assert (sft.algo, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, shape["sft"], "smollm2")
+    assert (sft.algo.name, sft.lr, sft.env_kwargs, sft.model) == ("sft", 1e-3, shape["sft"], "smollm2")
     arms = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, args)) for arm in bench.ARMS}
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
-    assert arms["sft_only"].algo == "sft" and arms["sft_only"].env_kwargs == shape["sft"]
-    assert arms["grpo"].algo == "grpo" and arms["grpo"].env_kwargs["min_items"] > shape["sft"]["max_items"]
+    assert arms["sft_only"].algo.name == "sft" and arms["sft_only"].env_kwargs == shape["sft"]
+    assert arms["grpo"].algo.name == "grpo" and arms["grpo"].env_kwargs["min_items"] > shape["sft"]["max_items"]
     assert arms["grpo"].env == sft.env == shape["env"]
     shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "temperature", "seed", "dtype", "env")
     assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
@@ -46,9 +46,9 @@ def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_pat
     args, start = _args(design="prices3", rft_min_reward=1.0), tmp_path / "start"
     arms = {arm: bench.stage_config(arm, tmp_path / arm, start, args) for arm in bench.LADDER}
     configs = {arm: config_from_dict(dict(c)) for arm, c in arms.items()}
-    assert configs["sft3"].algo == "sft" and configs["sft3"].sft_data == "expert"
+    assert configs["sft3"].algo.name == "sft" and configs["sft3"].sft_data == "expert"
     assert configs["sft3"].env_kwargs == bench.DESIGNS["prices3"]["rl"]  # 3-item demonstrations
-    assert (configs["rft"].algo, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
+    assert (configs["rft"].algo.name, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
     assert all(arms["rft"][f] == arms["grpo"][f] for f in MATCHED_FIELDS if f in arms["grpo"])
     assert {c.model for c in configs.values()} == {str(start)}
 

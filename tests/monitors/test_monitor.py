@@ -26,6 +26,7 @@ from taskrl.monitor import (
 )
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.scoring import Clock, Rubric, score
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 
@@ -241,14 +242,17 @@ def test_shape_rewards_penalties_are_capped_and_idempotent() -> None:
     t = traj(["a"] * 30, reward=1.0, invalid=2)
     t.metrics["tool_cost"] = 3.0
     config = MitigationConfig(tool_call_penalty=0.01, tool_cost_weight=0.1, invalid_call_penalty=0.2)
+    t.terms = dict(t.rewards)
     shape_rewards([t], config)
     shape_rewards([t], config)
-    assert t.rewards["tool_cost_penalty"] == pytest.approx(-0.5)  # 0.3 + 0.3 capped at 0.5
-    assert t.rewards["invalid_call_penalty"] == pytest.approx(-0.4)
-    assert t.reward == pytest.approx(1.0 - 0.5 - 0.4)
+    assert t.terms["tool_cost_penalty"] == pytest.approx(-0.5)  # 0.3 + 0.3 capped at 0.5
+    assert t.terms["invalid_call_penalty"] == pytest.approx(-0.4)
+    assert sum(t.terms.values()) == pytest.approx(1.0 - 0.5 - 0.4)  # weight 1 each, unless a rubric lists them
+    score([t], Rubric(), Clock())
+    assert t.reward == 0.0  # and the episode's invalid calls cap it at a failure
     untouched = traj(["a"], reward=1.0)
     shape_rewards([untouched], MitigationConfig())
-    assert untouched.rewards == {"r": 1.0}
+    assert untouched.terms == {} and untouched.rewards == {"r": 1.0}
 
 
 def test_exploration_mitigations_temperature_and_first_tool_hint() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import tiny_model
 
 
@@ -21,6 +21,6 @@ def tiny() -> tuple[Any, Any]:
 def hf_policy(tiny: tuple[Any, Any], request: pytest.FixtureRequest) -> Iterator[HFPolicy]:
     """A fresh policy per test, once per decode engine: both must keep every guarantee."""
     model, tokenizer = tiny
-    policy = HFPolicy(model, tokenizer, device="auto", engine=request.param)
+    policy = HFPolicy(model, tokenizer, device="auto", engine_config=EngineConfig(engine=request.param))
     yield policy
     policy.close()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from taskrl.policies.base import InvalidRequestError, PolicyError, SamplingParams
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.kvcache import PrefixCache
 
 TOL = 1e-4
@@ -23,7 +23,9 @@ TOL = 1e-4
 
 def make_policy(tiny: tuple[Any, Any], *, own_weights: bool = False, **kwargs: Any) -> HFPolicy:
     model, tokenizer = tiny
-    policy = HFPolicy(copy.deepcopy(model) if own_weights else model, tokenizer, device="cpu", **kwargs)
+    engine_config = EngineConfig(**kwargs)  # the engine settings under test
+    policy = HFPolicy(copy.deepcopy(model) if own_weights else model, tokenizer, device="cpu",
+                      engine_config=engine_config)
     policy.chat_format.stop_token_ids = set()  # every request decodes exactly max_new_tokens
     return policy
 
@@ -370,13 +372,12 @@ def test_rollout_copy_keeps_engine_settings(tiny) -> None:
                          fast_forward=False)  # fmt: skip
     copy_policy = rollout_copy(source)
     try:
-        assert (copy_policy.engine, copy_policy.prefill_chunk_tokens) == ("static", 48)
-        assert (copy_policy.prefix_cache_bytes, copy_policy.max_batch_size) == (12345, 5)
-        assert copy_policy._engine.prefix.max_bytes == 12345
+        assert copy_policy.engine_config == source.engine_config  # one value carries every setting
+        assert (copy_policy.engine_config.engine, copy_policy.engine_config.prefill_chunk_tokens) == ("static", 48)
+        assert copy_policy._engine.prefix.max_bytes == 12345 and copy_policy._engine.max_batch_size == 5
         engine = copy_policy._engine
         assert (engine.draft_tokens, engine.decode_token_budget, engine.schedule) == (2, 9, "throughput")
-        assert copy_policy.priority_tokens == engine.priority_tokens == 3
-        assert copy_policy.fast_forward is engine.fast.enabled is False
+        assert engine.priority_tokens == 3 and engine.fast.enabled is False
     finally:
         copy_policy.close()
         source.close()
@@ -411,3 +412,57 @@ async def test_short_prompt_skips_ahead_of_a_long_prefill(tiny, reference: HFPol
         )
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize(
+    ("short_tokens", "priority_tokens", "prefix_cache_bytes", "shared"),
+    [(12, 0, 2**26, False), (4, 8, 2**26, False), (12, 0, 0, True)],
+    ids=["main-lane", "priority-lane", "shares-inflight-kv"],
+)
+def test_a_long_prompt_is_not_starved_by_a_stream_of_cheap_ones(
+    tiny, reference: HFPolicy, short_tokens: int, priority_tokens: int, prefix_cache_bytes: int, shared: bool
+) -> None:
+    """Admission starts the cheapest prompts first, yet a long uncached one must not wait forever behind a steady
+    stream of cheaper ones (one arrives every step, so a cheaper candidate always waits): short prompts, short
+    requests of the priority lane, or requests that share its prefix with in-flight KV (which it would wait to
+    reuse). Once passed over ``AGING_PASSES`` times it starts ahead of them, and still samples exactly.
+    The engine is stepped on this thread, so arrivals are exact whatever the machine's load."""
+    from taskrl.policies.engine import AGING_PASSES
+    from taskrl.policies.sampling import Request
+
+    policy = make_policy(tiny, max_batch_size=2, prefill_chunk_tokens=64, priority_tokens=priority_tokens,
+                         prefix_cache_bytes=prefix_cache_bytes)  # fmt: skip
+    engine, loop = policy._engine, asyncio.new_event_loop()
+    long_prompt = ids(tiny[1], " ".join(f"line {i} of a long tool output." for i in range(20)))
+    short_prompt = long_prompt[:40] if shared else ids(tiny[1], "Quick one")
+    assert len(long_prompt) > 4 * len(short_prompt) and len(short_prompt) - 1 >= engine.share_min_tokens * shared
+
+    def request(prompt: list[int], n: int, seed: int) -> Request:
+        return Request(prompt_ids=prompt, sampling=sampling(n, seed), seed=seed, max_new_tokens=n,
+                       future=loop.create_future(), loop=loop)  # fmt: skip
+
+    try:
+        shorts = [request(short_prompt + [seed], short_tokens, seed) for seed in range(2)]
+        long = request(long_prompt, 12, 99)
+        bound = AGING_PASSES * engine.max_batch_size  # each pass starts at most max_batch_size requests
+        with torch.inference_mode():
+            # Both row slots go to cheap ones, a step apart (as under sustained load: rows free one at a time).
+            engine.queue.append(shorts[0])
+            engine.step()
+            engine.queue.extend([shorts[1], long])
+            while long.generator is None:  # set when the engine starts the request
+                ahead = sum(r.generator is not None for r in shorts)
+                assert ahead <= bound, f"{ahead} cheaper requests started while the long one waited"
+                shorts.append(request(short_prompt + [len(shorts)], short_tokens, len(shorts)))
+                engine.queue.append(shorts[-1])
+                engine.step()
+            for r in shorts:  # the stream stops; the long request finishes
+                r.cancelled = True
+            while long.finish_reason is None:
+                engine.step()
+        loop.run_until_complete(asyncio.sleep(0))  # deliver the completion
+        expected = asyncio.run(reference.generate(token_ids=long_prompt, sampling=sampling(12, 99)))
+        assert_exact(policy, long_prompt, long.future.result(), expected)
+    finally:
+        policy.close()
+        loop.close()

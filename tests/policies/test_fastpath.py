@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from taskrl.policies.fastpath import FastDecoder
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.kvcache import RowKV
 from taskrl.policies.models import tiny_model
 from taskrl.policies.sampling import SamplingParams
@@ -109,7 +109,8 @@ async def test_engine_uses_it_and_follows_in_place_updates(model: Any) -> None:
     subject = lora(model)
     tokenizer = tiny_model(seed=5)[1]
     fast = HFPolicy(subject, tokenizer, device="cpu")
-    slow = HFPolicy(subject, tokenizer, device="cpu", fast_forward=False, prefix_cache_bytes=0)
+    slow = HFPolicy(subject, tokenizer, device="cpu", engine_config=EngineConfig(fast_forward=False,
+                                                                                 prefix_cache_bytes=0))
     prompt = tokenizer.encode("An in-place update between two requests.")
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=4)
     try:
@@ -155,4 +156,4 @@ async def test_training_mode_and_unsupported_models_keep_transformers_forward(mo
 
 def test_fast_forward_setting_is_checked(model: Any) -> None:
     with pytest.raises(ValueError, match="fast_forward"):
-        HFPolicy(model, tiny_model(seed=5)[1], device="cpu", fast_forward="always")
+        HFPolicy(model, tiny_model(seed=5)[1], device="cpu", engine_config=EngineConfig(fast_forward="always"))

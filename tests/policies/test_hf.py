@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from taskrl.policies.base import Policy, PolicyError, SamplingParams
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.sampling import sample_row
 from taskrl.types import Message
 
@@ -51,9 +51,9 @@ async def test_batched_equals_one_at_a_time(hf_policy, tiny):
     )
     for prompt, sampling, together in zip(ids, params, batched, strict=True):
         alone = await hf_policy.generate(token_ids=prompt, sampling=sampling)
-        if hf_policy.engine == "static":
+        if hf_policy.engine_config.engine == "static":
             assert together.info["batch_size"] == len(params)
-        elif sampling.max_new_tokens <= hf_policy.priority_tokens:  # the short requests' own lane
+        elif sampling.max_new_tokens <= hf_policy.engine_config.priority_tokens:  # the short requests' own lane
             assert 1 <= together.info["batch_size"] <= len(params)
         else:  # rows join and leave step by step: they shared some steps, never more than all of them
             assert 1 < together.info["batch_size"] <= len(params)
@@ -182,7 +182,7 @@ async def test_bad_prompts_fail_alone(hf_policy, tiny):
 
 
 async def test_batches_respect_max_batch_size_and_cancellation(tiny):
-    policy = HFPolicy(*tiny, device="auto", max_batch_size=2)
+    policy = HFPolicy(*tiny, device="auto", engine_config=EngineConfig(max_batch_size=2))
     try:
         sampling = SamplingParams(max_new_tokens=4, temperature=0)
         ids = prompts(tiny[1], 5)

@@ -14,12 +14,13 @@ import torch
 from taskrl.policies import PolicyError, make_policy
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import train
 from taskrl.training.config import load_config
+from taskrl.training.trainer import train
 
 CONFIG = [
-    'env="price"', 'algo="sft"', 'sft_data="expert"', "steps=1", "sft_lr=0.05", "lr=0.05", "lora_rank=4",
-    "tasks_per_step=2", "group_size=1", "max_turns=3", "max_new_tokens=40", "progress=false",
+    'env="price"', 'algo.name="sft"', 'sft_data="expert"', "steps=1", "sft_lr=0.05", "lr=0.05", "lora.rank=4",
+    "rollout.tasks_per_step=2", "rollout.group_size=1", "rollout.max_turns=3",
+    "rollout.max_new_tokens=40", "progress=false",
 ]  # fmt: skip
 
 

@@ -138,10 +138,10 @@ async def test_sampling_whose_logprobs_the_learner_cannot_match_is_refused(
 ) -> None:
     policy = make_policy(vllm_server, chat_format)
     prompt = chat_format.prompt_ids([Message("user", "hi")])
-    with pytest.raises(InvalidRequestError, match="top_p=0.9.*top_p=1 and top_k=0"):
+    with pytest.raises(InvalidRequestError, match="rollout.top_p=0.9.*top_p=1 and top_k=0"):
         await policy.generate(token_ids=prompt, sampling=SamplingParams(top_p=0.9))
     raw = make_policy(vllm_server, chat_format, logprobs_mode="raw_logprobs")
-    with pytest.raises(InvalidRequestError, match="temperature=0.7.*--logprobs-mode processed_logprobs"):
+    with pytest.raises(InvalidRequestError, match="rollout.temperature=0.7.*--logprobs-mode processed_logprobs"):
         await raw.generate(token_ids=prompt, sampling=SamplingParams(temperature=0.7))
     with pytest.raises(InvalidRequestError, match=r"outside the tokenizer's vocabulary"):
         await policy.generate(token_ids=[1, 10**9], sampling=SamplingParams())
@@ -324,12 +324,12 @@ def test_server_lora_sync_pushes_the_learners_adapter_through_the_policy(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from taskrl.training.config import TrainConfig
+    from taskrl.training.config import config_from_dict
     from taskrl.training.learner import Learner
     from taskrl.training.model import prepare_model
     from taskrl.training.sync import ServerLoRASync
 
-    config = TrainConfig(lora_rank=8, lora_targets=["q_proj", "v_proj"], run_dir=str(tmp_path / "run"))
+    config = config_from_dict({"lora.rank": 8, "lora.targets": ["q_proj", "v_proj"], "run_dir": str(tmp_path / "run")})
     base = AutoModelForCausalLM.from_pretrained(str(vllm_server.model_dir), dtype=torch.float32)
     learner = Learner(prepare_model(base, config), config)
     policy = make_policy(vllm_server, chat_format)

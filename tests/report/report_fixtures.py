@@ -24,8 +24,9 @@ from taskrl.monitor import Monitors
 from taskrl.policies.base import Completion, SamplingParams
 from taskrl.policies.models import smollm2_tokenizer
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rollout import RolloutConfig, run_episodes, summarize
+from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import RunLog
+from taskrl.scoring import batch_metrics
 from taskrl.tools import tool
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
@@ -246,12 +247,13 @@ async def build_demo_like_run(run_dir: Path, *, steps: int = 6, tasks_per_step: 
         batch += await run_episodes(lambda e=swarm_env: e, ScriptedPolicy(SwarmEnv.scripted_rule, chat_format=fmt),
                                     swarm_env.tasks(), RolloutConfig(max_turns=6, seed=step))  # fmt: skip
         shop_batch = [t for t in batch if t.env == "shop"]
-        summary = summarize(shop_batch)
+        summary = batch_metrics(shop_batch)
         metrics, alerts = monitors.check(step, batch)
         log.log(step, {
-            "rewards/mean": summary["reward"], "rewards/correct": summary.get("reward/correct", 0.0),
-            "tools/tool_calls": summary["tool_calls"], "tools/invalid_tool_calls": summary["invalid_tool_calls"],
-            "charts/episodes": float(len(batch)), "charts/sampled_tokens": summary["sampled_tokens"],
+            "rewards/mean": summary["rewards/total"], "rewards/correct": summary.get("rewards/correct", 0.0),
+            "tools/tool_calls": summary["tools/tool_calls"],
+            "tools/invalid_tool_calls": summary["tools/invalid_tool_calls"], "charts/episodes": float(len(batch)),
+            "charts/sampled_tokens": summary["charts/mean_sampled_tokens"],
             "charts/success_rate": sum(t.reward >= 1.0 for t in shop_batch) / len(shop_batch), **metrics,
         })  # fmt: skip
         for alert in alerts:

@@ -24,8 +24,23 @@ from taskrl.eval import EvalConfig, evaluate
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rewards.presets import PrunePenalty, TurnPenalty, make_reward
 from taskrl.rewards.terms import EffortPenalty
-from taskrl.scoring import Clock, Rubric
+from taskrl.scoring import Clock, Rubric, score
 from taskrl.types import Task, Trajectory
+
+
+def scored(rubric: Rubric, traj: Trajectory, task: Task) -> Trajectory:
+    """A copy of ``traj`` measured by ``rubric`` and scored alone at the start of training."""
+    copy = dataclasses.replace(traj, terms=rubric.measure(traj, task), rewards={})
+    score([copy], rubric, Clock())
+    return copy
+
+
+def measured_as(rubric: Rubric, traj: Trajectory, task: Task) -> bool:
+    """``traj.terms`` are the rubric's measurements, plus the derived terms ``score`` wrote."""
+    measured = rubric.measure(traj, task)
+    derived = {d.name for d in rubric.derived}
+    assert set(traj.terms) == set(measured) | derived
+    return {k: v for k, v in traj.terms.items() if k not in derived} == pytest.approx(measured, nan_ok=True)
 
 
 class Recording(dict):  # type: ignore[type-arg]
@@ -88,8 +103,8 @@ def test_the_recipe_preset_reads_only_keys_its_env_writes(env_name: str) -> None
             t.info = Recording(t.info, reads, "info")
             t.metrics = Recording(t.metrics, reads, "metrics")
         task = tasks[traj.task_id]
-        breakdown = reward.evaluate(traj, dataclasses.replace(task, info=Recording(task.info, reads, "task")))
-        applied = {name for name, value in breakdown.raw.items() if value is not None}
+        copy = scored(reward, traj, dataclasses.replace(task, info=Recording(task.info, reads, "task")))
+        applied = {name for name, value in copy.terms.items() if value is not None}
         assert needed <= applied, f"{preset} on {env_name}: terms {sorted(needed - applied)} never applied"
     missing = sorted(key for key, present in reads.items() if not present and key not in optional)
     assert not missing, f"preset {preset} reads keys env {env_name} never writes: {missing}"
@@ -100,19 +115,23 @@ def test_composer_tamper_gate_reads_the_code_env_flag() -> None:
     trajectories, tasks = _expert_episodes("code-bugs", tasks=1)
     traj = trajectories[0]
     reward = make_reward("composer")
-    assert reward.evaluate(traj, tasks[traj.task_id]).raw["tests"] == pytest.approx(traj.metrics["tests_passed"])
-    assert reward.evaluate(traj, tasks[traj.task_id]).weighted["tests_intact_cap"] == 0.0
+    honest = scored(reward, traj, tasks[traj.task_id])
+    assert honest.terms["tests"] == pytest.approx(traj.metrics["tests_passed"])
+    assert honest.rewards["tests_intact_cap"] == 0.0
     traj.metrics["tampering"] = 1.0  # what the env records when the agent rewrote a test file
-    tampered = reward.evaluate(traj, tasks[traj.task_id])
-    assert tampered.raw["tests_intact"] == 0.0
-    assert tampered.total == pytest.approx(reward.failure_reward)
+    tampered = scored(reward, traj, tasks[traj.task_id])
+    assert tampered.terms["tests_intact"] == 0.0
+    assert tampered.reward == pytest.approx(reward.failure_reward)
 
 
 def described(rubric: Rubric) -> tuple[Any, ...]:
-    """What a rubric decides, comparable: term names and weights along the clock, group terms, gates, clamp."""
+    """What a rubric decides, comparable: term names and weights along the clock, measurements, derived terms and
+    their parameters, group terms, gates, clamp."""
     clocks = [Clock(step, epoch) for step in (0, 500, 5000) for epoch in (0, 2, 9)]
     return (
         [t.name for t in rubric.terms], [t.name for t in rubric.group_terms], [rubric.weights(c) for c in clocks],
+        [m.name for m in rubric.measures], [(d.name, d.inputs) for d in rubric.derived],
+        [rubric.params(c) for c in clocks],
         [(g.name, g.min_value) for g in rubric.gates], rubric.clamp, rubric.failure_reward, rubric.default_weight,
     )  # fmt: skip
 
@@ -121,15 +140,17 @@ def test_the_search_env_reward_is_the_context1_preset() -> None:
     """One formula: the env measures with the preset's own terms and declares the preset's rubric, so its reward
     (scored by ``taskrl.scoring``) is the preset's on the episodes it recorded."""
     env, preset = make("search"), make_reward("context1")
-    assert described(env.rubric) == described(preset.rubric())
-    assert [(t.name, t.fn, t.clock) for t in env.preset.terms] == [(t.name, t.fn, t.clock) for t in preset.terms]
-    assert env.rubric.clamp is not None and env.rubric.clamp.epsilon == preset.clamp.epsilon == 0.01
+    assert described(env.rubric) == described(preset)
+    assert env.rubric.terms == preset.terms and env.rubric.measures == preset.measures  # the same term functions
+    assert env.rubric.derived == preset.derived
+    assert env.rubric.clamp is not None and preset.clamp is not None
+    assert env.rubric.clamp.epsilon == preset.clamp.epsilon == 0.01
     trajectories, tasks = _expert_episodes("search", tasks=3)
     for traj in trajectories:
         task = tasks[traj.task_id]
-        assert traj.terms == pytest.approx(preset.measure(traj, task)), traj.task_id  # unweighted measurements
-        assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
-        assert traj.rewards["f_beta"] == pytest.approx(0.7 * traj.terms["f_beta"])  # weighted by the rubric
+        assert measured_as(preset, traj, task), traj.task_id  # unweighted measurements
+        assert scored(preset, traj, task).reward == pytest.approx(traj.reward), traj.task_id
+        assert traj.rewards["f_beta"] == pytest.approx(0.7 * traj.terms["f_beta"])  # derived, weighted by the rubric
     assert any(t.reward > 0.5 for t in trajectories)  # the expert's episodes are not all trivial
 
 
@@ -141,8 +162,8 @@ def test_a_configured_search_env_is_the_preset_with_those_parameters() -> None:
         "context1", beta={"kind": "linear", "start": 3.0, "end": 2.0, "steps": 4}, epsilon=0.05, f_beta_weight=0.5,
         answer_weight=0.25, max_output_docs=4, prune=PrunePenalty(per_call=0.2), turns=TurnPenalty(8, 16),
     )  # fmt: skip
-    assert described(env.rubric) == described(preset.rubric())
-    assert [(t.name, t.fn) for t in env.preset.terms] == [(t.name, t.fn) for t in preset.terms]
+    assert described(env.rubric) == described(preset)
+    assert env.rubric.terms == preset.terms and env.rubric.measures == preset.measures
     assert "answer_correct" in {t.name for t in env.rubric.terms}
     assert described(env.rubric) != described(make("search").rubric)  # the config reaches the rubric
 
@@ -165,14 +186,14 @@ def test_the_code_env_reward_is_the_composer_preset(case: str) -> None:
     reward_config, preset_kwargs = CODE_CONFIGS[case]
     config = CodeEnvConfig(reward=CodeRewardConfig(**reward_config))
     env, preset = make("code-bugs", config=config), make_reward("composer", **preset_kwargs)
-    assert described(env.rubric) == described(preset.rubric())
-    assert [(t.name, t.fn) for t in env.composed.terms] == [(t.name, t.fn) for t in preset.terms]
-    assert [(g.name, g.check) for g in env.composed.gates] == [(g.name, g.check) for g in preset.gates]
+    assert described(env.rubric) == described(preset)
+    assert [(t.name, t.fn) for t in env.rubric.terms] == [(t.name, t.fn) for t in preset.terms]
+    assert [(g.name, g.check) for g in env.rubric.gates] == [(g.name, g.check) for g in preset.gates]
     trajectories, tasks = _expert_episodes("code-bugs", tasks=2, config=config)
     for traj in trajectories:
         task = tasks[traj.task_id]
-        assert traj.terms == pytest.approx(preset.measure(traj, task)), traj.task_id
-        assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
+        assert measured_as(preset, traj, task), traj.task_id
+        assert scored(preset, traj, task).reward == pytest.approx(traj.reward), traj.task_id
         assert traj.terms["tests"] == 1.0  # the expert's gold fix passes the hidden tests
     assert len({t.name for t in env.rubric.terms}) == (1 if case == "default" else 4)
 
@@ -183,12 +204,12 @@ def test_the_swarm_env_reward_is_the_parl_preset() -> None:
     env = make("swarm")
     budget = env.config.max_critical_steps or env.config.reward.critical_steps_budget
     preset = make_reward("parl", perf=TaskPerformance(), critical_steps_budget=budget)
-    assert described(env.rubric) == described(preset.rubric())
-    assert [(t.name, t.fn) for t in env.reward_fn.terms] == [(t.name, t.fn) for t in preset.terms]
+    assert described(env.rubric) == described(preset)
+    assert [(t.name, t.fn) for t in env.rubric.terms] == [(t.name, t.fn) for t in preset.terms]
     assert env.rubric.weights(Clock(step=500))["parallel"] == pytest.approx(0.15)  # annealed halfway
     trajectories, tasks = _expert_episodes("swarm", tasks=2)
     for traj in trajectories:
         task = tasks[traj.task_id]
-        assert traj.terms == pytest.approx(preset.measure(traj, task), nan_ok=True), traj.task_id
-        assert preset.evaluate(traj, task).total == pytest.approx(traj.reward), traj.task_id
+        assert measured_as(preset, traj, task), traj.task_id
+        assert scored(preset, traj, task).reward == pytest.approx(traj.reward), traj.task_id
     assert any(t.reward > 1.0 for t in trajectories)  # the expert's sub-agents earn auxiliary credit

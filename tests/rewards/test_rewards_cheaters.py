@@ -30,10 +30,10 @@ class GroundedShop(ShopEnv):
 
     def __init__(self) -> None:
         super().__init__(num_tasks=4)
-        self.composed = seed_weighted(AnswerMatch("number"))
+        self.rubric = seed_weighted(AnswerMatch("number"))
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        return self.composed(trajectory, self.task)
+        return self.rubric.measure(trajectory, self.task)
 
 
 def order_of(messages: list[Message]) -> list[tuple[str, str]]:
@@ -77,7 +77,7 @@ class WriteTestsEnv(ToolEnv):
 
     def __init__(self) -> None:
         super().__init__()
-        self.composed = composer()
+        self.rubric = composer()
         self.hit: set[str] = set()
         self.failures = 0
         self.cases = 0
@@ -107,7 +107,7 @@ class WriteTestsEnv(ToolEnv):
         trajectory.info.update(tests_passed=self.cases - self.failures, tests_total=self.cases)
         if self.cases:
             trajectory.info["test_coverage"] = len(self.hit) / len(self.branches)
-        return self.composed(trajectory, self.task)
+        return self.rubric.measure(trajectory, self.task)
 
 
 def writes_tests(cases: list[tuple[int, str]]) -> Any:
@@ -135,7 +135,7 @@ class Swarm(ToolEnv):
 
     def __init__(self) -> None:
         super().__init__()
-        self.composed = parl(k=3)
+        self.rubric = parl(k=3)
         self.children: list[Trajectory] = []
 
     def tasks(self, split: str = "train") -> list[Task]:
@@ -157,7 +157,7 @@ class Swarm(ToolEnv):
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         trajectory.children = list(self.children)
-        return self.composed(trajectory, self.task)
+        return self.rubric.measure(trajectory, self.task)
 
 
 SLICES = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
@@ -190,7 +190,7 @@ class Recommender(ToolEnv):
 
     def __init__(self) -> None:
         super().__init__()
-        self.composed = seed_weighted(AnswerMatch("contains"))
+        self.rubric = seed_weighted(AnswerMatch("contains"))
 
     def tasks(self, split: str = "train") -> list[Task]:
         return [Task("rec", "Recommend user 7 a snack under $3.", answer="pretzels")]
@@ -223,7 +223,7 @@ class Recommender(ToolEnv):
         return "pretzels $2"
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        return self.composed(trajectory, self.task)
+        return self.rubric.measure(trajectory, self.task)
 
 
 STEPS = [call("query_history", user=7), call("list_products", category="snacks"), call("filter_products", max_price=3)]

@@ -13,9 +13,9 @@ from taskrl.rewards.cheating import (
     Grounding,
     ParallelCredit,
     TrivialTests,
-    max_concurrency,
     subagent_intervals,
 )
+from taskrl.rewards.formulas import max_overlap
 from taskrl.rewards.views import extract_facts, extract_numbers
 from taskrl.types import Trajectory
 
@@ -75,8 +75,8 @@ def swarm(intervals: list[tuple[float, float] | None], answers: list[str] | None
 
 
 def test_parallel_credit_serial_runs_earn_nothing() -> None:
-    assert max_concurrency([(0, 2), (1, 3), (1.5, 2.5)]) == 3
-    assert max_concurrency([(0, 1), (1, 2), (2, 3)]) == 1  # touching intervals do not overlap
+    assert max_overlap([(0, 2), (1, 3), (1.5, 2.5)]) == 3  # the one overlap count (formulas.max_overlap)
+    assert max_overlap([(0, 1), (1, 2), (2, 3)]) == 1  # touching intervals do not overlap
     assert ParallelCredit(4)(swarm([(0, 2), (1, 3), (1.5, 2.5)]), None) == 0.75
     assert ParallelCredit(2)(swarm([(0, 2), (1, 3), (1.5, 2.5)]), None) == 1.0
     assert ParallelCredit(4)(swarm([(0, 1), (1, 2), (2, 3), (3, 4)]), None) == 0.0  # fake parallelism

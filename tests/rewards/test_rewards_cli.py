@@ -48,8 +48,8 @@ def test_score_rescores_saved_trajectories_and_exposes_fabrication(tmp_path: Pat
     rescored = read_jsonl(str(out))
     honest, fabricated = rescored[:6], rescored[6:]
     assert all(t.rewards["completion"] == 0.4 for t in rescored)  # every answer is right...
-    assert all(t.metrics["reward_raw/grounding"] == 1.0 for t in honest)
-    assert all(t.metrics["reward_raw/grounding"] == 0.0 for t in fabricated)
+    assert all(t.terms["grounding"] == 1.0 for t in honest)
+    assert all(t.terms["grounding"] == 0.0 for t in fabricated)
     assert all(t.rewards["stability"] == 0.3 for t in rescored)  # each pair of samples agrees
     assert all(t.reward == 0.0 for t in fabricated) and all(t.reward == 0.7 for t in honest)  # ...few are earned
     assert json.loads(path.read_text().splitlines()[0])["rewards"] == {"correct": 1.0}  # the input is untouched

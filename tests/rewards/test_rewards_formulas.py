@@ -7,7 +7,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taskrl.rewards.formulas import (
-    context1_clamp,
     effort_penalty,
     f_beta,
     f_beta_sets,
@@ -16,6 +15,7 @@ from taskrl.rewards.formulas import (
     r_parallel,
     turn_penalty,
 )
+from taskrl.scoring import context1_clamp
 
 unit = st.floats(0.0, 1.0)
 

@@ -6,22 +6,22 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rubric_weigh import weigh
 
 from taskrl.envs.swarm.critical import critical_steps
-from taskrl.rewards.compose import RewardClock
-from taskrl.rewards.formulas import r_efficiency
+from taskrl.rewards.formulas import max_overlap, r_efficiency
 from taskrl.rewards.parl import (
     CriticalEfficiency,
     UsefulFinish,
     UsefulParallelism,
     is_trivial,
-    max_overlap,
     schedule_length,
     step_schedule,
     subtasks,
 )
 from taskrl.rewards.presets import parl
 from taskrl.rewards.terms import AnswerMatch
+from taskrl.scoring import Clock
 from taskrl.types import Task, Trajectory
 
 
@@ -87,8 +87,7 @@ def test_efficiency_golden_and_truncation_keeps_no_auxiliary_credit() -> None:
     assert term(swarm(["a"], [0]), TASK) is None  # no critical steps recorded
     cut = swarm(["a", "b"], [0, 0], critical=4)
     cut.truncated = True
-    reward = parl(clock=RewardClock())
-    assert {k: v for k, v in reward(cut, TASK).items() if k != "perf"} == {
+    assert {k: v for k, v in weigh(parl(), cut, TASK).items() if k != "perf"} == {
         "parallel": 0.0, "finish": 0.0, "efficiency": 0.0}  # fmt: skip
 
 
@@ -112,6 +111,18 @@ def test_decoys_never_raise_an_honest_episodes_reward(
     for kid in cheat.children:
         if kid.final_answer == "hello":
             kid.info.update(useful=False, decoy=True)
-    reward = parl(anneal=anneal, clock=RewardClock(step))  # type: ignore[arg-type]
-    total = lambda t: sum(v for v in reward(t, TASK).values() if v is not None)  # noqa: E731
+    reward = parl(anneal=anneal)  # type: ignore[arg-type]
+    total = lambda t: sum(v for v in weigh(reward, t, TASK, Clock(step)).values() if v is not None)  # noqa: E731
     assert total(cheat) < total(honest)
+
+
+def test_the_overlap_count_is_written_once() -> None:
+    """Issue 39 item 5: PARL's step-clock overlap, the wall-clock parallel credit and the swarm env's metric all
+    count with ``formulas.max_overlap``; no module keeps its own sweep."""
+    import importlib
+
+    # by module path: the packages export functions named like these modules (``taskrl.rewards.parl``, ``env``)
+    parl, cheating, formulas, swarm_env = (importlib.import_module(f"taskrl.{name}") for name in
+                                           ("rewards.parl", "rewards.cheating", "rewards.formulas", "envs.swarm.env"))
+    assert parl.max_overlap is cheating.max_overlap is swarm_env.max_overlap is formulas.max_overlap
+    assert not hasattr(cheating, "max_concurrency") and not hasattr(swarm_env, "_max_overlap")

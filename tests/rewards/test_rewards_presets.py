@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from rubric_weigh import weigh
 
-from taskrl.rewards.compose import RewardClock
 from taskrl.rewards.formulas import f_beta
 from taskrl.rewards.presets import PRESETS, composer, context1, make_reward, parl, seed_weighted
 from taskrl.scoring import Clock, score
@@ -23,34 +23,31 @@ def search_task(**info: object) -> Task:
 
 
 def test_context1_golden_and_beta_annealed_between_epochs(build) -> None:
-    clock = RewardClock()
-    reward = context1(clock=clock)
+    reward = context1()
     b = build()
     for _ in range(5):
         b.turn(("prune_chunks", {"chunk_ids": ["y"]}, "pruned"))
     traj = b.answer("c1 c2 x", output_chunks=["c1", "c2", "x"], seen_chunks=["c1", "c2", "c3", "x", "y"])
-    out = reward(traj, search_task())
+    out = weigh(reward, traj, search_task())
     f4 = 17 * (2 / 3) * 0.5 / (16 * (2 / 3) + 0.5)
     assert math.isclose(out["f_beta"], 0.7 * f4) and math.isclose(f4, f_beta(2 / 3, 0.5, 4.0))
     assert math.isclose(out["trajectory_recall"], 0.3 * 0.75) and out["answer_found"] == 1.0
     assert math.isclose(out["prune_penalty"], -0.2) and out["turn_penalty"] == 0.0 and out["clamp"] == 0.0
     assert math.isclose(total(out), 0.7 * f4 + 0.225 + 1.0 - 0.2)
-    reward.set_step(0, epoch=2)
-    assert math.isclose(reward(traj, search_task())["f_beta"], 0.7 * f_beta(2 / 3, 0.5, 3.0))
-    reward.set_step(0, epoch=5)
-    assert math.isclose(reward(traj, search_task())["f_beta"], 0.7 * f_beta(2 / 3, 0.5, 2.0))
+    assert math.isclose(weigh(reward, traj, search_task(), Clock(epoch=2))["f_beta"], 0.7 * f_beta(2 / 3, 0.5, 3.0))
+    assert math.isclose(weigh(reward, traj, search_task(), Clock(epoch=5))["f_beta"], 0.7 * f_beta(2 / 3, 0.5, 2.0))
 
 
 def test_context1_fact_level_recall_and_clamp(build) -> None:
     task = search_task(facts=[{"chunk_ids": ["c1", "c5"]}, {"chunk_ids": ["c3"]}])
     traj = build().answer("c5 x", output_chunks=["c5", "x"], seen_chunks=["c5", "x"])
-    out = context1(clock=RewardClock())(traj, task)
+    out = weigh(context1(), traj, task)
     assert math.isclose(out["f_beta"], 0.7 * f_beta(0.5, 0.5, 4.0)) and out["answer_found"] == 0.0
     b = build()
     for _ in range(130):
         b.turn(("prune_chunks", {"chunk_ids": ["z"]}, "pruned"))
     flooded = b.answer("nothing", output_chunks=[], seen_chunks=["c1"])
-    out = context1(clock=RewardClock())(flooded, search_task())
+    out = weigh(context1(), flooded, search_task())
     assert out["turn_penalty"] == -0.5 and out["prune_penalty"] == -0.5
     assert math.isclose(total(out), 0.01)  # floored at epsilon: it completed, and r_pre = 0.075 > epsilon
 
@@ -70,9 +67,13 @@ def swarm(n: int, *, parallel: bool, answer: str = "x", critical: float | None =
 
 
 def test_parl_golden_annealing_and_empty_spawns_never_beat_an_honest_solve() -> None:
-    clock = RewardClock()
-    reward = parl(k=4, lambda_parallel=0.3, lambda_finish=0.2, anneal_steps=1000, clock=clock)
+    rubric = parl(k=4, lambda_parallel=0.3, lambda_finish=0.2, anneal_steps=1000)
     task = Task("q", "q", answer="x")
+    at = {"step": 0}
+
+    def reward(traj: Trajectory, task: Task) -> dict:
+        return weigh(rubric, traj, task, Clock(at["step"]))
+
     # no critical steps recorded: the efficiency term does not apply (None)
     expected = {"perf": 1.0, "parallel": 0.225, "finish": 0.2, "efficiency": None}
     assert reward(swarm(3, parallel=True), task) == pytest.approx(expected)
@@ -80,45 +81,53 @@ def test_parl_golden_annealing_and_empty_spawns_never_beat_an_honest_solve() -> 
     # 4 critical steps of a budget of 100: efficiency 0.1 x 0.96 (not annealed)
     expected = {"perf": 1.0, "parallel": 0.225, "finish": 0.2, "efficiency": 0.096}
     assert reward(swarm(3, parallel=True, critical=4), task) == pytest.approx(expected)
-    clock.set(500)
+    at["step"] = 500
     expected = {"perf": 1.0, "parallel": 0.1125, "finish": 0.1, "efficiency": None}
     assert reward(swarm(3, parallel=True), task) == pytest.approx(expected)
-    clock.set(1000)
+    at["step"] = 1000
     assert total(reward(swarm(3, parallel=True), task)) == 1.0
     assert total(reward(swarm(3, parallel=True, critical=4), task)) == pytest.approx(1.096)
     assert total(reward(swarm(3, parallel=False, critical=10), task)) == pytest.approx(1.09)  # serial: slower
-    clock.set(0)
+    at["step"] = 0
     spawner = swarm(8, parallel=True, answer="wrong")
     assert total(reward(spawner, task)) < total(reward(Trajectory(info={"final_answer": "x"}), task))
-    cosine = parl(anneal="cosine", anneal_steps=100, clock=RewardClock(50))
-    assert cosine.weights() == pytest.approx({"perf": 1.0, "parallel": 0.15, "finish": 0.1, "efficiency": 0.1})
+    cosine = parl(anneal="cosine", anneal_steps=100)
+    assert cosine.weights(Clock(50)) == pytest.approx({"perf": 1.0, "parallel": 0.15, "finish": 0.1, "efficiency": 0.1})
     with pytest.raises(ValueError, match="sum to less than 1"):
         parl(lambda_parallel=0.6, lambda_finish=0.4)
 
 
 def test_seed_weighted_golden_annealing_and_group_stability(build) -> None:
-    clock = RewardClock()
-    reward = seed_weighted(k=4, efficiency_anneal_steps=100, clock=clock)
+    rubric = seed_weighted(k=4, efficiency_anneal_steps=100)
     task = Task("q", "2 x apple", answer="6")
+    at = {"step": 0}
+
+    def reward(traj: Trajectory, task: Task) -> dict:
+        return weigh(rubric, traj, task, Clock(at["step"]))
+
     honest = build("2 x apple").turn(("price", {"item": "apple"}, "3")).turn(("calc", {}, "6")).answer("6")
     out = reward(honest, task)
-    assert out == {"completion": 0.4, "efficiency": 0.0, "busy_work": 0.0, "grounding_cap": 0.0}
-    clock.set(100)
-    assert reward.weights()["efficiency"] == pytest.approx(0.05)
+    assert out == {"completion": 0.4, "efficiency": 0.0, "busy_work": 0.0, "stability": None, "grounding_cap": 0.0}
+    at["step"] = 100
+    assert rubric.weights(Clock(100))["efficiency"] == pytest.approx(0.05)
     swarm_traj = swarm(4, parallel=True, answer="6")
     assert reward(swarm_traj, task)["efficiency"] == pytest.approx(0.05)
     group = [honest, build("2 x apple").turn(("calc", {}, "6")).answer("6"), build().turn(("c", {}, "7")).answer("7")]
     for traj in group:
-        traj.rewards = reward(traj, task)
-    reward.finalize_group(group, task)
+        traj.group_id, traj.terms = "g", rubric.measure(traj, task)
+    score(group, rubric, Clock(100), task_of=lambda _: task)
     assert [t.rewards["stability"] for t in group] == pytest.approx([0.15, 0.15, 0.0])
     assert [t.reward for t in group] == pytest.approx([0.55, 0.55, 0.0])
 
 
 def test_seed_weighted_pays_useful_parallelism_on_the_step_clock_not_wall_clock_overlap() -> None:
     """Issue 18: seed_weighted's efficiency is PARL's step-clock credit, like the default swarm reward."""
-    reward = seed_weighted(k=4, clock=RewardClock())
+    rubric = seed_weighted(k=4)
     task = Task("q", "q", answer="6")
+
+    def reward(traj: Trajectory, task: Task) -> dict:
+        return weigh(rubric, traj, task)
+
     assert reward(swarm(4, parallel=True, answer="6"), task)["efficiency"] == pytest.approx(0.3)
     dummies = swarm(4, parallel=True, answer="6")
     for child in dummies.children:  # four sub-agents running at once, each replying nothing
@@ -135,7 +144,9 @@ def test_seed_weighted_pays_useful_parallelism_on_the_step_clock_not_wall_clock_
 
 
 def test_composer_golden(build) -> None:
-    reward = composer(clock=RewardClock())
+    def reward(traj: Trajectory) -> dict:
+        return weigh(composer(), traj)
+
     b = (
         build()
         .turn(("write_file", {}, "ok"), ("nope", {}, "Unknown tool 'nope'. Available tools: x."))
@@ -154,52 +165,6 @@ def test_composer_golden(build) -> None:
 
 def test_presets_by_name() -> None:
     assert set(PRESETS) == {"context1", "parl", "seed_weighted", "composer"}
-    assert make_reward("parl", k=2).weights()["parallel"] == 0.3
+    assert make_reward("parl", k=2).weights(Clock())["parallel"] == 0.3
     with pytest.raises(ValueError, match="unknown reward preset 'kimi'; presets: context1, parl"):
         make_reward("kimi")
-
-
-def _episodes(build) -> list[Trajectory]:
-    """One group of a task's samples, as varied as the presets' terms: honest, a cheat (tampered, fabricated),
-    an invalid call, a pruner, a truncated one, and a swarm."""
-    info = {"output_chunks": ["c1", "c3"], "seen_chunks": ["c1", "c3", "c9"], "test_coverage": 0.3}
-    prune = build("2 x apple")
-    for _ in range(6):
-        prune.turn(("prune_chunks", {"chunk_ids": ["c9"]}, "pruned"))
-    out = [
-        build("2 x apple").turn(("price", {"item": "apple"}, "3")).turn(("calc", {}, "6")).answer("6", **info),
-        build("2 x apple").turn(("price", {}, "3")).answer("6", **info, tests_tampered=True),
-        build().turn(("nope", {}, "Unknown tool 'nope'. Available tools: x.")).answer("6", **info),
-        prune.answer("7", output_chunks=["c2"], seen_chunks=["c2"]),
-        build().turn(("calc", {}, "1")).answer(None, **info),
-        swarm(3, parallel=True, answer="6", critical=4),
-    ]
-    out[0].metrics["tests_passed"] = 1.0
-    out[2].metrics["invalid_tool_calls"] = 1.0
-    for i, traj in enumerate(out):
-        traj.id, traj.group_id, traj.task_id = f"s{i}", "g", "q"
-    return out
-
-
-@pytest.mark.parametrize("name", sorted(n for n in PRESETS if make_reward(n).group_terms))
-@pytest.mark.parametrize(("step", "epoch"), [(0, 0), (500, 2), (5000, 9)])
-def test_a_presets_rubric_scores_its_measurements_as_the_preset_does(build, name: str, step: int, epoch: int) -> None:
-    """An env that measures with a preset (``measure``) and declares its rubric (``rubric``) gets, from
-    ``taskrl.scoring.score``, the rewards of the preset's legacy hooks (weighted terms per episode, then
-    ``finalize_group`` over the group: group terms, clamp, gates, invalid-call cap), at any point of the
-    schedules. Both run through ``score``; this checks the hooks measure, group and keep the cap as the env path
-    does. The golden tests above pin the rubrics' weights, clamp and gates."""
-    task = Task("q", "2 x apple", answer="6", info={"relevant_chunks": ["c1", "c2", "c3"], "answer_chunk_ids": ["c3"]})
-    reward = make_reward(name)
-    reward.set_step(step, epoch)
-    own = _episodes(build)
-    for traj in own:
-        traj.rewards = reward(traj, task)
-    reward.finalize_group(own, task)
-    measured = _episodes(build)
-    for traj in measured:
-        traj.terms = reward.measure(traj, task)
-    score(measured, reward.rubric(), Clock(step, epoch), task_of=lambda _: task)
-    for mine, theirs in zip(measured, own, strict=True):
-        assert mine.rewards == pytest.approx(theirs.rewards), (name, mine.id)
-    assert len({round(t.reward, 6) for t in own}) > 2  # the episodes differ under every preset

@@ -14,7 +14,8 @@ from taskrl.rewards.loops import LoopPenalty
 from taskrl.rewards.presets import (
     PRESETS,
     AnswerFound,
-    OutputFBeta,
+    OutputPrecision,
+    OutputRecall,
     PrunePenalty,
     TrajectoryRecall,
     TurnPenalty,
@@ -30,6 +31,7 @@ from taskrl.rewards.terms import (
     ToolCostPenalty,
     ValidToolUse,
 )
+from taskrl.scoring import Clock, rescore
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 TERMS = [
@@ -37,7 +39,8 @@ TERMS = [
     ToolCostPenalty({"search": 0.5}, default_cost=0.1), EffortPenalty(), EffortPenalty(k=2, q=0.5, measure="turns"),
     EffortPenalty(q=1.0, measure="assistant_chars", scale=100), SummaryUsefulness(TestPassRate()), Grounding(),
     Grounding(lambda text: set(text.split()), match="substring"), BusyWork(), TrivialTests(), ParallelCredit(3),
-    FinishCredit(), InfoFlag("tests_tampered"), LoopPenalty(), OutputFBeta(), TrajectoryRecall(), AnswerFound(),
+    FinishCredit(), InfoFlag("tests_tampered"), LoopPenalty(), OutputPrecision(), OutputRecall(), TrajectoryRecall(),
+    AnswerFound(),
     PrunePenalty(), TurnPenalty(start=2, end=5),
 ]  # fmt: skip
 GROUP_TERMS = [ExplorationBonus(), ExplorationBonus("sequence"), OutputAgreement()]
@@ -144,11 +147,10 @@ def test_group_terms_and_presets_never_raise_on_any_group(group: list[Trajectory
         for value in values:
             assert_in_range(term, value)
     for name, build in PRESETS.items():
-        reward = build()
+        rubric = build()
         for traj in group:
-            traj.rewards = reward(traj, task)
-            assert math.isfinite(traj.reward), name
-        reward.finalize_group(group, task)
+            traj.group_id = "g"
+        rescore(group, rubric, Clock(), task_of=lambda _: task)
         assert all(math.isfinite(t.reward) for t in group), name
 
 
@@ -156,4 +158,6 @@ def test_empty_trajectory_scores_without_error() -> None:
     for term in TERMS:
         assert_in_range(term, term(Trajectory(), None))
     for build in PRESETS.values():
-        assert math.isfinite(sum(v for v in build()(Trajectory(), None).values() if v is not None))
+        traj = Trajectory()
+        rescore([traj], build(), Clock())
+        assert math.isfinite(traj.reward)

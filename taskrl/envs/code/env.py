@@ -40,9 +40,9 @@ from taskrl.envs.code.tasks import (
 )
 from taskrl.envs.code.tools import CodeTools, numbered, split_lines
 from taskrl.envs.code.workspace import Workspace, WorkspaceConfig, WorkspaceError, pool_for
-from taskrl.rewards.compose import ComposedReward
 from taskrl.rewards.presets import composer
 from taskrl.rewards.terms import EffortPenalty
+from taskrl.scoring import Rubric
 from taskrl.tools import ToolSet
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
@@ -86,7 +86,7 @@ class CodeEnvConfig:
         return cls(**parts, **{k: v for k, v in data.items() if k not in kinds})
 
 
-def composer_reward(config: CodeRewardConfig) -> ComposedReward:
+def composer_reward(config: CodeRewardConfig) -> Rubric:
     """The code env's reward: the ``composer`` preset with ``config``'s weights and effort penalty, floored at a
     failure (0) so no penalty takes a success below one; the tamper gate is on whenever valid-tool-use credit is
     (the tests term alone is already 0 on tampering)."""
@@ -127,9 +127,8 @@ class CodeEnv(CodeTools, ToolEnv):
             config = replace(config, sandbox=replace(config.sandbox, unsafe_no_sandbox=True))
         self.config = config
         self.sandbox = Sandbox(self.config.sandbox)
-        self.composed = composer_reward(self.config.reward)
-        """The ``composer`` reward ``reward`` measures with; ``rubric`` is its rubric."""
-        self.rubric = self.composed.rubric()
+        self.rubric = composer_reward(self.config.reward)
+        """The ``composer`` preset: its terms measure the episode (``reward``), ``taskrl.scoring.score`` decides."""
         self.workspace: Workspace | None = None
         self._finalizer: weakref.finalize | None = None
         self._protected: dict[str, str] = {}
@@ -222,7 +221,7 @@ class CodeEnv(CodeTools, ToolEnv):
             info["agent_tests"] = result.agent_tests
         if result.coverage is not None:
             info["test_coverage"] = result.coverage
-        return self.composed.measure(trajectory, self.task)  # reads metrics["tests_passed"/"tampering"]
+        return self.rubric.measure(trajectory, self.task)  # reads metrics["tests_passed"/"tampering"]
 
     # -- expert --------------------------------------------------------------------------------------------
     def scripted_rule(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:

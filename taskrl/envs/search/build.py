@@ -1,8 +1,9 @@
 """Building corpora: ``build_corpus`` (what ``taskrl corpus build`` runs) and the cached default corpus.
 
 The default corpus is the built-in ``stdlib`` source (pydoc text of a few dozen standard library modules),
-built once into ``cache_dir()/corpora/`` with a verified multi-hop task set beside it, and reused afterwards.
-A build interrupted at any point resumes on the next call; a finished one is opened in about a second.
+built once into ``cache_dir()/corpora/`` with a verified multi-hop task set beside it (by
+``taskrl.datagen.defaults``, which the env factories call), and reused afterwards: ``default_corpus()`` is the
+reader's side. A build interrupted at any point resumes on the next call; a finished one opens in about a second.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from taskrl.envs.search.corpus import (
 )
 from taskrl.envs.search.embed import MINILM
 from taskrl.envs.search.store import CorpusStore, IngestStats
+from taskrl.moved import moved_names
 
 DEFAULT_SOURCE = "stdlib"
 DEFAULT_CORPUS_NAME = "stdlib-v1"
@@ -28,7 +30,8 @@ DEFAULT_TASKS = 64
 DEFAULT_TASKS_VERSION = 3
 """Bumped when the generator changes, so cached default corpora get fresh tasks (the corpus itself is kept)."""
 TASKS_FILE = "tasks.jsonl"
-_DONE_MARKER = "taskrl_default_done.json"
+DONE_MARKER = "taskrl_default_done.json"
+"""Written last by the default build: its task-set version, so a reader never opens a half-built default."""
 
 
 def build_corpus(
@@ -89,19 +92,25 @@ def default_corpus_dir() -> Path:
     return cache_dir() / "corpora" / DEFAULT_CORPUS_NAME
 
 
-def ensure_default_corpus(device: str = "auto") -> Path:
-    """The default corpus directory, built (with its tasks) on first use; later calls only check a marker."""
+class DefaultCorpusMissingError(FileNotFoundError):
+    """The default corpus (or its current task set) is not built yet; ``make("search")`` builds it."""
+
+
+def default_corpus() -> Path:
+    """The built default corpus directory; ``DefaultCorpusMissingError`` if it (or its current tasks) is missing.
+
+    Building it (the corpus and its generated tasks) is ``taskrl.datagen.defaults.ensure_default_corpus``, which
+    ``make("search")`` and ``make("swarm")`` call: the env reads data, it never generates it."""
     path = default_corpus_dir()
     try:
-        if json.loads((path / _DONE_MARKER).read_text()).get("tasks_version") == DEFAULT_TASKS_VERSION:
+        if json.loads((path / DONE_MARKER).read_text()).get("tasks_version") == DEFAULT_TASKS_VERSION:
             return path
     except (OSError, ValueError):
-        pass  # not built yet, or interrupted: build (resumes) below
-    from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, write_tasks
+        pass
+    raise DefaultCorpusMissingError(
+        f"the default corpus at {path} is not built (or its tasks are out of date): build the env with "
+        f'make("search") (or `taskrl rollout --env search`), which builds it once, or pass corpus=<a corpus dir>'
+    )
 
-    store, _ = build_corpus(DEFAULT_SOURCE, path, device=device)
-    tasks, report = ExtractiveGenerator(store, GenerationConfig(n=DEFAULT_TASKS, seed=0)).generate()
-    write_tasks(tasks, path / TASKS_FILE)
-    marker = {"tasks_version": DEFAULT_TASKS_VERSION, "tasks": len(tasks), "report": report.to_dict()}
-    (path / _DONE_MARKER).write_text(json.dumps(marker))
-    return path
+
+__getattr__ = moved_names(__name__, {"ensure_default_corpus": "taskrl.datagen.defaults"})

@@ -34,8 +34,8 @@ from taskrl.envs.search.reward import (
 )
 from taskrl.envs.search.search import HybridSearcher, fit_budget
 from taskrl.envs.search.store import CorpusStore
-from taskrl.rewards.compose import ComposedReward
-from taskrl.rewards.presets import ANSWER_LINE, OutputFBeta, PrunePenalty, TurnPenalty, context1
+from taskrl.rewards.presets import ANSWER_LINE, PrunePenalty, TurnPenalty, context1
+from taskrl.scoring import Rubric
 from taskrl.tools import call_budget, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
@@ -107,7 +107,8 @@ class SearchEnvConfig:
     """Corpus, tasks, budgets and reward of the search env (defaults: Context-1 as in docs/design/index.md §6)."""
 
     corpus: str = "default"
-    """Corpus directory from `taskrl corpus build`, or "default": the stdlib docs, built once into the cache."""
+    """Corpus directory from `taskrl corpus build`, or "default": the stdlib docs, built once into the cache by
+    ``make("search")``."""
     tasks: str | None = None
     """Tasks JSONL from `taskrl datagen multihop`; None: the corpus directory's tasks.jsonl."""
     chroma_url: str | None = None
@@ -161,7 +162,7 @@ class SearchEnvConfig:
         return cls(**{"soft_fraction": 0.9, "hard_fraction": 1.0, **overrides})
 
 
-def context1_reward(config: RewardConfig) -> ComposedReward:
+def context1_reward(config: RewardConfig) -> Rubric:
     """The search env's reward: the ``context1`` preset with ``config``'s weights, penalties, ε and β schedule
     (β linear from ``beta_start`` to ``beta_end`` over ``beta_anneal_epochs`` epochs)."""
     beta = {"kind": "linear", "start": config.beta_start, "end": config.beta_end, "steps": config.beta_anneal_epochs}
@@ -178,19 +179,14 @@ def context1_reward(config: RewardConfig) -> ComposedReward:
     )
 
 
-def beta_of(reward: ComposedReward) -> float:
-    """The current β of a ``context1`` reward (its F_β term's, at the reward's clock)."""
-    return next(t.fn.current_beta for t in reward.terms if isinstance(t.fn, OutputFBeta))
-
-
 @dataclass
 class _Shared:
-    """What every env on one corpus shares in a process: the store, searcher, tasks and the reward (its β)."""
+    """What every env on one corpus shares in a process: the store, searcher and tasks (never the reward: it
+    has no state, and β is the scorer's, read at the clock of the batch it scores)."""
 
     store: CorpusStore
     searcher: HybridSearcher
     tasks: list[Task]
-    reward: ComposedReward
 
 
 _SHARED: dict[tuple[Any, ...], _Shared] = {}
@@ -198,12 +194,12 @@ _SHARED_LOCK = threading.Lock()
 
 
 def _shared(config: SearchEnvConfig) -> _Shared:
-    from taskrl.datagen.multihop import read_tasks
-    from taskrl.envs.search.build import TASKS_FILE, ensure_default_corpus
+    from taskrl.envs.search.build import TASKS_FILE, default_corpus
+    from taskrl.types import read_tasks
 
     default = config.corpus == "default"
-    corpus = ensure_default_corpus(config.device) if default else Path(config.corpus).expanduser()
-    key = (str(corpus.resolve()), config.tasks, config.chroma_url, config.device, config.reward)
+    corpus = default_corpus() if default else Path(config.corpus).expanduser()
+    key = (str(corpus.resolve()), config.tasks, config.chroma_url, config.device)
     with _SHARED_LOCK:
         if key not in _SHARED:
             store = CorpusStore(corpus, chroma_url=config.chroma_url, device=config.device)
@@ -213,7 +209,7 @@ def _shared(config: SearchEnvConfig) -> _Shared:
                     f"no tasks at {tasks_path}; generate them with "
                     f"`taskrl datagen multihop --corpus {corpus} --n 64 --out {tasks_path}`"
                 )
-            _SHARED[key] = _Shared(store, HybridSearcher(store), read_tasks(tasks_path), context1_reward(config.reward))
+            _SHARED[key] = _Shared(store, HybridSearcher(store), read_tasks(tasks_path))
         return _SHARED[key]
 
 
@@ -268,9 +264,9 @@ class SearchEnv(ToolEnv):
         self._shared = _shared(self.config)
         self.store = self._shared.store
         self.searcher = self._shared.searcher
-        self.rubric = self._shared.reward.rubric()
-        """The ``context1`` preset's weights, clamp (ε) and caps: how ``taskrl.scoring`` scores what ``reward``
-        measures."""
+        self.rubric = context1_reward(self.config.reward)
+        """The ``context1`` preset: its terms measure the episode (``reward``); ``taskrl.scoring.score`` weighs
+        them, derives F_β at the batch's clock (β annealed by epoch) and applies the clamp (ε)."""
         self.training = True
         if not self.config.expert_grep:
             self.scripted_rule = functools.partial(expert_rule, grep=False)
@@ -299,20 +295,6 @@ class SearchEnv(ToolEnv):
     def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         self._reset_state()
         return super().reset(task, seed)
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        """Move the β schedule; shared by every env on this corpus in the process (one env per episode)."""
-        self._shared.reward.set_step(step, epoch)
-
-    @property
-    def preset(self) -> ComposedReward:
-        """The ``context1`` reward this env measures with (``self.rubric`` is its rubric)."""
-        return self._shared.reward
-
-    @property
-    def beta(self) -> float:
-        """The F_β term's current β."""
-        return beta_of(self._shared.reward)
 
     def observe_context(self, used_tokens: int, max_tokens: int) -> None:
         self.used_tokens = used_tokens
@@ -464,7 +446,8 @@ class SearchEnv(ToolEnv):
 
     # -- reward -------------------------------------------------------------------------------------
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        """The Context-1 terms, unweighted, measured by the ``context1`` preset (``self.rubric`` weighs them). First
+        """The Context-1 measurements, unweighted and clock-free (``self.rubric.measure``: precision and recall
+        of the output, from which ``score`` derives F_β; trajectory recall, answer found, penalties). First
         writes ``trajectory.info``, which the preset reads: ``encountered_chunk_ids`` (every chunk shown, in order,
         pruned ones included), ``pruned_chunk_ids`` (sorted), ``output_doc_ids`` (the documents the final answer
         lists) and ``answer_line`` (its ANSWER line, None without one); then the ``search/*`` metrics."""
@@ -482,11 +465,9 @@ class SearchEnv(ToolEnv):
         trajectory.info["pruned_chunk_ids"] = sorted(self.pruned)
         trajectory.info["output_doc_ids"] = list(record.output_docs)
         trajectory.info[ANSWER_LINE] = record.answer
-        terms = self._shared.reward.measure(trajectory, self.task)
+        terms = self.rubric.measure(trajectory, self.task)
         truth = GroundTruth.from_info(self.task.info)
-        trajectory.metrics.update(
-            episode_metrics(record, truth, terms, beta=beta_of(self._shared.reward), config=self.config.reward)
-        )
+        trajectory.metrics.update(episode_metrics(record, truth, terms, config=self.config.reward))
         trajectory.metrics["search/context_utilisation"] = (
             self.peak_tokens / self.budget if self.budget else float("nan")
         )

@@ -1,8 +1,8 @@
 """Context-1's reward configuration, ground truth and metrics for the search env (docs/design/index.md §6).
 
 The reward itself is the ``context1`` preset (``taskrl.rewards.presets``), one formula: ``SearchEnv`` builds it
-from ``RewardConfig`` (``context1_reward``), measures every term unweighted with it and declares its rubric, and
-``taskrl.scoring.score`` applies weights, clamp and caps:
+from ``RewardConfig`` (``context1_reward``) as its rubric, measures every term unweighted with it, and
+``taskrl.scoring.score`` derives F_β at its clock and applies weights, clamp and caps:
 r = clamp(0.7·F_β + 0.3·r_traj + r_fa + w_ans·r_ans − p_prune − p_turn, ε, r_pre), r_pre the same without penalties:
 - F_β over the documents the final answer lists, with fact-level recall (a fact counts as found when any
   document holding one of its supporting chunks is listed) and document precision; β anneals 4 -> 2. Only the
@@ -15,9 +15,10 @@ r = clamp(0.7·F_β + 0.3·r_traj + r_fa + w_ans·r_ans − p_prune − p_turn, 
 - p_turn: 0 at 64 turns rising linearly to 0.5 at 128 turns.
 - Floor ε for an episode that completed (final answer, no error); the floor wins over the cap when r_pre < ε,
   so a completed episode always beats a failed one. Episodes that did not complete are floored at 0.
-β moves with the env's ``set_step(step, epoch)``. ``independent_checks`` are the verifier's verdicts the
-reward-hacking monitor reads (``fabricated``: an answer that is not the task's; ``verifier_disagrees``: most
-listed documents support nothing), whatever the weights; ``episode_metrics`` are the ``search/*`` metrics.
+β is read at the clock ``score`` is given (the env knows nothing of training). ``independent_checks`` are the
+verifier's verdicts the reward-hacking monitor reads (``fabricated``: an answer that is not the task's;
+``verifier_disagrees``: most listed documents support nothing), whatever the weights; ``episode_metrics`` are
+the ``search/*`` metrics.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class RewardConfig:
     beta_end: float = 2.0
     """β after annealing (recall 4x)."""
     beta_anneal_epochs: int = 4
-    """Epochs over which β moves from start to end (linearly); the trainer reports epochs via set_step."""
+    """Epochs over which β moves from start to end (linearly), on the clock the batch is scored at."""
     answer_weight: float = 0.0
     """Weight of the answer-correctness term (the ANSWER line equals the task's answer); 0 = pure Context-1."""
     max_output_docs: int = 10
@@ -173,10 +174,11 @@ def independent_checks(record: EpisodeRecord, truth: GroundTruth, config: Reward
 
 
 def episode_metrics(
-    record: EpisodeRecord, truth: GroundTruth, terms: dict[str, float | None], *, beta: float, config: RewardConfig
+    record: EpisodeRecord, truth: GroundTruth, terms: dict[str, float | None], *, config: RewardConfig
 ) -> dict[str, float]:
     """The ``search/*`` metrics and independent checks of one episode; ``terms`` are the episode's measured
-    (unweighted) Context-1 terms, reported as they are."""
+    (unweighted) Context-1 terms, reported as they are. F_β and β are the scorer's (``rewards_raw/f_beta``,
+    ``rewards/param/f_beta`` in ``taskrl.scoring.batch_metrics``): the env does not know the clock."""
     relevant = truth.relevant_chunks
 
     def term(name: str) -> float:
@@ -186,8 +188,6 @@ def episode_metrics(
     return {
         "search/output_recall": fact_recall(truth.facts, found_docs=record.output_docs[: config.max_output_docs]),
         "search/output_precision": output_precision(record.output_docs, truth.relevant_docs),
-        "search/f_beta": term("f_beta"),
-        "search/beta": beta,
         "search/trajectory_recall": term("trajectory_recall"),
         "search/answer_found": term("answer_found"),
         "search/prune_accuracy": (

@@ -1,13 +1,7 @@
 """Kimi K2.5 Agent Swarm (PARL): a trainable orchestrator, frozen concurrent sub-agents, critical steps and the
-annealed parallel reward. ``make("swarm", ...)`` builds ``SwarmEnv``; this package imports it lazily."""
+annealed parallel reward. ``make("swarm", ...)`` builds ``SwarmEnv`` through ``taskrl.recipes.make_swarm_env``
+(which hands it its default tasks and its Ray runtime); this package imports nothing on import."""
 
-from __future__ import annotations
+from taskrl.moved import moved_names
 
-from typing import Any
-
-
-def make_swarm_env(**kwargs: Any) -> Any:
-    """``SwarmEnv(**kwargs)``, imported on first use so ``import taskrl.envs`` stays light."""
-    from taskrl.envs.swarm.env import SwarmEnv
-
-    return SwarmEnv(**kwargs)
+__getattr__ = moved_names(__name__, {"make_swarm_env": "taskrl.recipes"})

@@ -29,7 +29,8 @@ from taskrl.envs.swarm.scripted import fanout_rule
 from taskrl.envs.swarm.subagents import Subagent, SubagentRuntime
 from taskrl.envs.swarm.tasks import item_scores
 from taskrl.policies.base import Policy, SamplingParams
-from taskrl.rewards.cheating import max_concurrency, subagent_intervals
+from taskrl.rewards.cheating import subagent_intervals
+from taskrl.rewards.formulas import max_overlap
 from taskrl.rewards.parl import (
     TASK_SIZE_KEY,
     child_steps,
@@ -70,7 +71,8 @@ class SwarmEnvConfig:
     """Tasks, sub-agents, step limits per role, the critical-steps budget and the reward of the swarm env."""
 
     tasks: str | None = None
-    """Tasks JSONL from `taskrl datagen widesearch|deepsearch`; None: a wide-search set on the default corpus."""
+    """Tasks JSONL from `taskrl datagen widesearch|deepsearch`; None: ``make("swarm")`` fills in a wide-search set it
+    generates once on the default corpus (``taskrl.datagen.defaults``)."""
     corpus: str = "default"
     """Search corpus directory for the sub-agents' env ("default": the cached stdlib corpus)."""
     subagent_env: str = "search"
@@ -147,14 +149,22 @@ _CACHE_LOCK = threading.RLock()  # re-entered when a nested swarm's sub-agent en
 
 
 def _load_tasks(config: SwarmEnvConfig) -> list[Task]:
-    from taskrl.datagen.multihop import read_tasks
-    from taskrl.datagen.widesearch import ensure_default_swarm_tasks
+    from taskrl.types import read_tasks
 
-    path = config.tasks or str(ensure_default_swarm_tasks())
+    if not config.tasks:
+        raise ValueError(
+            'SwarmEnvConfig.tasks is not set: build the env with make("swarm"), which generates a wide-search set '
+            "on the default corpus once, or pass tasks=<JSONL from `taskrl datagen widesearch|deepsearch`>"
+        )
     with _CACHE_LOCK:
-        if path not in _TASKS:
-            _TASKS[path] = read_tasks(path)
-        return _TASKS[path]
+        if config.tasks not in _TASKS:
+            _TASKS[config.tasks] = read_tasks(config.tasks)
+        return _TASKS[config.tasks]
+
+
+RuntimeBuilder = Callable[..., Any]
+"""Builds the Ray sub-agent runtime: ``(config, rollout, env_factory, *, policy, custom_env) -> runtime`` (the
+factory ``make("swarm")`` passes ``taskrl.distributed.ray_subagents.swarm_runtime``)."""
 
 
 def _subagent_env_factory(config: SwarmEnvConfig) -> Callable[[], Env]:
@@ -197,6 +207,7 @@ class SwarmEnv(ToolEnv):
         *,
         subagent_policy: Policy | str | None = None,
         subagent_env_factory: Callable[[], Env] | None = None,
+        ray_runtime: RuntimeBuilder | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__()
@@ -216,16 +227,20 @@ class SwarmEnv(ToolEnv):
         )
         self.runtime: Any
         if self.config.subagent_backend == "ray":  # the actors build their own policy and envs: nothing loads here
-            from taskrl.distributed.ray_subagents import swarm_runtime
-
+            if ray_runtime is None:
+                raise ValueError(
+                    'SwarmEnvConfig.subagent_backend="ray" needs the Ray runtime, which the env\'s factory gives it: '
+                    'build the env with make("swarm", subagent_backend="ray", ...) or pass '
+                    "ray_runtime=taskrl.distributed.ray_subagents.swarm_runtime"
+                )
             custom = subagent_env_factory is not None
-            self.runtime = swarm_runtime(self.config, rollout, env_factory, policy=subagent_policy, custom_env=custom)
+            self.runtime = ray_runtime(self.config, rollout, env_factory, policy=subagent_policy, custom_env=custom)
         else:
             policy = subagent_policy or _default_policy(self.config, env_factory)
             self.runtime = SubagentRuntime(policy, env_factory, rollout, timeout_s=self.config.subagent_timeout_s)
-        self.reward_fn = swarm_reward(self.config.reward, budget=self.config.max_critical_steps)
-        """The ``parl`` reward ``reward`` measures with; ``rubric`` is its rubric (weights, λ annealing)."""
-        self.rubric = self.reward_fn.rubric()
+        self.rubric = swarm_reward(self.config.reward, budget=self.config.max_critical_steps)
+        """The ``parl`` preset: its terms measure the episode (``reward``); ``taskrl.scoring.score`` weighs them,
+        annealing λ1, λ2 on the clock it is given."""
         self._reset_state(0)
 
     def _reset_state(self, seed: int) -> None:
@@ -245,10 +260,6 @@ class SwarmEnv(ToolEnv):
     def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         self._reset_state(seed or 0)
         return super().reset(task, seed)
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        """Move the reward's clock (its terms' schedules; the λ weights are the rubric's, on the scoring clock)."""
-        self.reward_fn.set_step(step, epoch)
 
     def _launches(self, turns: Sequence[Sequence[Trajectory]]) -> list[list[Trajectory]]:
         return [sorted(turn, key=lambda c: c.info.get("assignment", 0)) for turn in turns]
@@ -390,7 +401,7 @@ class SwarmEnv(ToolEnv):
              "swarm/wall_time_s": ended - self._started, "swarm/subagents_created": float(len(self.agents)),
              "swarm/assignments": float(len(children)),
              "swarm/subagents_finished": float(sum(bool((c.final_answer or "").strip()) for c in children)),
-             "swarm/max_concurrency": float(_max_overlap(children)),
+             "swarm/max_concurrency": float(max_overlap(subagent_intervals(trajectory))),
              "swarm/useful_parallelism": float(useful_overlap(subtasks(trajectory))),
              **{f"swarm/{k}": float(v) for k, v in counts.items()}}
         )  # fmt: skip
@@ -400,9 +411,4 @@ class SwarmEnv(ToolEnv):
         self.record_episode(trajectory)
         scores = item_scores(self.task, trajectory.final_answer if trajectory.terminated else None)
         trajectory.metrics.update({f"swarm/{k}": v for k, v in scores.items()})
-        return self.reward_fn.measure(trajectory, self.task)  # unweighted: the rubric anneals λ1, λ2
-
-
-def _max_overlap(children: Sequence[Trajectory]) -> int:
-    holder = Trajectory(children=list(children))
-    return max_concurrency(subagent_intervals(holder))
+        return self.rubric.measure(trajectory, self.task)  # unweighted: score anneals λ1, λ2

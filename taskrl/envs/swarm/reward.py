@@ -4,7 +4,7 @@ annealed to 0.
 Built on the reward toolkit's ``parl`` preset, which pays for useful parallelism only (``taskrl.rewards.parl``:
 distinct sub-tasks whose answers fill a correct row, overlapping on the step clock; critical steps in the
 unannealed efficiency term); r_perf is the task's own score (item F1 for wide search, all branches right for deep
-search). ``set_step`` moves the annealing.
+search). The λ annealing runs on the clock ``taskrl.scoring.score`` is given.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from taskrl.envs.swarm.tasks import task_performance
-from taskrl.rewards.compose import ComposedReward
 from taskrl.rewards.presets import parl
+from taskrl.scoring import Rubric
 from taskrl.types import Task, Trajectory
 
 
@@ -69,8 +69,8 @@ class TaskPerformance:
         return task_performance(task, trajectory.final_answer) if trajectory.terminated else 0.0
 
 
-def swarm_reward(config: SwarmRewardConfig, budget: int | None = None) -> ComposedReward:
-    """PARL's composed reward with r_perf = ``TaskPerformance`` (terms: perf, parallel, finish, efficiency);
+def swarm_reward(config: SwarmRewardConfig, budget: int | None = None) -> Rubric:
+    """PARL's rubric with r_perf = ``TaskPerformance`` (terms: perf, parallel, finish, efficiency);
     ``budget`` (the env's critical-steps budget) replaces ``config.critical_steps_budget`` when given."""
     return parl(
         TaskPerformance(),

@@ -53,7 +53,6 @@ class SubagentEnv(Wrapper):
 
     rubric = None
     failure_reward = 0.0
-    finalize_group = None
 
     def __init__(self, inner: Env, agent: Subagent) -> None:
         super().__init__(inner)
@@ -65,10 +64,6 @@ class SubagentEnv(Wrapper):
 
     def tasks(self, split: str = "train") -> list[Task]:
         return []
-
-    def set_step(self, step: int, epoch: int = 0) -> None:
-        """Not forwarded: the episode is unscored, and the sub-agent's clock (its rollout's, always 0) must not move
-        the wrapped env's schedules (a search env's β is shared by every env on its corpus in the process)."""
 
     async def reset(self, task: Task, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         messages, info = await maybe_await(self.env.reset(task, seed=seed))

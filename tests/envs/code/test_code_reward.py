@@ -249,11 +249,11 @@ def trajectory(calls: int, answer: str = "done") -> Trajectory:
 
 def rubric_scored(tests: float, traj: Trajectory, config: CodeRewardConfig, *, tampering: bool = False) -> Trajectory:
     """``traj`` as the code env scores it: the hidden tests' share in its metrics, measured by the env's
-    ``composer`` reward and scored by its rubric."""
+    ``composer`` rubric and scored by it."""
     traj.metrics.update(tests_passed=tests, tampering=float(tampering))
     reward = composer_reward(config)
     traj.terms = reward.measure(traj, None)
-    score_terms([traj], reward.rubric(), Clock())
+    score_terms([traj], reward, Clock())
     return traj
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from search_planted import write_planted
 
-from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig, write_tasks
+from taskrl.datagen.multihop import ExtractiveGenerator, GenerationConfig
 from taskrl.envs.search.build import TASKS_FILE, build_corpus
 from taskrl.envs.search.store import CorpusStore
+from taskrl.types import write_tasks
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Recorded search episodes for the reward tests: a Trajectory carrying what the search env writes (the info keys
 the ``context1`` preset reads, assistant turns with their tool calls) and its EpisodeRecord, and ``rescore``, which
-measures one with the env's reward at an epoch of the β schedule and scores it with the env's rubric."""
+measures one with the env's rubric and scores it at an epoch of the β schedule."""
 
 from __future__ import annotations
 
@@ -40,9 +40,8 @@ def episode(
 
 
 def rescore(traj: Trajectory, task: Task, config: RewardConfig, epoch: int = 0) -> Trajectory:
-    """A copy of ``traj`` measured by the search env's reward at ``epoch`` and scored by its rubric there."""
-    reward = context1_reward(config)
-    reward.set_step(0, epoch)
-    copy = dataclasses.replace(traj, terms=reward.measure(traj, task), rewards={}, metrics=dict(traj.metrics))
-    score([copy], reward.rubric(), Clock(epoch=epoch))
+    """A copy of ``traj`` measured by the search env's rubric and scored by it at ``epoch``."""
+    rubric = context1_reward(config)
+    copy = dataclasses.replace(traj, terms=rubric.measure(traj, task), rewards={}, metrics=dict(traj.metrics))
+    score([copy], rubric, Clock(epoch=epoch))
     return copy

@@ -100,7 +100,6 @@ CHEATS_ANSWER_OFF: dict[str, Rule] = {
 
 def _play(store: CorpusStore, rule: Rule, reward: RewardConfig) -> list[Trajectory]:
     factory = lambda: SearchEnv(corpus=str(store.path), reward=reward)  # noqa: E731
-    factory().set_step(0, epoch=0)
     tasks = list(factory().tasks("train")) + list(factory().tasks("test"))
     return asyncio.run(run_episodes(factory, ScriptedPolicy(rule), tasks, RolloutConfig(max_turns=6)))
 
@@ -159,7 +158,7 @@ def test_listing_more_than_the_cap_earns_no_recall() -> None:
     task, truth = Task("t", "q", info=info), GroundTruth.from_info(info)
     traj, record = episode(output_docs=("a", *[f"junk{i}" for i in range(12)], "b"), turns=1, answer="x")
     capped = rescore(traj, task, RewardConfig(max_output_docs=10))
-    metrics = episode_metrics(record, truth, capped.terms, beta=4.0, config=RewardConfig(max_output_docs=10))
+    metrics = episode_metrics(record, truth, capped.terms, config=RewardConfig(max_output_docs=10))
     assert metrics["search/output_recall"] == 0.5  # "b" came 14th: past the cap
     assert metrics["verifier_disagrees"] == 1.0 and metrics["fabricated"] == 0.0
     assert "answer_correct" not in capped.terms  # off in the pure preset: not a term at all

@@ -250,15 +250,6 @@ async def test_planted_env_passes_check_env(planted_corpus: CorpusStore) -> None
     await acheck_env(SearchEnv(corpus=str(planted_corpus.path)))
 
 
-def test_set_step_anneals_beta_for_every_env_on_the_corpus(planted_corpus: CorpusStore) -> None:
-    first = SearchEnv(corpus=str(planted_corpus.path), reward={"beta_anneal_epochs": 2})
-    first.set_step(10, epoch=1)
-    second = SearchEnv(corpus=str(planted_corpus.path), reward={"beta_anneal_epochs": 2})
-    assert second.beta == pytest.approx(3.0)
-    first.set_step(20, epoch=2)
-    assert second.beta == 2.0
-
-
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -12,11 +12,11 @@ from context1_episodes import episode, rescore
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskrl.envs.search.env import beta_of, context1_reward
+from taskrl.envs.search.env import context1_reward
 from taskrl.envs.search.reward import GroundTruth, RewardConfig, episode_metrics
-from taskrl.rewards.formulas import context1_clamp, fact_recall, output_precision, turn_penalty
+from taskrl.rewards.formulas import fact_recall, output_precision, turn_penalty
 from taskrl.rewards.presets import PrunePenalty, TurnPenalty
-from taskrl.scoring import CLAMP, Clock, score
+from taskrl.scoring import CLAMP, Clock, context1_clamp, score
 from taskrl.types import Message, Task, ToolCall, Trajectory
 
 # Two facts: the first is supported by a chunk repeated in two documents, the second by one chunk.
@@ -31,9 +31,7 @@ def scored(epoch: int = BETA_4, config: RewardConfig | None = None, **kw: object
     traj, record = episode(**kw)  # type: ignore[arg-type]
     config = config or RewardConfig()
     out = rescore(traj, TASK, config, epoch)
-    reward = context1_reward(config)
-    reward.set_step(0, epoch)
-    return out, episode_metrics(record, TRUTH, out.terms, beta=beta_of(reward), config=config)
+    return out, episode_metrics(record, TRUTH, out.terms, config=config)
 
 
 def test_fact_recall_counts_a_fact_once_whichever_of_its_chunks_is_found() -> None:
@@ -89,7 +87,7 @@ def _clamped(gain: float, penalty: float, *, completed: bool) -> float:
     """The env rubric's total for an episode measured with ``gain`` found and ``penalty`` of prune penalty."""
     info = {"final_answer": "DOCUMENTS: a"} if completed else {}
     traj = Trajectory(terms={"answer_found": gain, "prune_penalty": -penalty}, info=info, terminated=completed)
-    score([traj], context1_reward(RewardConfig()).rubric(), Clock())
+    score([traj], context1_reward(RewardConfig()), Clock())
     return traj.reward
 
 
@@ -123,7 +121,7 @@ def test_golden_full_episode() -> None:
     assert out.reward == pytest.approx(0.7 * 34 / 35 + 0.15 - 0.2 - 0.046875)
     assert metrics["search/output_recall"] == 1.0
     assert metrics["search/output_precision"] == pytest.approx(2 / 3)
-    assert metrics["search/f_beta"] == pytest.approx(34 / 35)
+    assert out.terms["f_beta"] == pytest.approx(34 / 35)
     assert metrics["search/prune_accuracy"] == 1.0  # q#1 was irrelevant
     assert metrics["search/tool_calls_per_turn"] == pytest.approx(6 / 70)
 
@@ -143,8 +141,8 @@ def test_golden_perfect_episode_and_beta_two() -> None:
 
 def test_beta_changes_the_recall_precision_trade() -> None:
     # Recall 0.5, precision 1: F_4 = 17·0.5/(16+0.5) = 17/33, F_2 = 5·0.5/(4+0.5) = 5/9.
-    assert scored(BETA_4, output_docs=("c",))[1]["search/f_beta"] == pytest.approx(17 / 33)
-    assert scored(BETA_2, output_docs=("c",))[1]["search/f_beta"] == pytest.approx(5 / 9)
+    assert scored(BETA_4, output_docs=("c",))[0].terms["f_beta"] == pytest.approx(17 / 33)
+    assert scored(BETA_2, output_docs=("c",))[0].terms["f_beta"] == pytest.approx(5 / 9)
     assert scored(BETA_2, output_docs=("c",))[0].rewards["f_beta"] == pytest.approx(0.7 * 5 / 9)
 
 
@@ -191,12 +189,10 @@ def test_reward_is_within_floor_and_pre_penalty_value(
 
 
 def test_beta_anneals_over_epochs() -> None:
-    reward = context1_reward(RewardConfig(beta_anneal_epochs=4))
-    assert beta_of(reward) == 4.0
-    reward.set_step(100, epoch=2)
-    assert beta_of(reward) == pytest.approx(3.0)
-    reward.set_step(900, epoch=9)
-    assert beta_of(reward) == 2.0
+    rubric = context1_reward(RewardConfig(beta_anneal_epochs=4))
+    assert rubric.params(Clock())["f_beta"] == 4.0
+    assert rubric.params(Clock(100, epoch=2))["f_beta"] == pytest.approx(3.0)
+    assert rubric.params(Clock(900, epoch=9))["f_beta"] == 2.0
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "search"))  # the search tests' planted documents
 from search_planted import write_planted  # noqa: E402
 
-from taskrl.datagen.multihop import write_tasks  # noqa: E402
 from taskrl.datagen.widesearch import SwarmTaskConfig, generate_swarm_tasks  # noqa: E402
 from taskrl.envs.search.build import TASKS_FILE, build_corpus  # noqa: E402
 from taskrl.envs.search.embed import HASHING  # noqa: E402
 from taskrl.envs.search.store import CorpusStore  # noqa: E402
+from taskrl.types import write_tasks  # noqa: E402
 
 
 @pytest.fixture(scope="session")

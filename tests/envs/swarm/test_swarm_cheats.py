@@ -5,14 +5,15 @@ monitor; the honest expert raises no alert, also on tasks wider than 8 rows and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from taskrl import scoring
 from taskrl.chat import format_tool_call
-from taskrl.datagen.multihop import write_tasks
 from taskrl.env import make
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig
 from taskrl.envs.swarm.reward import SwarmRewardConfig, swarm_reward
@@ -21,9 +22,9 @@ from taskrl.envs.swarm.tasks import WIDE, render_prompt, render_table
 from taskrl.monitor import Monitors
 from taskrl.policies.base import Completion, SamplingParams
 from taskrl.policies.scripted import ScriptedPolicy
-from taskrl.rewards.compose import RewardClock
 from taskrl.rollout import RolloutConfig, run_episode
-from taskrl.types import Message, Task, Trajectory
+from taskrl.scoring import Clock
+from taskrl.types import Message, Task, Trajectory, write_tasks
 
 K = 4
 NAMES = ["amber", "birch", "cedar", "dune", "ember", "fjord", "grove", "heath", "iris", "juniper", "kelp", "larch"]
@@ -201,9 +202,10 @@ def play(tasks_path: str, rule: Any, *, weak: bool = False, sub: Any = None, **c
 
 
 def score(traj: Trajectory, task: Task, anneal: str, step: int) -> float:
-    reward = swarm_reward(SwarmRewardConfig(anneal=anneal))  # type: ignore[arg-type]
-    reward.clock = RewardClock(step)
-    return sum(v for v in reward(traj, task).values() if v is not None)
+    rubric = swarm_reward(SwarmRewardConfig(anneal=anneal))  # type: ignore[arg-type]
+    copy = dataclasses.replace(traj, terms=rubric.measure(traj, task), rewards={}, metrics={})
+    scoring.score([copy], rubric, Clock(step))
+    return copy.reward
 
 
 SCHEDULE = list(itertools.product(("linear", "cosine"), (0, 500, 1000)))

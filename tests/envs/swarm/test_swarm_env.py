@@ -195,3 +195,8 @@ def test_a_sub_agent_whose_engine_fails_ends_the_episode_as_an_infrastructure_fa
     # before: the helper's failure was an error observation and the orchestrator was scored on it
     assert traj.infra_failure is not None and traj.infra_failure["source"] == "engine", traj.messages[-1]
     assert "HTTP 502" in traj.infra_failure["detail"] and not traj.trainable
+
+
+def test_the_env_reads_tasks_and_its_factory_supplies_the_default_set() -> None:
+    with pytest.raises(ValueError, match=r'SwarmEnvConfig.tasks is not set: build the env with make\("swarm"\)'):
+        SwarmEnv()  # the env generates no data (issue 39): make("swarm") fills in the default wide-search set

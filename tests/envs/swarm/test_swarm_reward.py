@@ -1,13 +1,22 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taskrl.envs.swarm.reward import SwarmRewardConfig, TaskPerformance, swarm_reward
 from taskrl.envs.swarm.tasks import WIDE, item_scores, parse_table, render_table, task_performance
-from taskrl.rewards.compose import RewardClock
+from taskrl.scoring import Clock, Rubric, score
 from taskrl.types import Task, Trajectory
+
+
+def weighted(rubric: Rubric, traj: Trajectory, task: Task, step: int = 0) -> dict[str, float | None]:
+    """``traj`` measured by ``rubric`` and scored alone at ``step`` (a copy, without the loop's metrics)."""
+    copy = dataclasses.replace(traj, terms=rubric.measure(traj, task), rewards={}, metrics={})
+    score([copy], rubric, Clock(step))
+    return copy.rewards
 
 ITEMS = [{"key": str(i), "answer": f"w{i}"} for i in (1, 2, 3, 4)]
 TASK = Task("t", "rows", "| 1 | w1 |", {"kind": WIDE, "items": ITEMS})
@@ -26,10 +35,7 @@ def episode(answer: str, children: int = 0, *, finished: bool = False, overlap: 
 
 
 def reward_of(config: SwarmRewardConfig, traj: Trajectory, step: int = 0) -> float:
-    reward = swarm_reward(config)
-    reward.clock = RewardClock()
-    reward.set_step(step)
-    return sum(v for v in reward(traj, TASK).values() if v is not None)
+    return sum(v for v in weighted(swarm_reward(config), traj, TASK, step).values() if v is not None)
 
 
 def test_item_f1_golden() -> None:
@@ -57,10 +63,9 @@ def test_lambda_zero_gives_r_perf(children: int) -> None:
 
 
 def test_serial_subagents_earn_no_parallel_credit() -> None:
-    reward = swarm_reward(SwarmRewardConfig())
-    reward.clock = RewardClock()
-    serial = reward(episode(GOLD, 4, finished=True, overlap=False), TASK)
-    parallel = reward(episode(GOLD, 4, finished=True, overlap=True), TASK)
+    rubric = swarm_reward(SwarmRewardConfig())
+    serial = weighted(rubric, episode(GOLD, 4, finished=True, overlap=False), TASK)
+    parallel = weighted(rubric, episode(GOLD, 4, finished=True, overlap=True), TASK)
     assert serial["parallel"] == 0.0 and parallel["parallel"] == pytest.approx(0.3)
 
 

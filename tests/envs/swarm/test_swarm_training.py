@@ -11,8 +11,8 @@ from taskrl.env import make
 from taskrl.envs.swarm.env import SwarmEnv, SwarmEnvConfig
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
-from taskrl.trainer import train
-from taskrl.training.config import TrainConfig
+from taskrl.training.config import config_from_dict
+from taskrl.training.trainer import train
 
 
 def test_frozen_subagents_are_bit_identical_after_training(
@@ -38,11 +38,12 @@ def test_frozen_subagents_are_bit_identical_after_training(
     def env_factory() -> SwarmEnv:
         return SwarmEnv(config, subagent_policy=helper, subagent_env_factory=lambda: make("noop"))
 
-    train_config = TrainConfig(
-        run_dir=str(tmp_path / "run"), env="swarm", algo="grpo", finetune="full", lr=1e-2, steps=1,
-        sft_warmup_steps=1, sft_data="expert", sft_lr=1e-2, sft_min_reward=0.0, tasks_per_step=1, group_size=2,
-        max_turns=2, max_new_tokens=1024, max_context_tokens=2048, seed=0, checkpoint_every=0, progress=False,
-    )  # fmt: skip
+    train_config = config_from_dict({"run_dir": str(tmp_path / "run"), "env": "swarm", "algo.name": "grpo",
+                                     "finetune": "full", "lr": 1e-2, "steps": 1, "sft_warmup_steps": 1,
+                                     "sft_data": "expert", "sft_lr": 1e-2, "sft_min_reward": 0.0,
+                                     "rollout.tasks_per_step": 1, "rollout.group_size": 2, "rollout.max_turns": 2,
+                                     "rollout.max_new_tokens": 1024, "rollout.max_context_tokens": 2048, "seed": 0,
+                                     "checkpoint_every": 0, "progress": False})  # fmt: skip
     policy = HFPolicy(orchestrator_model, tokenizer, device="cpu")
     rows = train(train_config, policy=policy, env_factory=env_factory)
     assert rows and helper_calls >= 3  # the expert's fan-out ran three sub-agents during the step

@@ -21,29 +21,35 @@ def train_command(
     config: Annotated[Path | None, typer.Argument(help="TOML config (see recipes/); omit to use the defaults")] = None,
     overrides: Annotated[
         list[str] | None,
-        typer.Option("--set", help="override a field with a TOML value, e.g. --set lr=1e-4 (repeatable)"),
+        typer.Option(
+            "--set",
+            help="override a key with a TOML value, e.g. --set lr=1e-4 --set rollout.temperature=0.7 (repeatable)"
+        ),
     ] = None,
     from_store: Annotated[
         str | None,
         typer.Option("--from-store", help="train on logged production interactions with feedback (store URL)"),
     ] = None,
-    ray: Annotated[bool, typer.Option("--ray", help="play rollouts in Ray actors (same as --set ray=true)")] = False,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="play rollouts in Ray actors (same as --set placement.ray=true)")
+    ] = False,
     ray_address: Annotated[
         str | None,
         typer.Option("--ray-address", help='Ray cluster to join: "auto" or ray://host:port (implies --ray)'),
     ] = None,
     nproc: Annotated[
-        int | None, typer.Option("--nproc", help="data-parallel learner processes (same as --set nproc=N)")
+        int | None, typer.Option("--nproc", help="data-parallel learner processes (same as --set placement.nproc=N)")
     ] = None,
 ) -> None:
     """Train a policy: collect, score, update, sync, log and checkpoint every step; a rerun resumes."""
     overrides = list(overrides or [])
     if ray or ray_address is not None:
-        overrides.append("ray=true")
+        overrides.append("placement.ray=true")
     if ray_address is not None:
-        overrides.append(f"ray_address={json.dumps(ray_address)}")  # a TOML string, whatever the address holds
+        # a TOML string, whatever the address holds
+        overrides.append(f"placement.ray_address={json.dumps(ray_address)}")
     if nproc is not None:
-        overrides.append(f"nproc={nproc}")
+        overrides.append(f"placement.nproc={nproc}")
     resolved = load_config(config, overrides)
     console = Console()
     if config is None:  # the defaults train for real: say so before anything loads (see `taskrl train --help`)
@@ -52,8 +58,8 @@ def train_command(
     if from_store is not None:  # production data instead of rollouts: exact stored tokens, fresh versions only
         from taskrl.deploy.cycle import train_from_store
 
-        if resolved.nproc > 1:
-            raise ConfigError("TrainConfig.nproc must be 1 with --from-store (one learner process)")
+        if resolved.placement.nproc > 1:
+            raise ConfigError("placement.nproc must be 1 with --from-store (one learner process)")
         rows, out = train_from_store(resolved, from_store)
         console.print(f"{len(rows)} updates from {from_store}; wrote {out} (hot-load with /v1/load_lora_adapter)")
         return
@@ -69,12 +75,12 @@ def train_command(
         if result.rank != 0:
             return
         rows = result.rows
-    elif resolved.nproc > 1:  # N local learner processes; rank 0 logs and checkpoints for all of them
+    elif resolved.placement.nproc > 1:  # N local learner processes; rank 0 logs and checkpoints for all of them
         from taskrl.distributed.launch import launch
 
         rows = launch(resolved, console)[0].rows
     else:
-        from taskrl.trainer import train
+        from taskrl.training.trainer import train
 
         rows = train(resolved, console=console)
     last = rows[-1] if rows else {}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskrl.rewards.curriculum import CurriculumExhaustedError, CurriculumSampler, Phase, _apportion
+from taskrl.training.curriculum import CurriculumExhaustedError, CurriculumSampler, Phase, _apportion
 from taskrl.types import Task
 
 

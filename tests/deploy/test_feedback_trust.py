@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from taskrl.deploy.dataset import trajectories_from_store
+from taskrl.deploy.feedback_trust import TrustedFeedbackStore, reply_text, tenant_agreement
 from taskrl.deploy.store import Feedback, Interaction, InteractionStore
-from taskrl.feedback_trust import TrustedFeedbackStore, reply_text, tenant_agreement
 
 
 def _row(tenant: str, prompt: int, answer: str, n: int) -> Interaction:
@@ -154,7 +154,7 @@ def test_unjudged_drop_waits_until_tenants_are_judged(tmp_path: Path) -> None:
 
 
 def test_an_excluded_tenant_corroborates_nobody(tmp_path: Path) -> None:
-    from taskrl.feedback_trust import answer_votes, corroborated_signals
+    from taskrl.deploy.feedback_trust import answer_votes, corroborated_signals
 
     a, m = _row("alice", 1, "right", 0), _row("mallory", 1, "right", 1)
     signals = [Feedback(a.id, "alice", "accepted"), Feedback(m.id, "mallory", "accepted")]

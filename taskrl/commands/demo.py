@@ -1,4 +1,5 @@
-"""`make demo` / `taskrl demo`: what RL adds to an SFT warm start, on SmolLM2-135M-Instruct and the `prices` env.
+"""`make demo` / `taskrl demo` (``demo_command``): what RL adds to an SFT warm start, on SmolLM2-135M-Instruct
+and the `prices` env.
 
 Every setting comes from two recipes (one source; ``taskrl train`` runs each alone):
 1. ``recipes/demo_sft.toml``: LoRA SFT on the expert's one- and two-item price listings (the task's format, not
@@ -17,12 +18,15 @@ GRPO, RFT and SFT are the studies in ``experiments/``.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -119,8 +123,8 @@ def run_demo(
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
     from taskrl.seeding import sft_only_seed
-    from taskrl.trainer import Trainer
     from taskrl.training.config import config_from_dict
+    from taskrl.training.trainer import Trainer
 
     console = console or Console()
     common = {**(overrides or {}), "device": device, "resume": False, "progress": False}
@@ -132,8 +136,8 @@ def run_demo(
     out_dir.mkdir(parents=True)
     eval_kwargs = {k: v for k, v in rl_config.env_kwargs.items() if k not in SHAPING_KWARGS}
     tasks = list(make(rl_config.env, **eval_kwargs).tasks(rl_config.eval_split))[: rl_config.eval_tasks]
-    eval_config = EvalConfig(samples_per_task=1, temperature=0.0, max_turns=rl_config.max_turns,
-                             max_new_tokens=rl_config.max_new_tokens, concurrency=rl_config.concurrency,
+    eval_config = EvalConfig(samples_per_task=1, temperature=0.0, max_turns=rl_config.rollout.max_turns,
+                             max_new_tokens=rl_config.rollout.max_new_tokens, concurrency=rl_config.rollout.concurrency,
                              seed=rl_config.seed)  # fmt: skip
 
     def held_out(trainer: Trainer, name: str) -> dict[str, Any]:
@@ -160,8 +164,8 @@ def run_demo(
         trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start_dir))
     finally:
         trainer.close()
-    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.tasks_per_step} tasks "
-                  f"{_shape(rl_config.env_kwargs)} x {rl_config.group_size} samples each) from the warm start "
+    console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.rollout.tasks_per_step} tasks "
+                  f"{_shape(rl_config.env_kwargs)} x {rl_config.rollout.group_size} samples each) from the warm start "
                   f"({RL_RECIPE.name})")  # fmt: skip
     trainer = Trainer(config_from_dict({**rl_recipe, "model": str(start_dir)}), console=console)
     try:
@@ -199,9 +203,39 @@ def run_demo(
     for limit in paired["limits"]:
         console.print(f"- {limit}", highlight=False, markup=False)
     sampled = " -> ".join(f"{row['rewards/total']:.2f}" for row in rl_rows)
-    console.print(f"GRPO training reward per step (temperature {rl_config.temperature}, partial credit included): "
+    console.print(f"GRPO training reward per step (temperature {rl_config.rollout.temperature}, partial credit "
+                  "included): "
                   f"{sampled}")  # fmt: skip
     console.print(f"{time.perf_counter() - began:.0f}s in all; run dir {out_dir} (sft/, grpo/, sft_only/: "
                   f"metrics.jsonl, trajectories/; eval/): `taskrl report {out_dir / 'grpo'}`")  # fmt: skip
     return {"start": start, "sft_only": sft_only, "sft_grpo": grpo, "grpo_rows": rl_rows, "sft_only_steps": sft_steps,
             "grpo_minus_sft_only": paired}  # fmt: skip
+
+
+def _show_episode(console: Console, traj: Any) -> None:
+    console.rule(f"one episode: task {traj.task_id}, reward {traj.reward:.2f}")
+    for m in traj.messages:
+        if m.role == "system":
+            continue
+        text = m.content + "".join(f"\n-> {c.name}({json.dumps(c.arguments)})" for c in m.tool_calls)
+        console.print(f"[bold]{m.role}[/bold]: {text.strip()[:400]}", markup=True, highlight=False)
+
+
+def demo_command(
+    out_dir: Annotated[Path, typer.Option(help="run directory (replaced on every demo)")] = Path("runs/demo"),
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
+    seed: Annotated[int | None, typer.Option(help="seed of both recipes (default: the recipes' own, 0)")] = None,
+) -> None:
+    """What RL adds: SmolLM2-135M-Instruct, an SFT warm start on 1-2 item price listings, then an SFT-only arm
+    and an SFT -> GRPO arm on 3-item listings, side by side on held-out tasks (recipes/demo*.toml). ``--seed``
+    reruns the whole comparison with another seed (task order, sampling; the held-out tasks stay the same)."""
+    from taskrl.runlog import read_trajectories
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    console = Console()
+    if not console.is_terminal:  # logs and CI: wide enough that the summary tables are not wrapped
+        console.width = max(console.width, 120)
+    run_demo(out_dir, device=device, console=console, overrides=None if seed is None else {"seed": seed})
+    after = read_trajectories(out_dir / "grpo", "sft_grpo-policy").get(0, [])
+    if after:
+        _show_episode(console, max(after, key=lambda t: (t.reward, t.metrics.get("tool_calls", 0))))

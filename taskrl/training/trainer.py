@@ -1,6 +1,6 @@
 """The training loop: collect -> score -> advantages -> update -> sync weights -> log -> checkpoint.
 
-    from taskrl.trainer import Trainer
+    from taskrl.training.trainer import Trainer
     from taskrl.training.config import load_config
     Trainer(load_config("recipes/grpo_smollm2_lora.toml", ["steps=20"])).train()
 
@@ -38,7 +38,7 @@ from taskrl.env import Env, call_hook, declared, maybe_await
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
-from taskrl.policies.hf import HFPolicy
+from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import record_base_model
 from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
@@ -56,7 +56,7 @@ from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
 from taskrl.training.precision import resolve, torch_dtype
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
-from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.trainer.InProcessSync
+from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.training.trainer.InProcessSync
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
 
@@ -65,9 +65,9 @@ if TYPE_CHECKING:
     from taskrl.training.vllm_rollout import VLLMEngine
 
 ScoreFn = Callable[[int, list[Trajectory]], None]
-"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.rewards`` (or
-``trajectory.terms``) in place (reward models, ``taskrl.monitors.shape_rewards``); they are scored with the
-env's terms, so the gates and the invalid-call cap still have the last word."""
+"""Extra measurements after the env's: ``fn(step, trajectories)`` adds terms to ``trajectory.terms`` in place
+(reward models, ``taskrl.monitors.shape_rewards``); they are scored with the env's terms, so the gates and the
+invalid-call cap still have the last word (writing ``trajectory.rewards`` is refused, naming ``terms``)."""
 
 
 class Trainer:
@@ -99,7 +99,7 @@ class Trainer:
         self.env_factory = env_factory or functools.partial(
             build_env, cfg.env, cfg.env_kwargs, cfg.tasks, cfg.task_columns, loaded
         )
-        # One env kept for the run: tasks, the expert rule, and group scoring (``finalize_group``).
+        # One env kept for the run: tasks, the expert rule, and its rubric.
         self.probe = probe = self.env_factory()
         self.rubric = rubric_of(probe)  # how measured terms become the reward: taskrl.scoring
         self.failure_reward = self.rubric.failure_reward
@@ -119,7 +119,9 @@ class Trainer:
         self.sampler: TaskSampler = task_sampler if task_sampler is not None else EpochSampler(tasks, cfg.seed)
         self.score_fn = score_fn
         self.monitors = (
-            monitors if monitors is not None else Monitors(tool_names=probe.tools.names, max_turns=cfg.max_turns)
+            monitors
+            if monitors is not None
+            else Monitors(tool_names=probe.tools.names, max_turns=cfg.rollout.max_turns)
         )
         self.reward_weights = {
             term: make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
@@ -128,9 +130,9 @@ class Trainer:
         self.group = DataParallel.from_process_group()  # nproc > 1: rank 0 writes the run directory for all ranks
         self.run = RunLog(cfg.run_dir, backends=cfg.log_backends if self.group.is_main else [])
         # A rollout server is checked before the model loads: a wrong URL or model name fails in seconds.
-        server = connect_server(cfg) if cfg.rollout_policy == "server" else None
+        server = connect_server(cfg) if cfg.placement.rollout_policy == "server" else None
         self.vllm: VLLMEngine | None = None  # rollout_policy="vllm": the supervised server, started before the model
-        if cfg.rollout_policy == "vllm":
+        if cfg.placement.rollout_policy == "vllm":
             from taskrl.training.vllm_rollout import VLLMEngine
 
             self.vllm = VLLMEngine.start(cfg, rollout_server)
@@ -138,9 +140,8 @@ class Trainer:
         self._owns_policy = policy is None
         if policy is None:
             # rollouts want the batch done soonest, not each row's pace: full prefill chunks
-            policy = HFPolicy.from_pretrained(
-                cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype), schedule="throughput"
-            )
+            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype),
+                                              engine_config=EngineConfig(schedule="throughput"))
         # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
         self.learner_policy: HFPolicy = policy
         policy.model = prepare_model(policy.model, cfg)
@@ -148,8 +149,8 @@ class Trainer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         # The rollout copy is taken before the learner exists: an fsdp2 learner shards the model in place.
         device = next(policy.model.parameters()).device
-        rollout_dtype, why = resolve(cfg.rollout_dtype, device, same=next(policy.model.parameters()).dtype)
-        early_copy = rollout_copy(policy, rollout_dtype) if cfg.rollout_policy == "copy" else None
+        rollout_dtype, why = resolve(cfg.placement.rollout_dtype, device, same=next(policy.model.parameters()).dtype)
+        early_copy = rollout_copy(policy, rollout_dtype) if cfg.placement.rollout_policy == "copy" else None
         self.learner = Learner(policy.model, cfg, pad_id=int(pad or 0), data_parallel=self.group)
         rollout_note = f"rollout {str(rollout_dtype).removeprefix('torch.')} ({why})" if early_copy else ""
         self.console.print(f"precision: {', '.join(filter(None, [self.learner.precision_note, rollout_note]))}")
@@ -163,7 +164,7 @@ class Trainer:
             )
         self.weight_sync: WeightSync = weight_sync or default_sync
         self.ray_rollout: Any = None
-        if cfg.ray:  # rollout actors with their own policy copies; the local policy still serves evaluation
+        if cfg.placement.ray:  # rollout actors with their own policy copies; the local policy still serves evaluation
             from taskrl.distributed.ray_rollout import RayRollout, RaySync
 
             factory = self.vllm.remote_policy_factory() if self.vllm is not None else None
@@ -188,8 +189,8 @@ class Trainer:
         return step < self.config.phases[0]
 
     def env_factory_at(self, step: int, epoch: int) -> Callable[[], Env]:
-        """Envs for this step: the run's factory. ``run_episode`` tells each env the step's clock (the declared
-        ``set_step(step, epoch)``, from ``RolloutConfig.clock``) before reset; the env forwards it to what it holds."""
+        """Envs for this step: the run's factory. Envs are told nothing about training: the step's clock enters
+        only when the batch is scored (``score``)."""
         return self.env_factory
 
     def collect(self, step: int) -> list[Trajectory]:
@@ -201,30 +202,32 @@ class Trainer:
         reward clocks advance as in a serial run); returns the coroutine that plays them on the rollout loop."""
         cfg = self.config
         epoch = self.sampler.epoch
-        self._clocks[step] = clock = Clock(step, epoch)
+        self._clocks[step] = Clock(step, epoch)  # the batch is scored at it, however late it is played
         sft_step = self.is_sft_step(step)
         if sft_step and self.sft_file is not None:
-            return _ready(self.group.shard(self.sft_file.take(cfg.tasks_per_step * cfg.group_size)))
-        tasks = self.sampler.sample(step, cfg.tasks_per_step, random.Random(derive_seed(cfg.seed, "tasks", step)))
+            return _ready(self.group.shard(self.sft_file.take(cfg.rollout.tasks_per_step * cfg.rollout.group_size)))
+        rng = random.Random(derive_seed(cfg.seed, "tasks", step))
+        tasks = self.sampler.sample(step, cfg.rollout.tasks_per_step, rng)
         # Every rank draws the same tasks and plays its share (whole groups), seeded by each task's index in the
         # whole step, so the ranks together sample exactly the episodes one process would.
         indices = self.group.shard(range(len(tasks)))
         tasks = [tasks[i] for i in indices]
         expert = sft_step and self.expert is not None
-        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step), clock, expert=expert)
+        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step), expert=expert)
         return self._play(step, epoch, tasks, rollout, expert, indices)
 
-    def _rollout_config(self, seed: int, clock: Clock, *, expert: bool) -> RolloutConfig:
+    def _rollout_config(self, seed: int, *, expert: bool) -> RolloutConfig:
         cfg = self.config
         return RolloutConfig(
-            max_turns=cfg.max_turns,
-            max_context_tokens=cfg.max_context_tokens,
-            sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
-            group_size=1 if expert else cfg.group_size,  # a deterministic expert's K samples would be identical
-            concurrency=cfg.concurrency,
+            max_turns=cfg.rollout.max_turns,
+            max_context_tokens=cfg.rollout.max_context_tokens,
+            sampling=SamplingParams(
+                max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
+            ),
+            group_size=1 if expert else cfg.rollout.group_size,  # a deterministic expert's K samples would be identical
+            concurrency=cfg.rollout.concurrency,
             seed=seed,
-            clock=clock,
-            summary=context.from_value(cfg.summary, "TrainConfig.summary"),
+            summary=context.from_value(cfg.rollout.summary, "rollout.summary"),
             engine_failures="drop",  # one failed request is no sample of the policy; a dead engine fails the step
         )
 
@@ -256,9 +259,9 @@ class Trainer:
         return trajectories
 
     def score(self, step: int, trajectories: list[Trajectory], *, clock: Clock | None = None) -> None:
-        """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): the env's
-        group measurements, extra measurements (``score_fn``), then term weights (the rubric's times
-        ``reward_weights``), group terms, clamp, gates, invalid-call cap, once and in order."""
+        """``taskrl.scoring.score_collected`` at this step's clock (the path ``taskrl eval`` takes too): extra
+        measurements (``score_fn``), then term weights (the rubric's times ``reward_weights``), derived terms at
+        the clock (Context-1's β), group terms, clamp, gates, invalid-call cap, once and in order."""
         score_collected(
             trajectories, self.probe, clock or self.clock_of(step), rubric=self.rubric,
             reward_weights=self.reward_weights, task_of=self.tasks_by_id.get, measure=self.score_fn,
@@ -269,7 +272,7 @@ class Trainer:
         seeds of their own and scored at the step's clock."""
         cfg = self.config
         tasks = self.sampler.sample(step, n, random.Random(derive_seed(cfg.seed, "tasks", step, "more", round_)))
-        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step, "more", round_), clock, expert=False)
+        rollout = self._rollout_config(derive_seed(cfg.seed, "rollout", step, "more", round_), expert=False)
         trajectories = self.rollouts.run(self._play(step, clock.epoch, tasks, rollout, False, list(range(n))))
         self.score(step, trajectories, clock=clock)
         return trajectories
@@ -289,7 +292,7 @@ class Trainer:
         train_on, dynamic = trajectories, {}
         if cfg.dynamic_sampling and not sft_step:  # DAPO: refill the batch with groups that carry a signal
             filled = fill_batch(trajectories, lambda round_, n: self._play_more(step, clock, round_, n),
-                                groups_wanted=cfg.tasks_per_step, max_rounds=cfg.dynamic_sampling_max_rounds)
+                                groups_wanted=cfg.rollout.tasks_per_step, max_rounds=cfg.dynamic_sampling_max_rounds)
             trajectories, train_on, dynamic = filled.played, filled.train, filled.metrics
         collected = time.perf_counter()
         own, trajectories = train_on, self.group.gather(trajectories)  # all ranks: the whole batch, rank order
@@ -307,14 +310,14 @@ class Trainer:
         metrics.update(_staleness_metrics(own, version))
         metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._timeline(step, update_started, updated))
-        metrics.update(batch_metrics(trajectories))
+        metrics.update(batch_metrics(trajectories, self.rubric, clock))
         monitor_metrics, alerts = self.monitors.check(step + 1, trajectories)
         metrics.update(monitor_metrics)
         for alert in alerts if self.group.is_main else []:
             self.run.alert(alert.step, alert.monitor, alert.value, alert.threshold, alert.message)
         cut = sum(t.info.get("truncation") == "max_new_tokens" for t in trajectories)
         if sft_step and self.expert is not None and cut and self.group.is_main:  # SFT on broken calls teaches nothing
-            message = (f"the expert's turn was cut by max_new_tokens={cfg.max_new_tokens} in {cut} of "
+            message = (f"the expert's turn was cut by max_new_tokens={cfg.rollout.max_new_tokens} in {cut} of "
                        f"{len(trajectories)} demonstrations (a tool call left unfinished); raise max_new_tokens")
             self.run.alert(step + 1, "expert_cut", float(cut), 0.0, message)
             self.console.print(f"step {step + 1}: warning: {message}", highlight=False, markup=False)
@@ -328,7 +331,7 @@ class Trainer:
         metrics.update(self.sampler.metrics())
         sampled = sum(t.num_sampled_tokens for t in trajectories)
         metrics.update({
-            "charts/phase": "sft" if sft_step else cfg.algo,
+            "charts/phase": "sft" if sft_step else cfg.algo.name,
             "charts/step_time_s": updated - start,
             # How long the episodes played (they may have overlapped the previous update) vs how long we waited.
             "charts/rollout_time_s": metrics.pop("timeline/rollout_s", collected - start),
@@ -354,12 +357,12 @@ class Trainer:
         config = EvalConfig(
             samples_per_task=1,
             temperature=0.0,
-            max_turns=cfg.max_turns,
-            max_context_tokens=cfg.max_context_tokens,
-            max_new_tokens=cfg.max_new_tokens,
-            concurrency=cfg.concurrency,
+            max_turns=cfg.rollout.max_turns,
+            max_context_tokens=cfg.rollout.max_context_tokens,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            concurrency=cfg.rollout.concurrency,
             seed=cfg.seed,
-            summary=context.from_value(cfg.summary, "TrainConfig.summary"),
+            summary=context.from_value(cfg.rollout.summary, "rollout.summary"),
         )
         name = name or f"step_{step:06d}"
         # The learner's own weights, whatever samples the rollouts: an evaluation scores exactly this step's model
@@ -393,7 +396,7 @@ class Trainer:
     def _prefetch(self, step: int) -> None:
         """async_rollout: start ``step``'s episodes now, with the weights synced so far (one step ahead at most)."""
         self._data_state = None
-        if not self.config.async_rollout or step >= self._end:
+        if not self.config.rollout.async_rollout or step >= self._end:
             return
         self._data_state = self._data_snapshot()  # what a serial run would checkpoint after this step
         self._ahead = (step, self.rollouts.submit(self._plan(step)))
@@ -465,7 +468,8 @@ class Trainer:
     def checkpoint(self, completed: int) -> Path | None:
         """Save on rank 0 (None elsewhere), after checking that every rank holds the same weights."""
         self.group.check_in_sync(self.learner.replicated_state(), f"checkpoint at step {completed}")
-        if not self.group.is_main and self.config.learner_backend != "fsdp2":  # fsdp2: every rank writes its shards
+        # fsdp2: every rank writes its shards
+        if not self.group.is_main and self.config.placement.learner_backend != "fsdp2":
             return None
         state = self._data_state or self._data_snapshot()
         path = save_checkpoint(self.run.dir, completed, self.learner, state, keep=self.config.keep_checkpoints)
