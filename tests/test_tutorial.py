@@ -45,7 +45,8 @@ def test_the_readme_tutorial_runs_from_the_cli(tmp_path: Path) -> None:
     port = free_port()
     fast = {  # appended to the README's commands: later options and --set values win
         "train": [f"--set=model={json.dumps(str(tiny))}", "--set=steps=2", "--set=sft_warmup_steps=1",
-                  "--set=tasks_per_step=1", "--set=group_size=2", "--set=max_turns=2", "--set=max_new_tokens=48",
+                  "--set=rollout.tasks_per_step=1", "--set=rollout.group_size=2", "--set=rollout.max_turns=2",
+                  "--set=rollout.max_new_tokens=48",
                   "--set=progress=false", "--set=device=cpu"],
         "eval": ["--n", "2", "--k", "1", "--max-turns", "1", "--max-new-tokens", "8", "--device", "cpu"],
         "serve": ["--port", str(port), "--device", "cpu"],

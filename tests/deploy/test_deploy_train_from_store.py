@@ -39,8 +39,8 @@ def test_train_from_store_writes_an_adapter(tmp_path: Path, command: list[str]) 
             )  # fmt: skip
             store.add_sync("interactions", row)
             store.add_sync("feedback", Feedback(row.id, "t", "accepted" if i % 2 else "rejected"))
-    overrides = [f"model='{tmp_path / 'base'}'", "steps=1", "lora_rank=4", f"run_dir='{tmp_path / 'run'}'"]
-    overrides += ["device='cpu'", "group_size=8"]
+    overrides = [f"model='{tmp_path / 'base'}'", "steps=1", "lora.rank=4", f"run_dir='{tmp_path / 'run'}'"]
+    overrides += ["device='cpu'", "rollout.group_size=8"]
     args = [part.format(url=url) for part in command]
     for item in overrides:
         args += ["--set", item]

@@ -226,9 +226,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bad_nproc_fails_at_start_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="placement.nproc must be <= tasks_per_step"):
+    with pytest.raises(ValueError, match=r"placement.nproc must be <= rollout.tasks_per_step \(2\), got 3"):
         config_from_dict({"placement.nproc": 3, "rollout.tasks_per_step": 2})
-    with pytest.raises(ValueError, match="TrainConfig.device must be auto, cpu or cuda when nproc > 1"):
+    with pytest.raises(ValueError, match="TrainConfig.device must be auto, cpu or cuda when placement.nproc > 1"):
         config_from_dict({"placement.nproc": 2, "device": "cuda:1"})
     run = _cli("--nproc", "0", "--set", f'run_dir="{tmp_path / "never"}"')
     lines = [line for line in run.stderr.splitlines() if line.strip()]
