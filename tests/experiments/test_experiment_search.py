@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from operator import attrgetter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -97,8 +98,9 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     assert {c.model for c in arms.values()} == {str(start)}, "both arms start from the one warm start"
     assert arms["sft_only"].algo.name == "sft" and arms["sft_only"].env_kwargs["tasks"] == "/d/sft.jsonl"
     assert arms["grpo"].algo.name == "grpo" and arms["grpo"].env_kwargs["tasks"] == "/d/rl.jsonl"
-    shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "max_context_tokens", "seed", "dtype", "env")
-    assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
+    shared = ("finetune", "lora.rank", "rollout.max_turns", "rollout.max_new_tokens", "rollout.max_context_tokens",
+              "seed", "dtype", "env")  # fmt: skip
+    assert all(attrgetter(f)(arms["sft_only"]) == attrgetter(f)(arms["grpo"]) for f in shared)
     assert bench.env_kwargs("eval", args)["tasks"] == "/d/eval.jsonl"
     assert sft.micro_batch_tokens == 4096 and arms["grpo"].micro_batch_tokens == 2048
     small = _args(micro_batch_tokens=1024)

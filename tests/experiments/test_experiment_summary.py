@@ -5,6 +5,7 @@ item combination with training, compaction error paired against the ceiling, the
 from __future__ import annotations
 
 import sys
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,10 @@ def test_stages_are_valid_configs_from_one_warm_start(tmp_path: Path) -> None:
     assert grpo.algo.name == "grpo" and grpo.env_kwargs["min_items"] == 5 and grpo.split == "train"
     assert SummaryConfig(**grpo.rollout.summary) == SummaryConfig(trigger_tokens=360, mode="self",
                                                                   max_summary_tokens=96)
-    shared = ("max_turns", "max_new_tokens", "max_context_tokens", "dtype", "env", "finetune", "lora_rank")
-    assert all(getattr(grpo, f) == getattr(stages["baselines"], f) == getattr(sft, f) for f in shared)
+    shared = ("rollout.max_turns", "rollout.max_new_tokens", "rollout.max_context_tokens", "dtype", "env", "finetune",
+              "lora.rank")  # fmt: skip
+    get = {f: attrgetter(f) for f in shared}
+    assert all(get[f](grpo) == get[f](stages["baselines"]) == get[f](sft) for f in shared)
 
 
 @pytest.mark.parametrize("mode", [None, "prompted", "state_dump", "self"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,9 @@ def test_stages_are_valid_configs_and_the_arms_differ_only_where_they_should(tmp
     assert arms["sft_only"].algo.name == "sft" and arms["sft_only"].env_kwargs == shape["sft"]
     assert arms["grpo"].algo.name == "grpo" and arms["grpo"].env_kwargs["min_items"] > shape["sft"]["max_items"]
     assert arms["grpo"].env == sft.env == shape["env"]
-    shared = ("finetune", "lora_rank", "max_turns", "max_new_tokens", "temperature", "seed", "dtype", "env")
-    assert all(getattr(arms["sft_only"], f) == getattr(arms["grpo"], f) for f in shared)
+    shared = ("finetune", "lora.rank", "rollout.max_turns", "rollout.max_new_tokens", "rollout.temperature", "seed",
+              "dtype", "env")  # fmt: skip
+    assert all(attrgetter(f)(arms["sft_only"]) == attrgetter(f)(arms["grpo"]) for f in shared)
 
 
 def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_path: Path) -> None:

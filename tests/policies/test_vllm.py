@@ -138,10 +138,10 @@ async def test_sampling_whose_logprobs_the_learner_cannot_match_is_refused(
 ) -> None:
     policy = make_policy(vllm_server, chat_format)
     prompt = chat_format.prompt_ids([Message("user", "hi")])
-    with pytest.raises(InvalidRequestError, match="rollout.top_p=0.9.*top_p=1 and top_k=0"):
+    with pytest.raises(InvalidRequestError, match="top_p=0.9.*top_p=1 and top_k=0"):
         await policy.generate(token_ids=prompt, sampling=SamplingParams(top_p=0.9))
     raw = make_policy(vllm_server, chat_format, logprobs_mode="raw_logprobs")
-    with pytest.raises(InvalidRequestError, match="rollout.temperature=0.7.*--logprobs-mode processed_logprobs"):
+    with pytest.raises(InvalidRequestError, match="temperature=0.7.*--logprobs-mode processed_logprobs"):
         await raw.generate(token_ids=prompt, sampling=SamplingParams(temperature=0.7))
     with pytest.raises(InvalidRequestError, match=r"outside the tokenizer's vocabulary"):
         await policy.generate(token_ids=[1, 10**9], sampling=SamplingParams())
