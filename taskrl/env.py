@@ -498,16 +498,25 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
         except Exception as e:  # noqa: BLE001 - reported as a contract failure naming the method
             fail(f"{method} raised {type(e).__name__}: {e}")
 
-    async def reward_for_answer(task: Task, messages: list[Message], answer: str) -> float:
-        """The episode's scored total (``taskrl.scoring.score`` with the env's rubric, as training scores it)."""
+    async def reward_for_answer(task: Task, messages: list[Message], answer: str) -> tuple[float, float]:
+        """The episode's scored total (``taskrl.scoring.score`` with the env's rubric, as training scores it), and
+        the same without the rubric's gates (a bare answer cannot satisfy a gate on behaviour, e.g. a tool call)."""
+        import dataclasses
+
         from taskrl.scoring import Clock, rubric_of, score
 
         await call("reset", env.reset, task, seed=0)
-        traj = Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
-        traj.info["final_answer"] = answer
-        traj.terms = reward_terms(await call("reward", env.reward, traj), env_name)
-        score([traj], rubric_of(env), Clock())
-        return traj.reward
+        pair = [Trajectory(task_id=task.id, messages=[*messages, Message("assistant", answer)], terminated=True)
+                for _ in range(2)]  # fmt: skip
+        for traj in pair:
+            traj.info["final_answer"] = answer
+        terms = reward_terms(await call("reward", env.reward, pair[0]), env_name)
+        for traj in pair:
+            traj.terms = dict(terms)
+        rubric = rubric_of(env)
+        score([pair[0]], rubric, Clock())
+        score([pair[1]], dataclasses.replace(rubric, gates=()), Clock())
+        return pair[0].reward, pair[1].reward
 
     for attr in ("tools", "tasks", "reset", "step", "reward"):
         if not hasattr(env, attr):
@@ -536,9 +545,12 @@ async def acheck_env(env: Env, *, num_tasks: int = 3) -> None:
         if len(results) != 1 or not results[0].is_error or results[0].call_id != "call_check":
             fail("step must answer an unknown tool with one error ToolResult carrying the call id")
         if task.answer is not None:
-            gold = await reward_for_answer(task, messages, str(task.answer))
-            wrong = await reward_for_answer(task, messages, "__certainly wrong__")
-            if not gold > wrong:
+            (gold, gold_ungated) = await reward_for_answer(task, messages, str(task.answer))
+            (wrong, wrong_ungated) = await reward_for_answer(task, messages, "__certainly wrong__")
+            # A gate the bare gold answer fails (e.g. "used_tool") needs behaviour this check does not play: then
+            # the terms before the gates must still rank the gold answer first.
+            gated_out = gold == wrong and gold_ungated != gold
+            if not (gold > wrong or (gated_out and gold_ungated > wrong_ungated)):
                 fail(f"task {task.id}: the gold answer scores {gold}, not more than a wrong answer ({wrong})")
 
 

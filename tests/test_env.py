@@ -25,7 +25,7 @@ from taskrl.env import (
     step_output,
 )
 from taskrl.envs.builtin import PRICES, NoopEnv, ShopEnv, last_number, make_shop_tasks, safe_eval
-from taskrl.scoring import GateRule, Rubric, rubric_of
+from taskrl.scoring import GateRule, Rubric, TermWeight, rubric_of
 from taskrl.tools import ToolSet, tool
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
@@ -461,19 +461,43 @@ async def test_check_env_checks_the_optional_contract(env_cls: type, problem: st
     assert str(err.value).startswith("env 'good': ") and problem in str(err.value), str(err.value)
 
 
-class GateRejectsTheGoldAnswer(GoodEnv):
-    """Its measured terms favour the gold answer (1 + 0 against 0 + 0), but its gate fails on every answer, so
-    training scores both as failures: a raw sum would pass it, the scored totals do not."""
+class WeightPrefersTheWrongAnswer(GoodEnv):
+    """Its measured terms favour the gold answer (1 + 0 against 0 + 0.75), but its rubric weighs them so that
+    training scores the wrong answer higher (1.0 against 1.5): a raw sum would pass it, the scored totals do not."""
+
+    rubric = Rubric(terms=[TermWeight("correct", 1.0), TermWeight("verbose", 2.0)])
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        correct = trajectory.final_answer == str(self.task.answer)
+        return {"correct": float(correct), "verbose": 0.0 if correct else 0.75}
+
+
+class GateRejectsEveryAnswer(GoodEnv):
+    """A gate no bare answer passes, and terms that do not rank the gold answer first even before the gate."""
 
     rubric = Rubric(gates=[GateRule("cited")])
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
-        return {**super().reward(trajectory), "cited": 0.0}
+        return {"correct": 0.0, "cited": 0.0}
+
+
+class GateNeedsATool(GoodEnv):
+    """A gate on behaviour (the quickstart's "used_tool"): a bare answer fails it, so the check ranks the terms
+    before the gate, where the gold answer comes first."""
+
+    rubric = Rubric(gates=[GateRule("used_tool")])
+
+    def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
+        used = any(c.name == "echo" for m in trajectory.messages for c in m.tool_calls)
+        return {**super().reward(trajectory), "used_tool": float(used)}
 
 
 async def test_check_env_compares_scored_totals_not_raw_sums() -> None:
+    with pytest.raises(EnvCheckError, match="the gold answer scores 1.0, not more than a wrong answer \\(1.5\\)"):
+        await acheck_env(WeightPrefersTheWrongAnswer())
     with pytest.raises(EnvCheckError, match="the gold answer scores 0.0, not more than a wrong answer \\(0.0\\)"):
-        await acheck_env(GateRejectsTheGoldAnswer())
+        await acheck_env(GateRejectsEveryAnswer())
+    await acheck_env(GateNeedsATool())
 
 
 class PlainEnv:
