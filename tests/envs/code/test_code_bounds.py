@@ -68,11 +68,15 @@ async def test_one_command_writing_past_the_disk_bound_is_stopped(no_cgroup: San
     assert by_rlimit or (one.killed is not None and "disk quota" in one.killed), one
     assert (workspace / "big").stat().st_size <= quota
     (workspace / "big").unlink()
-    writers = " & ".join(f"head -c 30000000 /dev/zero > w{i}" for i in range(8)) + " & wait"
+    # eight writers at once: RLIMIT_FSIZE holds each file, not their sum; the watchdog holds the sum. Sampling, it
+    # lets through what they write in one gap between samples (tens of MiB on a loaded 2-core machine, where zeros
+    # reach the page cache at GB/s): the bound asserted is "stopped mid-flood", not a timing
+    intended = 8 * 60_000_000
+    writers = " & ".join(f"head -c {intended // 8} /dev/zero > w{i}" for i in range(8)) + " & wait"
     many = await no_cgroup.run(writers, workspace, disk_quota_bytes=quota)
     assert many.killed is not None and "disk quota" in many.killed and limits.DISK_MECHANISM in many.killed, many
     written = sum(p.stat().st_size for p in workspace.glob("w*"))
-    assert written < 2 * quota, written >> 20
+    assert written < intended // 2, written >> 20
 
 
 @pytest.mark.parametrize("mode", ["copy", *(["hardlink"] if ROOT else [])])
