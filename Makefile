@@ -47,9 +47,12 @@ setup: $(STAMP) sysdeps vllm-setup
 demo: setup
 	$(BIN)/taskrl demo
 
-# TASKRL_REQUIRE_VLLM: the vLLM tests fail (not skip) when the server cannot start
+# TASKRL_REQUIRE_VLLM: the vLLM tests fail (not skip) when the server cannot start. Two workers, one torch thread
+# each (a second thread per worker would oversubscribe the cores); TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup)
 test: setup
-	TASKRL_REQUIRE_VLLM=1 $(BIN)/pytest -q -p no:cacheprovider
+	TASKRL_REQUIRE_VLLM=1 $(or $(XDIST),$(BIN)/pytest) -q -p no:cacheprovider --durations=25
 
 lint: setup
 	$(BIN)/ruff check taskrl tests benchmarks experiments

@@ -19,10 +19,18 @@ VLLM_START_TIMEOUT_S = 900.0  # about a minute on a quiet 2-core machine; severa
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that uses the server may be the one that waits for its start: its time limit covers one."""
+    """A test that uses the server may be the one that waits for its start: its time limit covers one.
+
+    Under pytest-xdist (``make test`` runs two workers, ``--dist loadgroup``) every test of the server runs on one
+    worker, so the session starts one vLLM server, not one per worker; the Ray tests share one worker too (one local
+    Ray cluster at a time)."""
     for item in items:
-        if "vllm_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(VLLM_START_TIMEOUT_S + 300))
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(VLLM_START_TIMEOUT_S + 300))
+        elif item.path.name.startswith("test_ray_"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
