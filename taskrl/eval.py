@@ -23,12 +23,13 @@ import numpy as np
 from taskrl import context
 from taskrl.algos.schedules import Schedule
 from taskrl.env import Env
+from taskrl.env_spec import aread_spec
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
 from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog, read_trajectories
-from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
+from taskrl.scoring import Clock, batch_metrics, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
 from taskrl.validate import at_least, require
@@ -236,10 +237,10 @@ async def evaluate(
     if not policies:
         raise EvalError("no policy to evaluate")
     rollout = config.rollout_config()  # the envs know no clock: ``clock`` enters when the episodes are scored
-    probe = env_factory()
-    rubric = rubric_of(probe)
+    spec = await aread_spec(env_factory, [])  # the rubric, tool names and name; the tasks are the caller's
+    rubric = spec.rubric
     task_of = {t.id: t for t in tasks}.get
-    tool_names = list(probe.tools.names)
+    tool_names = list(spec.tool_names)
     by_policy: dict[str, list[Trajectory]] = {}
     start = time.perf_counter()
     for policy_name, policy in policies.items():
@@ -257,12 +258,12 @@ async def evaluate(
                 on_trajectory(policy_name, traj)
 
         played = await run_episodes(env_factory, policy, tasks, rollout, on_trajectory=sink, done=done)
-        score_collected(played, probe, clock, rubric=rubric, reward_weights=reward_weights, task_of=task_of)
+        score_collected(played, None, clock, rubric=rubric, reward_weights=reward_weights, task_of=task_of)
         by_policy[policy_name] = played
     result = {
         "name": name,
         "step": step,
-        "env": probe.name,
+        "env": spec.name,
         "config": asdict(config),
         "wall_time_s": time.perf_counter() - start,
         **score(by_policy, tasks, config, monitor_config, tool_names, step),

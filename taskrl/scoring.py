@@ -407,7 +407,7 @@ def score_collected(
 ) -> None:
     """The one scoring path of a collected batch, shared by the trainer and ``taskrl eval`` (so one trajectory
     gets one reward in both): ``measure``, then ``score`` at ``clock``. ``rubric`` defaults to ``env``'s
-    (``rubric_of``); the env is told nothing about the clock."""
+    (``rubric_of``; ``env`` may be None when ``rubric`` is given); the env is told nothing about the clock."""
     rubric = rubric if rubric is not None else rubric_of(env)
     if measure is not None:
         before = [dict(traj.rewards) for traj in trajectories]

@@ -137,7 +137,8 @@ def test_no_import_cycle_even_through_function_level_and_type_only_imports() -> 
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("taskrl", "taskrl.moved", "taskrl.validate", "taskrl.seeding", "taskrl.paths", "taskrl.types", "taskrl.tools",
-     "taskrl.parsing", "taskrl.chat", "taskrl.hooks", "taskrl.env", "taskrl.scoring", "taskrl.algos"),
+     "taskrl.parsing", "taskrl.chat", "taskrl.hooks", "taskrl.env", "taskrl.scoring", "taskrl.env_spec",
+     "taskrl.algos"),
     ("taskrl.policies",),
     ("taskrl.rollout", "taskrl.context"),
     ("taskrl.rewards",),

@@ -48,6 +48,13 @@ class VLLMServerError(RuntimeError):
     """The vLLM server is missing, would not start, died, or does not answer; the message says what to do."""
 
 
+_PARALLEL_ARGS = frozenset({
+    "--distributed-executor-backend", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+    "--data-parallel-size", "-dp",
+})  # fmt: skip
+"""``extra_args`` that ask for more than one worker (or choose the executor): taskrl then adds no executor flag."""
+
+
 @dataclass
 class VLLMServerConfig:
     """How taskrl runs (or reaches) a vLLM OpenAI server; every field is checked in ``__post_init__``."""
@@ -365,6 +372,10 @@ class VLLMServer:
         ]  # fmt: skip
         if cfg.enable_lora:
             argv += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--max-loras", str(cfg.max_loras)]
+        if not any(a.split("=")[0] in _PARALLEL_ARGS for a in cfg.extra_args):
+            # one device: the worker runs inside the engine-core process instead of a third Python process of its
+            # own (vLLM CPU's default); a start then imports vLLM twice, not three times (51 s -> 44 s here)
+            argv += ["--distributed-executor-backend", "uni"]
         return argv + list(cfg.extra_args)
 
     def environment(self) -> dict[str, str]:

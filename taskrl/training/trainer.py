@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import math
 import random
 import time
 from collections import defaultdict
@@ -34,7 +33,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from taskrl import context
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed.ddp import DataParallel
-from taskrl.env import Env, call_hook, declared, maybe_await
+from taskrl.env import Env
+from taskrl.env_spec import EnvSpec, read_spec
 from taskrl.eval import EvalConfig, evaluate
 from taskrl.monitor import Monitors
 from taskrl.policies.base import SamplingParams
@@ -44,7 +44,7 @@ from taskrl.policies.openai import OpenAIPolicy
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog
-from taskrl.scoring import Clock, batch_metrics, rubric_of, score_collected
+from taskrl.scoring import Clock, batch_metrics, score_collected
 from taskrl.seeding import derive_seed
 from taskrl.task_files import build_env, load_tasks
 from taskrl.training.checkpoint import check_finite, load_checkpoint, save_checkpoint
@@ -56,6 +56,7 @@ from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
 from taskrl.training.precision import resolve, torch_dtype
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
+from taskrl.training.step_log import eval_metrics, staleness_metrics, step_line
 from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.training.trainer.InProcessSync
 from taskrl.training.sync import WeightSync, WeightSyncError, connect_server, rollout_copy, rollout_setup
 from taskrl.types import Task, Trajectory
@@ -85,10 +86,12 @@ class Trainer:
         weight_sync: WeightSync | None = None,
         console: Console | None = None,
         rollout_server: VLLMServer | None = None,  # rollout_policy="vllm": a server the caller started (and stops)
+        env_spec: EnvSpec | None = None,
     ) -> None:
         """``policy`` defaults to ``HFPolicy.from_pretrained(config.model)``; ``env_factory`` to ``build_env``
-        (``make(config.env)``, its tasks from ``config.tasks`` when set); ``task_sampler`` (a
-        ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
+        (``make(config.env)``, its tasks from ``config.tasks`` when set); ``env_spec`` (``taskrl.env_spec``: the
+        tasks of ``split`` and ``eval_split``, rubric, tool names, expert rule) to one read from the factory's
+        first env, closed at once; ``task_sampler`` (a ``taskrl.training.data.TaskSampler``) to ``EpochSampler``."""
         self.config = cfg = config
         self.console = console or Console()
         random.seed(cfg.seed)
@@ -99,15 +102,17 @@ class Trainer:
         self.env_factory = env_factory or functools.partial(
             build_env, cfg.env, cfg.env_kwargs, cfg.tasks, cfg.task_columns, loaded
         )
-        # One env kept for the run: tasks, the expert rule, and its rubric.
-        self.probe = probe = self.env_factory()
-        self.rubric = rubric_of(probe)  # how measured terms become the reward: taskrl.scoring
+        # What the run knows of its env (tasks, rubric, tool names, expert rule), read from one instance that is
+        # closed at once: every episode plays on a fresh env from the factory.
+        spec = env_spec if env_spec is not None else read_spec(self.env_factory, [cfg.split, cfg.eval_split])
+        self.spec = spec
+        self.rubric = spec.rubric  # how measured terms become the reward: taskrl.scoring
         self.failure_reward = self.rubric.failure_reward
         self._clocks: dict[int, Clock] = {}  # each step's training position, fixed when its tasks are drawn
-        tasks = list(probe.tasks(cfg.split))
+        tasks = list(spec.tasks(cfg.split))
         if not tasks:
             raise ConfigError(f"TrainConfig.split: env '{cfg.env}' has no tasks in split '{cfg.split}'")
-        rule = declared(probe, "scripted_rule")
+        rule = spec.scripted_rule
         if cfg.phases[0] and cfg.sft_data == "expert" and rule is None:
             raise ConfigError(
                 f"TrainConfig.sft_data='expert' needs env '{cfg.env}' to define scripted_rule; "
@@ -121,7 +126,7 @@ class Trainer:
         self.monitors = (
             monitors
             if monitors is not None
-            else Monitors(tool_names=probe.tools.names, max_turns=cfg.rollout.max_turns)
+            else Monitors(tool_names=list(spec.tool_names), max_turns=cfg.rollout.max_turns)
         )
         self.reward_weights = {
             term: make_schedule(spec, field=f"TrainConfig.reward_weights.{term}")
@@ -263,7 +268,7 @@ class Trainer:
         measurements (``score_fn``), then term weights (the rubric's times ``reward_weights``), derived terms at
         the clock (Context-1's β), group terms, clamp, gates, invalid-call cap, once and in order."""
         score_collected(
-            trajectories, self.probe, clock or self.clock_of(step), rubric=self.rubric,
+            trajectories, None, clock or self.clock_of(step), rubric=self.rubric,
             reward_weights=self.reward_weights, task_of=self.tasks_by_id.get, measure=self.score_fn,
         )  # fmt: skip
 
@@ -307,7 +312,7 @@ class Trainer:
         metrics.update(sync_metrics)
         metrics.update(dynamic)
         metrics.update(self._sync_after_update(step + 1))
-        metrics.update(_staleness_metrics(own, version))
+        metrics.update(staleness_metrics(own, version))
         metrics.update(self.vllm.step_metrics(step) if self.vllm is not None and not sft_step else {})
         metrics.update(self._timeline(step, update_started, updated))
         metrics.update(batch_metrics(trajectories, self.rubric, clock))
@@ -346,14 +351,14 @@ class Trainer:
         if cfg.log_trajectories:
             self.run.write_trajectories(step + 1, trajectories)
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            metrics.update(_eval_metrics(self.evaluate(step + 1)))
+            metrics.update(eval_metrics(self.evaluate(step + 1)))
         self.run.log(step + 1, metrics)
         return metrics
 
     def evaluate(self, step: int, name: str | None = None) -> dict[str, Any]:
         """Greedy episodes on ``eval_split``: ``taskrl.eval`` results, also written to run_dir/eval/NAME.json."""
         cfg = self.config
-        tasks = list(self.env_factory().tasks(cfg.eval_split))[: cfg.eval_tasks]
+        tasks = list(self.spec.tasks(cfg.eval_split))[: cfg.eval_tasks]
         config = EvalConfig(
             samples_per_task=1,
             temperature=0.0,
@@ -499,7 +504,7 @@ class Trainer:
                     self.checkpoint(self.completed)
                 bar.update(job, advance=1, reward=metrics.get("rewards/total", float("nan")))
                 if bar.disable:
-                    self.console.print(_step_line(self.completed, cfg.steps, metrics), highlight=False, markup=False)
+                    self.console.print(step_line(self.completed, cfg.steps, metrics), highlight=False, markup=False)
         if self.completed == cfg.steps and (rows or not (self.run.dir / "policy").exists()):
             self.export(self.run.dir / "policy")  # every rank: a sharded learner gathers the weights on all
         return rows
@@ -522,9 +527,6 @@ class Trainer:
         self.run.close()
         if self.ray_rollout is not None:
             self.ray_rollout.close()
-        closing = call_hook(self.probe, "close")
-        if closing is not None:
-            asyncio.run(maybe_await(closing))
         if self._ahead is not None:
             self._ahead[1].cancel()
         own_rollout_policy = self.policy is not self.learner_policy  # a copy or a server client this trainer built
@@ -567,42 +569,3 @@ def _by_task(trajectories: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
 async def _ready(trajectories: list[Trajectory]) -> list[Trajectory]:
     """Trajectories that need no playing (SFT from a file), as a rollout coroutine."""
     return trajectories
-
-
-def _staleness_metrics(trajectories: Sequence[Trajectory], version: int) -> dict[str, float]:
-    """How many versions behind the learner (before this update) each sampled trajectory's oldest turn is."""
-    lags = [
-        version - min(s.policy_version for s in t.segments if s.num_sampled)
-        for t in trajectories
-        if t.trainable and t.num_sampled_tokens > 0
-    ]
-    return {
-        "charts/staleness_mean": _mean([float(x) for x in lags]),
-        "charts/staleness_max": float(max(lags, default=0)),
-    }
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
-def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:
-    stats = result["policies"]["policy"]
-    return {
-        "eval/mean_reward": stats["mean_reward"]["value"],
-        "eval/success_rate": stats["success_rate"]["value"],
-        "eval/tool_calls": stats["tool_calls"],
-        "eval/invalid_tool_calls": stats["invalid_tool_calls"],
-    }
-
-
-def _step_line(completed: int, total: int, metrics: dict[str, Any]) -> str:
-    def show(key: str) -> str:
-        value = metrics.get(key)
-        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
-
-    return (
-        f"step {completed}/{total} [{metrics.get('charts/phase')}] reward {show('rewards/total')} "
-        f"loss {show('losses/policy_loss') if 'losses/policy_loss' in metrics else show('losses/sft_nll')} "
-        f"tool_calls {show('tools/tool_calls')} time {show('charts/step_time_s')}s"
-    )

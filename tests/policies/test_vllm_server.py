@@ -46,6 +46,14 @@ def test_default_threads_name_the_usable_cores() -> None:
     assert "--enable-lora" in server.command(Path("/py"))
 
 
+def test_one_worker_runs_in_the_engine_process_unless_extra_args_ask_for_more() -> None:
+    argv = VLLMServer(VLLMServerConfig(model="/m")).command(Path("/py"))
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    for extra in (["--tensor-parallel-size", "2"], ["-tp=2"], ["--distributed-executor-backend", "mp"]):
+        argv = VLLMServer(VLLMServerConfig(model="/m", extra_args=extra)).command(Path("/py"))
+        assert "uni" not in argv and argv[-len(extra):] == extra
+
+
 # -- clear errors ------------------------------------------------------------------------------------
 def test_missing_vllm_venv_names_the_variable_and_the_paths(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv(vs.PYTHON_ENV, raising=False)
