@@ -50,9 +50,10 @@ demo: setup
 # TASKRL_REQUIRE_VLLM: the vLLM tests fail (not skip) when the server cannot start. Two workers, one torch thread
 # each (a second thread per worker would oversubscribe the cores); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
+TEST_ARGS ?= --durations=25
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup)
 test: setup
-	TASKRL_REQUIRE_VLLM=1 $(or $(XDIST),$(BIN)/pytest) -q -p no:cacheprovider --durations=25
+	TASKRL_REQUIRE_VLLM=1 $(or $(XDIST),$(BIN)/pytest) -q -p no:cacheprovider $(TEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check taskrl tests benchmarks experiments

@@ -386,7 +386,8 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
             fields = {**rl_recipe, "model": str(start_dir), "run_dir": str(Path(tmp) / engine)}
             fields["steps"] = args.demo_grpo_steps
             if engine == "vllm":  # the trainer starts and supervises its own vLLM server on the warm start
-                fields.update(rollout_policy="vllm", vllm={"dtype": args.vllm_dtype, "threads": args.vllm_threads})
+                fields.update({"placement.rollout_policy": "vllm",
+                               "placement.vllm": {"dtype": args.vllm_dtype, "threads": args.vllm_threads}})
             config = config_from_dict(fields)
             dtype = getattr(torch, config.dtype)
             policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype)

@@ -33,16 +33,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 
-@pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VLLMServer]:
-    """A vLLM CPU server over SmolLM2 (served as "base", runtime LoRA loading, processed logprobs); the attributes
-    tests read: ``base_url``, ``served_model``, ``model_dir``, ``dtype``, ``max_model_len``, ``log_path``."""
+def require_vllm() -> None:
+    """Skip (or, with ``TASKRL_REQUIRE_VLLM=1``, fail) the calling test where no vLLM virtualenv is found."""
     try:
         vllm_python()
     except VLLMServerError as exc:
         if os.environ.get("TASKRL_REQUIRE_VLLM") == "1":
             pytest.fail(str(exc))
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VLLMServer]:
+    """A vLLM CPU server over SmolLM2 (served as "base", runtime LoRA loading, processed logprobs); the attributes
+    tests read: ``base_url``, ``served_model``, ``model_dir``, ``dtype``, ``max_model_len``, ``log_path``."""
+    require_vllm()
     from taskrl.policies.models import smollm2_cache_path
 
     # float32 by default: vLLM's logprobs then equal the fp32 learner's to ~1e-5, so any token or convention slip
@@ -51,6 +56,7 @@ def vllm_server() -> Iterator[VLLMServer]:
         model=str(smollm2_cache_path()), served_name="base", dtype=os.environ.get("TASKRL_VLLM_DTYPE", "float32"),
         max_model_len=2048,
         kv_cache_gib=2, max_lora_rank=16, max_loras=4, startup_timeout_s=VLLM_START_TIMEOUT_S,
+        weight_updates=True,  # full-weight reloads (tests/test_trainer_vllm_full.py); loopback only
     )  # fmt: skip
     server = VLLMServer(config)
     try:

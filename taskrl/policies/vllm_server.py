@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -48,6 +49,8 @@ class VLLMServerError(RuntimeError):
     """The vLLM server is missing, would not start, died, or does not answer; the message says what to do."""
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WEIGHT_RELOADS = ("auto", "in_place", "restart")
 _PARALLEL_ARGS = frozenset({
     "--distributed-executor-backend", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
     "--data-parallel-size", "-dp",
@@ -83,6 +86,15 @@ class VLLMServerConfig:
     """Longest prompt + completion in tokens (small = faster start, less KV memory)."""
     enable_lora: bool = True
     """Allow LoRA adapters to be hot-loaded (``/v1/load_lora_adapter``; sets VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)."""
+    weight_updates: bool = False
+    """Allow the served model's full weights to be reloaded in place (``finetune = "full"``): starts vLLM with
+    ``VLLM_SERVER_DEV_MODE=1``, whose ``/collective_rpc``, ``/pause``, ``/resume`` and ``/reset_prefix_cache``
+    ``VLLMPolicy.load_weights`` uses. Those endpoints run worker methods on request, so ``host`` must be loopback."""
+    weight_reload: str = "auto"
+    """How full weights reach the server: in_place (the dev endpoints above), restart (a restart onto the new
+    weights' directory; ~a server start per update), or auto: restart where in place would be wrong, i.e. a local
+    server whose tied input/output embedding is trained (vLLM CPU 0.32's in-place reload refreshes the embedding
+    but not the tied lm_head's prepacked GEMM weights: measured, see docs/design/rollout-engine.md), else in_place."""
     max_lora_rank: int = 16
     """Largest LoRA rank an adapter may have (>= the trainer's lora_rank)."""
     max_loras: int = 4
@@ -131,6 +143,15 @@ class VLLMServerConfig:
             raise ValueError(f"{where}.url must be an http(s) base URL like http://host:8000/v1, got {self.url!r}")
         if not self.url and not self.model:
             raise ValueError(f"{where}.model must name the model directory vLLM loads (or set url to connect)")
+        if self.weight_reload not in WEIGHT_RELOADS:
+            raise ValueError(
+                f"{where}.weight_reload must be one of {', '.join(WEIGHT_RELOADS)}, got {self.weight_reload!r}"
+            )
+        if self.weight_updates and self.host not in LOOPBACK_HOSTS:
+            raise ValueError(
+                f"{where}.weight_updates needs host to be loopback ({', '.join(LOOPBACK_HOSTS)}), got {self.host!r}: "
+                "vLLM's weight-update endpoints run worker methods for whoever can reach the port"
+            )
         if not isinstance(self.extra_args, list) or not all(isinstance(a, str) for a in self.extra_args):
             raise ValueError(f"{where}.extra_args must be a list of strings, got {self.extra_args!r}")
 
@@ -334,8 +355,11 @@ class VLLMServer:
             self.restart()
             return True
 
-    def restart(self) -> None:
-        """Stop the local server (if anything is left of it) and start a fresh one; loaded adapters are gone."""
+    def restart(self, model: str | Path | None = None) -> None:
+        """Stop the local server (if anything is left of it) and start a fresh one; loaded adapters are gone.
+        ``model``: start it on that model directory from now on (full weights of a new version; same served name)."""
+        if model is not None and self.local:
+            self.config = dataclasses.replace(self.config, model=str(model), served_name=self.served_model)
         if not self.local:
             raise VLLMServerError(
                 f"the vLLM server at {self.base_url} was not started by taskrl and cannot be restarted by it; "
@@ -390,6 +414,8 @@ class VLLMServer:
         })  # fmt: skip
         if cfg.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if cfg.weight_updates:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 
     def _launch(self) -> None:

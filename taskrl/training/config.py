@@ -200,9 +200,9 @@ class TrainConfig:
         need(not rollout.async_rollout or place.rollout_policy != "inprocess" or place.ray,
               "needs placement.rollout_policy copy, server or vllm, or placement.ray (rollouts must not sample "
               "weights mid-update)", rollout__async_rollout=rollout.async_rollout)  # fmt: skip
-        need(place.rollout_policy not in ("server", "vllm") or self.finetune == "lora",
-              f"must not be {place.rollout_policy!r} with finetune='full': only LoRA adapters can be loaded into "
-              "a running server (hot-loaded adapters), full weights would need a restart; use rollout_policy='copy'",
+        need(place.rollout_policy != "server" or self.finetune == "lora",
+              "must not be 'server' with finetune='full': an OpenAI-compatible server takes LoRA adapters only; "
+              "use rollout_policy='vllm' (weights reloaded in place) or 'copy'",
               placement__rollout_policy=place.rollout_policy)  # fmt: skip
         if place.rollout_policy == "vllm":
             self._check_vllm()

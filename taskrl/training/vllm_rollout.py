@@ -17,12 +17,14 @@ import asyncio
 import functools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taskrl.env import Env, call_hook, maybe_await
 from taskrl.policies.base import InvalidRequestError, PolicyError
+from taskrl.policies.vllm import WeightsUnknownError
 from taskrl.policies.vllm_server import VLLMServer, VLLMServerError, vllm_server_config
 from taskrl.rollout import RolloutConfig, run_episode
 from taskrl.training.config import TrainConfig
@@ -57,6 +59,9 @@ def server_of(config: TrainConfig) -> VLLMServer:
     """The (not yet started) ``VLLMServer`` of a config: the vLLM at ``rollout_url``, or a local one over ``model``."""
     table = dict(config.placement.vllm)
     url = config.placement.rollout_url
+    if config.finetune == "full":  # each update reloads the served weights in place: no adapters
+        table.setdefault("weight_updates", True)
+        table.setdefault("enable_lora", False)
     server_config = vllm_server_config(
         table, model="" if url else model_dir(config.model), url=url,
         served_name=config.placement.rollout_model or "base",
@@ -94,21 +99,25 @@ def vllm_policy(
 
 
 class VLLMSync:
-    """``WeightSync`` into vLLM: saves the learner's adapter as ``adapters_dir/v{version}`` and hot-loads it as a new
-    version (``VLLMPolicy.load_adapter``: versioned names, stale ones unloaded). Before loading it makes sure the
-    server is up; a restarted server first gets the version it served back. Failures are ``WeightSyncError``:
-    rollouts keep the previous version."""
+    """``WeightSync`` into vLLM. LoRA: saves the learner's adapter as ``adapters_dir/v{version}`` and hot-loads it as
+    a new version (``VLLMPolicy.load_adapter``: versioned names, stale ones unloaded). Full fine-tuning: saves the
+    whole model there and reloads the served weights in place (``VLLMPolicy.load_weights``: in-flight requests
+    finish first, the prefix cache is dropped). Before loading it makes sure the server is up; a restarted server
+    first gets the version it served back. Failures are ``WeightSyncError``: rollouts keep the previous version."""
 
     def __init__(self, engine: VLLMEngine, learner: Learner, adapters_dir: Path, run: Runner) -> None:
         self.engine = engine
         self.learner = learner
         self.adapters_dir = adapters_dir
         self.run = run
-        self.keep = learner.config.rollout.max_staleness + 1
+        # in-place full weights serve one version at a time; the one before stays on disk to restore
+        self.keep = 2 if engine.full else learner.config.rollout.max_staleness + 1
+        self.seconds: list[float] = []
+        """Wall seconds of each sync that loaded weights (save + load), for the run's metrics and the benchmark."""
 
     def __call__(self, version: int) -> None:
         policy = self.engine.policy
-        if version == policy.version and (version == 0 or policy.model in policy.adapters):
+        if version == policy.version and (version == 0 or self.engine.full or policy.model in policy.adapters):
             return
         try:
             self.run(self.engine.recover())
@@ -117,12 +126,70 @@ class VLLMSync:
         if version == 0:  # fresh LoRA adapters are the identity (B = 0): the base model is version 0
             policy.use_base()
             return
+        started = time.perf_counter()
+        if self.engine.full:
+            self._load_full(version)
+            self.seconds.append(time.perf_counter() - started)
+            return
         path = save_adapter(self.learner, self.adapters_dir, version)
         try:
             self.run(policy.load_adapter(path, version))
         except PolicyError as exc:
             raise WeightSyncError(str(exc)) from exc
         prune_adapters(self.adapters_dir, self.keep, path)
+        self.seconds.append(time.perf_counter() - started)
+
+    def _load_full(self, version: int) -> None:
+        policy = self.engine.policy
+        path = save_adapter(self.learner, self.adapters_dir, version)  # a save_pretrained dir of the whole model
+        if self.engine.reload_mode == "restart":
+            self._restart_onto(path, version)
+            prune_adapters(self.adapters_dir, self.keep, path)
+            return
+        try:
+            self.run(policy.load_weights(path, version, restore=self.engine.weights_of(policy.version)))
+        except WeightsUnknownError as exc:
+            if not self.engine.server.local:
+                raise RolloutEngineError(
+                    f"{exc}; the vLLM at {self.engine.server.base_url} was not started by taskrl: restart it there"
+                ) from exc
+            logger.warning("%s; restarting the vLLM server", exc)
+            try:  # a fresh server serves the base weights (version 0); then this version, onto known weights
+                self.engine.server.restart()
+                policy.use_base()
+                self.run(policy.load_weights(path, version))
+            except (VLLMServerError, PolicyError) as again:
+                raise RolloutEngineError(f"{exc}; restarting the server did not recover it: {again}") from again
+        except PolicyError as exc:
+            raise WeightSyncError(str(exc)) from exc
+        prune_adapters(self.adapters_dir, self.keep, path)
+
+    def _restart_onto(self, path: Path, version: int) -> None:
+        """weight_reload=restart: the server restarted on ``path`` (tokenizer beside the weights); one that does not
+        come up there is restarted on the previous version's weights, which keep serving (``WeightSyncError``)."""
+        policy, server = self.engine.policy, self.engine.server
+        policy.chat_format.tokenizer.save_pretrained(str(path))
+        previous = self.engine.weights_of(policy.version)
+        try:
+            server.restart(model=path)
+        except VLLMServerError as exc:
+            if previous is None:
+                why = f"the vLLM server did not start on version {version}'s weights: {exc}"
+                raise RolloutEngineError(why) from exc
+            try:
+                server.restart(model=previous)
+            except VLLMServerError as again:
+                raise RolloutEngineError(
+                    f"the vLLM server did not start on version {version}'s weights ({exc}) nor again on version "
+                    f"{policy.version}'s ({again})"
+                ) from again
+            policy.adapters.clear()
+            raise WeightSyncError(
+                f"the vLLM server did not start on full weights version {version} from {str(path)!r}: {exc}; "
+                f"restarted on version {policy.version}, which keeps serving"
+            ) from exc
+        policy.adapters.clear()
+        policy.use_weights(version)
 
 
 class VLLMEngine:
@@ -132,6 +199,8 @@ class VLLMEngine:
         self.server = server
         self.config = config
         self.owns_server = owns_server
+        self.full = config.finetune == "full"  # full weights synced (reload_mode) instead of LoRA adapters
+        self.reload_mode = "in_place"  # set by ``attach`` once the learner's model is known
         self.policy: VLLMPolicy | Any = None  # set by ``attach``
         self.adapters_dir: Path | None = None
         self._metrics: dict[int, dict[str, float]] = {}
@@ -161,6 +230,7 @@ class VLLMEngine:
             adapter_prefix=f"{self.server.served_model}-{secrets.token_hex(3)}",
         )  # fmt: skip
         self.adapters_dir = Path(run_dir).resolve() / ADAPTERS
+        self.reload_mode = reload_mode(self.server, learner.model) if self.full else "in_place"
         return self.policy, VLLMSync(self, learner, self.adapters_dir, run)
 
     def remote_policy_factory(self) -> Callable[[], Any]:
@@ -178,11 +248,25 @@ class VLLMEngine:
         if not await asyncio.to_thread(self.server.ensure_up):
             return False
         policy = self.policy
-        policy.adapters.clear()  # a fresh server holds no adapter
+        policy.adapters.clear()  # a fresh server holds no adapter, and the weights it was started with
         if policy.version > 0 and self.adapters_dir is not None:
             version = policy.version
-            await policy.load_adapter(self.adapters_dir / f"v{version}", version)
+            if self.full and self.reload_mode == "restart":
+                return True  # it was restarted on the directory of the version it served
+            if self.full:
+                policy.use_base()
+                await policy.load_weights(self.adapters_dir / f"v{version}", version)
+            else:
+                await policy.load_adapter(self.adapters_dir / f"v{version}", version)
         return True
+
+    def weights_of(self, version: int) -> Path | None:
+        """The directory holding the full weights of ``version`` (0: the model a local server was started with), or
+        None where none is known (a remote server's own model)."""
+        if version == 0:
+            return self.server.model_dir if self.server.local else None
+        path = self.adapters_dir / f"v{version}" if self.adapters_dir is not None else None
+        return path if path is not None and path.is_dir() else None
 
     async def play(
         self,
@@ -248,6 +332,22 @@ class VLLMEngine:
         """Stop the server if this engine started it."""
         if self.owns_server:
             self.server.stop()
+
+
+def reload_mode(server: VLLMServer, model: Any) -> str:
+    """How full weights reach ``server`` (``VLLMServerConfig.weight_reload``; "auto" resolved): restart for a local
+    server whose model ties its input and output embeddings and trains them, in_place otherwise (and always for a
+    server taskrl cannot restart)."""
+    chosen = server.config.weight_reload
+    if chosen != "auto":
+        if chosen == "restart" and not server.local:
+            raise ValueError("weight_reload='restart' needs a local vLLM server: taskrl cannot restart a remote one")
+        return chosen
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    tied = bool(getattr(getattr(inner, "config", None), "tie_word_embeddings", False))
+    embedding = inner.get_input_embeddings() if hasattr(inner, "get_input_embeddings") else None
+    trained = embedding is not None and embedding.weight.requires_grad
+    return "restart" if server.local and tied and trained else "in_place"
 
 
 def _engine_failure(trajectory: Trajectory) -> str | None:
