@@ -101,7 +101,11 @@ def test_a_stream_carries_the_logprobs_of_every_token(served: tuple) -> None:
     chunks = list(client.chat.completions.create(**asked, stream=True))
     streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
     assert whole.choices[0].logprobs is not None
-    assert [e.logprob for e in streamed] == [e.logprob for e in whole.choices[0].logprobs.content]
+    # the same tokens (same seed); their logprobs to float noise: the second request may reuse the first's prompt
+    # KV from the prefix cache, computed in another batch shape (1e-6 apart under a loaded two-worker run)
+    assert [e.token for e in streamed] == [e.token for e in whole.choices[0].logprobs.content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in whole.choices[0].logprobs.content],
+                                                         abs=1e-4)  # fmt: skip
     assert len(streamed) == len(whole.choices[0].model_extra["token_ids"])
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
