@@ -23,7 +23,7 @@ import numpy as np
 from taskrl import context
 from taskrl.algos.schedules import Schedule
 from taskrl.env import Env
-from taskrl.env_spec import aread_spec
+from taskrl.env_spec import EnvSpec, aread_spec
 from taskrl.monitor import MonitorConfig, Monitors
 from taskrl.moved import moved_names
 from taskrl.policies.base import Policy, SamplingParams
@@ -224,8 +224,11 @@ async def evaluate(
     on_trajectory: Callable[[str, Trajectory], None] | None = None,
     clock: Clock | None = None,
     reward_weights: Mapping[str, float | Schedule] | None = None,
+    spec: EnvSpec | None = None,
 ) -> dict[str, Any]:
     """Evaluate every policy on ``tasks``; see the module docstring. ``step`` tags a mid-training evaluation.
+    ``spec``: the env's rubric, tool names and name, as the caller already read them (the trainer's); without it
+    one env from ``env_factory`` is read and closed.
 
     Episodes are scored exactly as the trainer scores them (``taskrl.scoring.score_collected``: group terms per
     task's K samples, clamp, gates, invalid-call cap) at ``clock`` (default ``Clock(step)``) and under the run's
@@ -237,7 +240,7 @@ async def evaluate(
     if not policies:
         raise EvalError("no policy to evaluate")
     rollout = config.rollout_config()  # the envs know no clock: ``clock`` enters when the episodes are scored
-    spec = await aread_spec(env_factory, [])  # the rubric, tool names and name; the tasks are the caller's
+    spec = spec if spec is not None else await aread_spec(env_factory, [])  # the tasks are the caller's
     rubric = spec.rubric
     task_of = {t.id: t for t in tasks}.get
     tool_names = list(spec.tool_names)

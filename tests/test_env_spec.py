@@ -78,6 +78,12 @@ def test_the_trainer_holds_no_env_between_episodes(tmp_path: Path) -> None:
         assert len(BUILT) > 1 and LIVE == []  # each episode's env closed after it
         with pytest.raises(ValueError, match="Counted has no test split"):  # evaluating fails, training did not
             trainer.evaluate(1)
+        trainer.config.eval_split, trainer.config.eval_tasks = "val", 1
+        trainer.spec = EnvSpec.read(Counted(), ["train", "val"])  # (that env counts as one built: closed next)
+        LIVE.clear()
+        built = len(BUILT)
+        trainer.evaluate(1)  # one episode, one env: the evaluation reads the trainer's spec, builds no probe
+        assert len(BUILT) == built + 1 and LIVE == []
     finally:
         trainer.close()
 

@@ -375,7 +375,7 @@ class Trainer:
         policies = {"policy": self.policy if self.learner.sharded else self.learner_policy}
         return self.rollouts.run(
             evaluate(self.env_factory, policies, tasks, config, run_log=self.run, name=name, step=step,
-                     clock=Clock(step, self.sampler.epoch), reward_weights=self.reward_weights)
+                     clock=Clock(step, self.sampler.epoch), reward_weights=self.reward_weights, spec=self.spec)
         )  # fmt: skip
 
     # -- overlap and sync --------------------------------------------------------------------------
