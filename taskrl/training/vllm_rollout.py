@@ -17,7 +17,6 @@ import asyncio
 import functools
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,8 +111,6 @@ class VLLMSync:
         self.run = run
         # in-place full weights serve one version at a time; the one before stays on disk to restore
         self.keep = 2 if engine.full else learner.config.rollout.max_staleness + 1
-        self.seconds: list[float] = []
-        """Wall seconds of each sync that loaded weights (save + load), for the run's metrics and the benchmark."""
 
     def __call__(self, version: int) -> None:
         policy = self.engine.policy
@@ -126,10 +123,8 @@ class VLLMSync:
         if version == 0:  # fresh LoRA adapters are the identity (B = 0): the base model is version 0
             policy.use_base()
             return
-        started = time.perf_counter()
         if self.engine.full:
             self._load_full(version)
-            self.seconds.append(time.perf_counter() - started)
             return
         path = save_adapter(self.learner, self.adapters_dir, version)
         try:
@@ -137,7 +132,6 @@ class VLLMSync:
         except PolicyError as exc:
             raise WeightSyncError(str(exc)) from exc
         prune_adapters(self.adapters_dir, self.keep, path)
-        self.seconds.append(time.perf_counter() - started)
 
     def _load_full(self, version: int) -> None:
         policy = self.engine.policy
