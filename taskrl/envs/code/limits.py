@@ -354,7 +354,6 @@ class TreeWatchdog:
         self.peak_disk = 0
         self._load = 0.0
         self._started = time.monotonic()
-        self._last: dict[str, tuple[float, int]] = {}  # limit -> (time, reading) of the previous sample
 
     @property
     def needed(self) -> bool:
@@ -362,18 +361,9 @@ class TreeWatchdog:
 
     def period(self) -> float:
         """Seconds until the next sample: short for the first ``FAST_START_S`` (a command that floods from its
-        first instant) and once a limit is half used, or would be within one slow period at its present rate."""
+        first instant) and once a limit is half used."""
         fast = self._load >= 0.5 or time.monotonic() - self._started < FAST_START_S
         return WATCHDOG_FAST_PERIOD_S if fast else WATCHDOG_PERIOD_S
-
-    def _projected(self, name: str, reading: int, budget: int) -> float:
-        """The share of ``budget`` the reading will be at one slow period from now, growing at its present rate:
-        a writer that fills a quota in 0.2 s is sampled fast before it is half way there."""
-        now = time.monotonic()
-        last = self._last.get(name)
-        self._last[name] = (now, reading)
-        rate = 0.0 if last is None or now <= last[0] else max(0, reading - last[1]) / (now - last[0])
-        return (reading + rate * WATCHDOG_PERIOD_S) / max(1, budget)
 
     def check(self) -> str | None:
         self._load = 0.0
@@ -388,7 +378,7 @@ class TreeWatchdog:
                     memory = sum(table[p][1] if v is None else v for p, v in zip(pids, pss, strict=True))
                     memory += tmpfs_used(pids, self.tmpfs_mounts, self.tmpfs_bytes) or 0
                 self.peak_memory = max(self.peak_memory, memory)
-                self._load = self._projected("memory", memory, self.memory_bytes)
+                self._load = memory / self.memory_bytes
                 if memory > self.memory_bytes:
                     return (
                         f"memory limit: the sandbox's processes and its /tmp and /dev/shm held {memory >> 20} MiB "
@@ -402,7 +392,7 @@ class TreeWatchdog:
             used = self._free_at_start - free
             self.peak_disk = max(self.peak_disk, used)
             budget = max(1, self.disk_bytes)  # type: ignore[type-var]
-            self._load = max(self._load, self._projected("disk", used, budget), (DISK_RESERVE_BYTES * 2) / max(free, 1))
+            self._load = max(self._load, used / budget, (DISK_RESERVE_BYTES * 2) / max(free, 1))
             if used > self.disk_bytes:  # type: ignore[operator]
                 return (
                     f"disk quota: the command wrote more than the workspace's remaining "
