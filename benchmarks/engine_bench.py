@@ -49,6 +49,7 @@ from taskrl.policies.base import Completion, SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.memory import release_freed
 from taskrl.rollout import RolloutConfig, run_episodes
+from taskrl.training.precision import weights_dtype
 from taskrl.types import Message
 
 
@@ -389,7 +390,7 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
                 fields.update({"placement.rollout_policy": "vllm",
                                "placement.vllm": {"dtype": args.vllm_dtype, "threads": args.vllm_threads}})
             config = config_from_dict(fields)
-            dtype = getattr(torch, config.dtype)
+            dtype, _ = weights_dtype(config.dtype, args.device)
             policy = HFPolicy.from_pretrained(config.model, device=args.device, dtype=dtype)
             if engine != "vllm":
                 use_engine(policy, engine, "throughput")  # as the Trainer builds its own policy

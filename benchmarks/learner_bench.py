@@ -26,6 +26,7 @@ from taskrl.runlog import read_trajectories
 from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
+from taskrl.training.precision import weights_dtype
 
 
 def learner_for(run: Path, config: TrainConfig, dtype: torch.dtype, adapter_std: float = 0.0) -> Learner:
@@ -40,7 +41,7 @@ def learner_for(run: Path, config: TrainConfig, dtype: torch.dtype, adapter_std:
 
 
 def timing(run: Path, config: TrainConfig, rounds: int) -> dict[str, Any]:
-    learner = learner_for(run, config, getattr(torch, config.dtype))
+    learner = learner_for(run, config, weights_dtype(config.dtype, config.device)[0])
     batches = read_trajectories(run / "grpo")
     state = {k: v.clone() for k, v in learner.trainable_state().items()}
     optimizer = copy.deepcopy(learner.optimizer.state_dict())

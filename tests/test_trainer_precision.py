@@ -132,3 +132,36 @@ def test_trainer_says_which_precision_and_logs_the_mismatch(tiny: tuple[Any, Any
     assert "precision: learner bfloat16 autocast over fp32 master weights (as configured), rollout float32" in text
     row = read_metrics(config.run_dir)[-1]
     assert 0 < row["losses/mismatch_kl"] < 0.05 and row["losses/is_weight"] == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.parametrize(("flags", "expected"), [({"avx2"}, torch.float32), ({"avx2", "amx_bf16"}, torch.bfloat16)])
+def test_weights_dtype_auto_loads_bf16_only_where_accelerated(
+    tiny: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: set[str], expected: torch.dtype
+) -> None:
+    """``dtype = "auto"`` (the demo recipes' value): a CPU without AMX/AVX-512 BF16 emulates bf16 (an SFT step of
+    the demo ran 22x slower), so the trainer loads float32 there and says why."""
+    model_dir = tmp_path / "model"
+    tiny[0].save_pretrained(model_dir)
+    tiny[1].save_pretrained(model_dir)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    console = Console(record=True, width=200)
+    config = BASE.override({"run_dir": str(tmp_path / "run"), "model": str(model_dir), "dtype": "auto",
+                            "device": "cpu", "env": "price", "finetune": "lora", "lora.rank": 4})  # fmt: skip
+    from taskrl.training.trainer import Trainer
+
+    trainer = Trainer(config, console=console)
+    try:
+        assert next(trainer.learner_policy.model.parameters()).dtype == expected
+        name = str(expected).removeprefix("torch.")
+        assert f"weights: {name} (auto: CPU " in console.export_text()
+    finally:
+        trainer.close()
+
+
+def test_demo_recipes_choose_their_dtype_from_the_hardware() -> None:
+    from taskrl.commands.demo import RL_RECIPE, SFT_RECIPE, load_recipe
+
+    for recipe in (RL_RECIPE, SFT_RECIPE):
+        assert config_from_dict(load_recipe(recipe)).dtype == "auto", recipe
+    with pytest.raises(ConfigError, match="dtype must be one of float32, bfloat16, float16, auto"):
+        config_from_dict({"dtype": "bf16"})

@@ -73,9 +73,10 @@ def hf_rollout_policy(config: TrainConfig) -> Policy:
 
     from taskrl.policies.hf import EngineConfig, HFPolicy
     from taskrl.training.model import prepare_model
-    from taskrl.training.precision import torch_dtype
+    from taskrl.training.precision import weights_dtype
 
-    policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=torch_dtype(config.dtype),
+    dtype, _ = weights_dtype(config.dtype, config.device)
+    policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=dtype,
                                       engine_config=EngineConfig(schedule="throughput"))
     torch.manual_seed(config.seed)  # the trainer's LoRA initialisation (overwritten by the first push anyway)
     policy.model = prepare_model(policy.model, config)

@@ -80,7 +80,9 @@ class TrainConfig:
     """'smollm2' (bundled SmolLM2-135M-Instruct), a local save_pretrained directory, or a trained run directory
     or LoRA adapter (merged onto its recorded base): training continues from a trained policy."""
     dtype: str = "float32"
-    """Weights dtype: float32, bfloat16 or float16 (the learner's master weights and optimizer math)."""
+    """Weights dtype: float32, bfloat16, float16 (the learner's master weights and optimizer math) or auto
+    (bfloat16 only where the hardware accelerates it, as ``learner_precision``; else float32: on a CPU without
+    amx_bf16/avx512_bf16, bfloat16 weights are emulated and a training step ran 22x slower). Printed at start."""
     learner_precision: str = "float32"
     """Compute dtype of the learner's forward/backward: float32, bfloat16 (torch.autocast over fp32 master weights;
     logprobs and losses stay float32) or auto (bfloat16 only where the hardware accelerates it: CUDA with bf16

@@ -3,6 +3,7 @@
 ``resolve(choice, device)`` turns a config value (float32, bfloat16, auto) into a dtype and a one-line reason;
 ``auto`` picks bfloat16 only where the hardware accelerates it: CUDA with ``torch.cuda.is_bf16_supported()``,
 a CPU whose /proc/cpuinfo flags include ``amx_bf16`` or ``avx512_bf16`` (elsewhere bf16 is emulated and slower).
+``weights_dtype(choice, device)`` resolves the model's weights dtype the same way (``TrainConfig.dtype``);
 ``torch_dtype(name)`` maps a configured dtype name to torch's.
 """
 
@@ -59,6 +60,14 @@ def resolve(choice: str, device: torch.device, *, same: torch.dtype = torch.floa
         ok, why = bf16_accelerated(device)
         return (torch.bfloat16, f"auto: {why}") if ok else (torch.float32, f"auto: {why}, so float32")
     return torch_dtype(choice), "as configured"
+
+
+def weights_dtype(choice: str, device: str | torch.device | None) -> tuple[torch.dtype, str]:
+    """(dtype, reason) of the model's weights for a configured ``dtype`` (float32 | bfloat16 | float16 | auto) on
+    ``device`` (a config value such as "auto" or "cuda:1", resolved as the policy loader resolves it)."""
+    from taskrl.policies.models import resolve_device
+
+    return resolve(choice, resolve_device(device))
 
 
 def learner_autocast(choice: str, device: torch.device) -> tuple[torch.dtype | None, str]:

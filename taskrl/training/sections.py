@@ -14,7 +14,7 @@ from taskrl.validate import finite_at_least, integer_at_least, require
 
 KL_MODES = ("none", "k1_reward", "k3_loss")
 FINETUNE_MODES = ("full", "lora")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 ROLLOUT_POLICIES = ("inprocess", "copy", "server", "vllm")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 LEARNER_BACKENDS = ("ddp", "fsdp2")

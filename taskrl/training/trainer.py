@@ -54,7 +54,7 @@ from taskrl.training.filters import check_infra_failures, fill_batch
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
-from taskrl.training.precision import resolve, torch_dtype
+from taskrl.training.precision import resolve, weights_dtype
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
 from taskrl.training.step_log import eval_metrics, staleness_metrics, step_line
 from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.training.trainer.InProcessSync
@@ -145,7 +145,9 @@ class Trainer:
         self._owns_policy = policy is None
         if policy is None:
             # rollouts want the batch done soonest, not each row's pace: full prefill chunks
-            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=torch_dtype(cfg.dtype),
+            weights, why = weights_dtype(cfg.dtype, cfg.device)
+            self.console.print(f"weights: {str(weights).removeprefix('torch.')} ({why})")
+            policy = HFPolicy.from_pretrained(cfg.model, device=cfg.device, dtype=weights,
                                               engine_config=EngineConfig(schedule="throughput"))
         # The learner's model holder: evaluation, export, tokenizer; it samples too when rollout_policy="inprocess".
         self.learner_policy: HFPolicy = policy
