@@ -212,7 +212,7 @@ def main() -> None:
         default="edit_file",
         help="; ".join(f"{name}: {d['about']}" for name, d in DESIGNS.items()),
     )
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--minutes", type=float, default=10.0, help="training wall-clock budget per arm")
     ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")
     ap.add_argument("--pilot", action="store_true", help="every stage at toy size, into runs/learning_code_pilot")

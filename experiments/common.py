@@ -82,8 +82,9 @@ def last_step_s(steps: Sequence[dict[str, Any]]) -> float:
 def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: Callable[..., dict[str, Any]],
             held_out: Callable[..., dict[str, Any]], final_evals: Callable[[Any, Any], dict[str, Any]],
             step_keys: Sequence[str]) -> None:  # fmt: skip
-    """Child: one arm of a recipe, trained for ``args.minutes`` of training wall-clock (resuming its checkpoint
-    and record), with ``args.curve_points`` held-out curve points on the way, then ``final_evals``. No step starts
+    """Child: one arm of a recipe, trained for ``args.minutes`` of training wall-clock or its config's ``steps``
+    (``--max-steps``), whichever ends first (resuming its checkpoint and record), with ``args.curve_points``
+    held-out curve points on the way, then ``final_evals``. No step starts
     that the previous step's duration says would end past the budget, so arms whose steps differ in length train
     for about the same time (the swarm's seed-0 GRPO arm once overran by 48%). The recipe supplies its stage
     config, its held-out evaluation and the step metrics it records."""
@@ -116,7 +117,10 @@ def run_arm(arm: str, seed_dir: Path, start: Path, args: Any, *, stage_config: C
         curve_at = [budget * (i + 1) / (args.curve_points + 1) for i in range(args.curve_points)]
         done_curve = {round(c["at_s"]) for c in record["curve"]}
         elapsed = record["steps"][-1]["train_s"] if record["steps"] else 0.0
-        while elapsed < budget and (not record["steps"] or elapsed + last_step_s(record["steps"]) <= budget):
+        within_steps = lambda: (trainer.completed or 0) < config.steps  # noqa: E731  (--max-steps: a step budget)
+        while within_steps() and elapsed < budget and (
+            not record["steps"] or elapsed + last_step_s(record["steps"]) <= budget
+        ):
             began = time.monotonic()
             (metrics,) = trainer.train(until=(trainer.completed or 0) + 1)
             elapsed += time.monotonic() - began

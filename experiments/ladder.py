@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser, spec: LadderSpec) -> None:
     add("--eval-tasks", type=int, default=128, help="distinct held-out tasks (the standard needs >= 64)")
     add("--eval-samples", type=int, default=spec.eval_samples, help="held-out samples per task (pass@K)")
     add("--device", default="auto")
-    add("--dtype", default="float32", help="weights dtype (bfloat16 on a GPU)")
+    add("--dtype", default="auto", help="weights dtype (auto: bfloat16 where the hardware accelerates it)")
     add("--threads", type=int, default=0, help="torch threads (0: torch's default)")
 
 

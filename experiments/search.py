@@ -209,7 +209,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the arms (task order, sampling)")
     ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--learner-precision", default="float32", help="float32, bfloat16 or auto (TrainConfig field)")
     ap.add_argument("--minutes", type=float, default=20.0, help="training wall-clock budget per arm")
     ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")

@@ -55,7 +55,8 @@ def _seed(value: Any) -> int:
 
 
 def machine_info(engine: str = "") -> dict[str, Any]:
-    """What a run ran on: CPU model, cores, load average at the time, torch threads, the rollout engine, commit."""
+    """What a run ran on: CPU model, cores, load average at the time, torch threads, whether bf16 is accelerated
+    (what ``dtype = "auto"`` resolves to), the rollout engine, commit."""
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -74,8 +75,11 @@ def machine_info(engine: str = "") -> dict[str, Any]:
     try:
         import torch
 
+        from taskrl.training.precision import bf16_accelerated
+
         info.update(torch=torch.__version__, threads=torch.get_num_threads(),
-                    cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")  # fmt: skip
+                    cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
+                    bf16=bf16_accelerated(torch.device("cuda" if torch.cuda.is_available() else "cpu"))[1])  # fmt: skip
     except ImportError:
         pass
     return info

@@ -327,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sft-seed", type=int, default=0, help="seed of the warm start (shared by --seed runs)")
     ap.add_argument("--redo-sft", action="store_true", help="remake the warm start even if one exists")
     ap.add_argument("--model", default="smollm2", help="base model of the warm start (tests pass a tiny one)")
-    ap.add_argument("--dtype", default="bfloat16", help="weights dtype of every stage (LoRA adapters stay float32)")
+    ap.add_argument("--dtype", default="auto", help="weights dtype of every stage (LoRA adapters stay float32)")
     ap.add_argument("--minutes", type=float, default=12.0, help="GRPO training wall-clock budget")
     ap.add_argument("--resume", action="store_true", help="continue this seed's run directory")
     ap.add_argument("--pilot", action="store_true", help="every stage at toy size (sizes the real run)")

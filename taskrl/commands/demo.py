@@ -122,6 +122,7 @@ def run_demo(
     """
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
+    from taskrl.policies.memory import release_freed
     from taskrl.seeding import sft_only_seed
     from taskrl.training.config import config_from_dict
     from taskrl.training.trainer import Trainer
@@ -164,6 +165,8 @@ def run_demo(
         trainer.learner_policy.chat_format.tokenizer.save_pretrained(str(start_dir))
     finally:
         trainer.close()
+    del trainer  # each stage's model, optimizer and activations go before the next stage loads its own
+    release_freed()
     console.print(f"2/4 SFT -> GRPO: {rl_config.steps} GRPO steps ({rl_config.rollout.tasks_per_step} tasks "
                   f"{_shape(rl_config.env_kwargs)} x {rl_config.rollout.group_size} samples each) from the warm start "
                   f"({RL_RECIPE.name})")  # fmt: skip
@@ -175,6 +178,8 @@ def run_demo(
         grpo = held_out(trainer, "sft_grpo")
     finally:
         trainer.close()
+    del trainer  # each stage's model, optimizer and activations go before the next stage loads its own
+    release_freed()
     console.print(f"3/4 SFT-only: more SFT on the same demonstrations for the same {budget:.0f}s of training")
     sft_only_recipe = {**sft_recipe, "model": str(start_dir), "run_dir": str(out_dir / "sft_only"), "steps": 10_000,
                        "seed": sft_only_seed(sft_config.seed)}  # fmt: skip
@@ -186,6 +191,8 @@ def run_demo(
         sft_only = held_out(trainer, "sft_only")
     finally:
         trainer.close()
+    del trainer  # each stage's model, optimizer and activations go before the next stage loads its own
+    release_freed()
     console.print(f"4/4 held-out evaluation: {len(tasks)} tasks {_shape(eval_kwargs)}, greedy")
     table = Table(title=f"'{rl_config.env}' held-out tasks {_shape(eval_kwargs)}, {len(tasks)} tasks, greedy "
                   "(95% bootstrap CI)")  # fmt: skip

@@ -67,6 +67,19 @@ def test_an_arm_trains_for_its_budget_with_a_curve_point_then_final_evals(tmp_pa
     assert calls["final"] == [len(steps)]
 
 
+def test_an_arm_stops_at_its_step_budget_before_its_time_budget(tmp_path: Path) -> None:
+    """``--max-steps`` (the config's ``steps``) is a budget too: RFT and GRPO matched by steps, not by minutes."""
+    start = _start(tmp_path)
+    recipe = _recipe()
+    calls = recipe.pop("calls")
+    config = recipe["stage_config"]
+    recipe["stage_config"] = lambda *a: {**config(*a), "steps": 2}
+    args = argparse.Namespace(threads=1, minutes=60.0, curve_points=0, curve_tasks=1)
+    run_arm("grpo", tmp_path, start, args, step_keys=KEYS, **recipe)
+    record = json.loads((tmp_path / "grpo.json").read_text())
+    assert [s["step"] for s in record["steps"]] == [1, 2] and calls["final"] == [2]
+
+
 def test_the_sft_only_arm_draws_its_own_task_order(tmp_path: Path) -> None:
     """From the warm start's seed the arm's sampler would replay the warm start's batches first."""
     from taskrl.seeding import sft_only_seed
