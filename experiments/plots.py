@@ -73,6 +73,8 @@ def plot_tool_use(data: dict[str, Any], path: Path) -> None:
             _curve(curve_ax, xs, ys, color=color, ls=line, marker="o", label=label)
             if final:
                 for kind, key in (("greedy", "success"), ("sampled", "pass@1")):
+                    if kind not in final:
+                        continue  # --sampled-samples 0
                     estimate = final[kind][key]
                     names.append(f"{arm}\n{kind}\ns{seed}")
                     values.append(estimate["value"])

@@ -145,7 +145,8 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
     from taskrl.eval import EvalConfig, evaluate
 
     config = EvalConfig(
-        samples_per_task=4 if sampled else 1, temperature=1.0 if sampled else 0.0, max_turns=args.max_turns,
+        samples_per_task=args.sampled_samples if sampled else 1, temperature=1.0 if sampled else 0.0,
+        max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
     )  # fmt: skip
     design = DESIGNS[args.design]
@@ -156,10 +157,11 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
 
 
 def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False),
-        "sampled": held_out(trainer, "heldout_sampled", args, n=args.eval_tasks, sampled=True),
-    }
+    """Greedy success on ``--eval-tasks`` held-out tasks, and sampled pass@1 unless ``--sampled-samples 0``."""
+    finals = {"greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False)}
+    if args.sampled_samples:
+        finals["sampled"] = held_out(trainer, "heldout_sampled", args, n=args.eval_tasks, sampled=True)
+    return finals
 
 
 STEP_KEYS = ("rewards/total", "rewards/std", "rewards/correct", "rewards/lookup_credit", "rewards/items_right",
@@ -176,11 +178,11 @@ def seed_result(seed_dir: Path, sft_dir: Path, args: argparse.Namespace, command
     deltas = {
         kind: paired_delta(arms["sft_only"]["final"][kind]["per_task"], arms["grpo"]["final"][kind]["per_task"],
                            args.seed)
-        for kind in ("greedy", "sampled")
+        for kind in arms["grpo"]["final"]
     } if {"sft_only", "grpo"} <= set(arms) else {}  # fmt: skip
     ladder = {f"grpo_minus_{arm}": {kind: paired_delta(arms[arm]["final"][kind]["per_task"],
                                                        arms["grpo"]["final"][kind]["per_task"], args.seed)
-                                    for kind in ("greedy", "sampled")}
+                                    for kind in arms["grpo"]["final"]}
               for arm in ("sft3", "rft") if arm in arms and "grpo" in arms}  # fmt: skip
     for arm, record in arms.items():  # the monitors' alerts during training, counted per monitor
         alerts = seed_dir / arm / "alerts.jsonl"
@@ -212,7 +214,7 @@ def record_runs(study: Any, result: dict[str, Any], args: argparse.Namespace) ->
         estimate = lambda e: {"value": e["value"], "ci": [e["low"], e["high"]] if e.get("low") is not None  # noqa: E731
                               else None} if e else None  # fmt: skip
         return {"greedy_success": estimate(final["greedy"]["success"]),
-                "sampled_pass@1": estimate(final["sampled"]["pass@1"]),
+                "sampled_pass@1": estimate(final["sampled"]["pass@1"]) if "sampled" in final else None,
                 "tasks": final["greedy"]["tasks"], "per_task": final["greedy"]["per_task"]}  # fmt: skip
 
     baseline = "rft" if "rft" in result["arms"] else "sft_only"
@@ -276,6 +278,8 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--eval-tasks", type=int, default=64, help="distinct held-out tasks of the final evals (>= 64)")
+    ap.add_argument("--sampled-samples", type=int, default=4,
+                    help="T=1 samples per held-out task for sampled pass@1 (0: greedy success only, 5x cheaper)")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
@@ -286,6 +290,8 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads per process (1: no OpenMP stalls on a shared machine)"
     )
+    ap.add_argument("--sft-threads", type=int, default=0,
+                    help="torch threads of the warm start and its evaluation, which run alone (0: every core)")
     ap.add_argument("--arms", nargs="+", choices=LADDER, default=list(ARMS),
                     help="arms from the warm start (issue 40's ladder: sft_only sft3 rft grpo)")
     ap.add_argument("--split", choices=("val", "test"), default="val",
@@ -296,6 +302,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.minutes <= 0 or min(args.sft_steps, args.eval_tasks, args.curve_tasks, args.group_size) < 1:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks, --group-size >= 1")
+    if args.sampled_samples < 0:
+        ap.error("--sampled-samples must be >= 0 (0: no sampled evaluation)")
     if args.group_size < 2:
         ap.error("--group-size must be >= 2 (GRPO compares samples of one task)")
     args.run_dir = args.run_dir or f"runs/learning_tool_use/{args.design}"
@@ -318,11 +326,12 @@ def main() -> None:
     command = " ".join(["python", "experiments/tool_use.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child(__file__, "sft", sft_dir, threads=args.threads)}, sft_dir)
+    # the warm start runs alone: every core (the arms then share them, --threads each)
+    wait({"sft": child(__file__, "sft", sft_dir, threads=args.sft_threads or len(os.sched_getaffinity(0)))}, sft_dir)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"start (SFT, {start['sft_steps']} steps, {start['sft_s']:.0f}s): held-out greedy "
-          f"{fmt(start['greedy']['success'])}, sampled pass@1 {fmt(start['sampled']['pass@1'])}, invalid calls "
-          f"{start['sampled']['invalid_tool_calls']:.2f}/episode")  # fmt: skip
+          f"{fmt(start['greedy']['success'])}, sampled pass@1 {fmt(start.get('sampled', {}).get('pass@1'))}, "
+          f"invalid calls {start['greedy']['invalid_tool_calls']:.2f}/episode (greedy)")  # fmt: skip
     if args.pilot:
         return None
     wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in args.arms}, seed_dir)
@@ -334,16 +343,16 @@ def main() -> None:
     from experiments.plots import plot_tool_use
 
     plot_tool_use(data, out)
-    print(f"{'arm':9} {'steps':>5}  held-out greedy        sampled pass@1 (T=1, 4 samples)")
-    print(f"{'start':9} {'-':>5}  {fmt(start['greedy']['success']):22} {fmt(start['sampled']['pass@1'])}")
+    print(f"{'arm':9} {'steps':>5}  held-out greedy        sampled pass@1 (T=1, {args.sampled_samples} samples)")
+    print(f"{'start':9} {'-':>5}  {fmt(start['greedy']['success']):22} {fmt(start.get('sampled', {}).get('pass@1'))}")
     for arm, record in result["arms"].items():
         final = record["final"]
         print(f"{arm:9} {len(record['steps']):5d}  {fmt(final['greedy']['success']):22} "
-              f"{fmt(final['sampled']['pass@1'])}")  # fmt: skip
+              f"{fmt(final.get('sampled', {}).get('pass@1'))}")  # fmt: skip
     for key in ("grpo_minus_sft_only", "grpo_minus_sft3", "grpo_minus_rft"):
         if result.get(key):
             deltas = result[key]
-            print(f"{key} (paired over tasks): greedy {fmt(deltas['greedy'])}, sampled {fmt(deltas['sampled'])}")
+            print(f"{key} (paired over tasks): greedy {fmt(deltas['greedy'])}, sampled {fmt(deltas.get('sampled'))}")
     print(f"plot: {out}; numbers: {data_path}")
     return None
 

@@ -146,3 +146,21 @@ def test_every_arm_and_the_start_become_new_run_records(tmp_path: Path) -> None:
     assert rft["baseline_arm"] == "rft" and "| grpo | 1 | 0.500 |" in index_markdown(tmp_path)
     with pytest.raises(Exception, match="not frozen"):
         bench._study(argparse.Namespace(**{**vars(args), "split": "test"}))
+
+
+def test_greedy_only_evaluations_record_and_plot(tmp_path: Path) -> None:
+    """``--sampled-samples 0`` (greedy success only): records, the seed's deltas and the plot do without it."""
+    from experiments.study import Study
+
+    args = _args(design="prices3", split="val", arms=list(bench.LADDER), runs_dir=str(tmp_path), eval_tasks=64,
+                 resume=False, sampled_samples=0)  # fmt: skip
+    greedy = lambda v: {"greedy": {**_evals(v)["greedy"], "tasks": 64}}  # noqa: E731
+    steps = [{"step": 1, "train_s": 60.0, "rewards/total": 0.5, "tools/invalid_tool_calls": 0.0, "losses/entropy": 0.5}]
+    arms = {arm: {"config": {}, "steps": steps, "curve": [], "train_s": 60.0, "final": greedy(0.5)}
+            for arm in bench.LADDER}  # fmt: skip
+    start = {**greedy(0.2), "config": {}, "sft_s": 30.0, "sft_steps": 4}
+    bench.record_runs(bench._study(args), {"cpu": "cpu", "command": "c", "start": start, "arms": arms}, args)
+    assert all(r["outcome"]["sampled_pass@1"] is None for r in Study("prices", tmp_path).runs())
+    pytest.importorskip("matplotlib")
+    plot_tool_use({"seeds": {"0": {"minutes": 1.0, "start": start, "arms": arms}}}, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
