@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from taskrl.policies.models import resolve_device
+
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The dtypes a config may name (``TrainConfig.dtype``, ``learner_precision``, ``rollout_dtype``)."""
@@ -65,8 +67,6 @@ def resolve(choice: str, device: torch.device, *, same: torch.dtype = torch.floa
 def weights_dtype(choice: str, device: str | torch.device | None) -> tuple[torch.dtype, str]:
     """(dtype, reason) of the model's weights for a configured ``dtype`` (float32 | bfloat16 | float16 | auto) on
     ``device`` (a config value such as "auto" or "cuda:1", resolved as the policy loader resolves it)."""
-    from taskrl.policies.models import resolve_device
-
     return resolve(choice, resolve_device(device))
 
 
