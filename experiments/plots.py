@@ -10,22 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-COLORS = {"sft_only": "tab:blue", "grpo": "tab:red"}
+COLORS = {"sft_only": "tab:blue", "sft3": "tab:green", "rft": "tab:orange", "grpo": "tab:red"}
 DESIGN_TITLES = {
-    "prices3": ("held-out 3-item price listings", "SFT on 1-2 item price listings, then {m:g} min per arm of more SFT "
+    "prices3": ("held-out 3-item price listings", "SFT on 1-2 item price listings, then {budget} per arm of more SFT "
                 "vs GRPO on 3-item listings (prices env)"),
-    "prices": ("held-out 2-3 item price listings", "SFT on 1-item price listings, then {m:g} min per arm of more SFT "
+    "prices": ("held-out 2-3 item price listings", "SFT on 1-item price listings, then {budget} per arm of more SFT "
                "vs GRPO on 2-3 item listings (prices env)"),
-    "code": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min per arm of more "
+    "code": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {budget} per arm of more "
              "SFT vs GRPO on 4 other kinds (code-bugs env, hidden tests)"),
-    "code_lines": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min per arm "
+    "code_lines": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {budget} per arm "
                    "of more SFT vs GRPO on 4 other kinds (code-bugs env, edits by line number)"),
-    "code_pinpoint": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} min per "
+    "code_pinpoint": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {budget} per "
                       "arm of more SFT vs GRPO on all 8 kinds (code-bugs env, the lines to fix named)"),
-    "code_pinpoint_strict": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {m:g} "
-                             "min per arm of more SFT vs GRPO on all 8 kinds (lines to fix named; credit for calls "
+    "code_pinpoint_strict": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {budget} "
+                             "per arm of more SFT vs GRPO on all 8 kinds (lines to fix named; credit for calls "
                              "that ran)"),
-    "shop": ("held-out multi-item orders", "SFT on single-item orders, then {m:g} min per arm of more SFT vs GRPO on "
+    "shop": ("held-out multi-item orders", "SFT on single-item orders, then {budget} per arm of more SFT vs GRPO on "
              "multi-item orders (shop env)"),
 }  # fmt: skip
 LINES = ("-", "--", ":", "-.")
@@ -93,7 +93,13 @@ def plot_tool_use(data: dict[str, Any], path: Path) -> None:
     design = seeds[0][1].get("design", "shop") if seeds else "shop"
     bars_title, title = DESIGN_TITLES.get(design, DESIGN_TITLES["shop"])
     bars_ax.set(title=f"{bars_title} (95% CI)", ylim=(0, 1.05))
-    fig.suptitle(f"SmolLM2-135M LoRA: {title.format(m=minutes)}", fontsize=10)
+    trained = [record for _, seed in seeds for record in seed["arms"].values()]
+    if trained and all(r.get("train_s", 0.0) < 0.9 * minutes * 60 for r in trained):  # a step cap ended every arm
+        counts = sorted({len(r["steps"]) for r in trained})
+        budget = f"{counts[0]} steps" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} steps"
+    else:
+        budget = f"{minutes:g} min"
+    fig.suptitle(f"SmolLM2-135M LoRA: {title.format(budget=budget)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
