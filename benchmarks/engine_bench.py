@@ -425,6 +425,10 @@ def demo_part(args: argparse.Namespace) -> dict[str, Any]:
         print(f"GRPO step time {label}: {ratio:.3f}x (target >= 2x: {'met' if ratio >= 2 else 'missed'}); "
               f"{part.removesuffix('_s')} time: {part_ratio:.2f}x")  # fmt: skip
         print(f"same training rewards: {out[baseline]['reward'] == out['continuous']['reward']}")
+    if "continuous" in out and "vllm" in out:  # issue 36: the trainer's default is the faster of the two
+        steps, rollout = (sum(out["vllm"][k]) / sum(out["continuous"][k]) for k in ("step_s", "rollout_s"))
+        print(f"GRPO step time vLLM / in-process: {steps:.3f}x, rollout time {rollout:.3f}x "
+              f"({'in-process' if steps > 1 else 'vLLM'} faster; first steps include each engine's warm-up)")
     return out
 
 
