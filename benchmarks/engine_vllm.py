@@ -13,6 +13,7 @@ env where prefix caching matters.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -30,13 +31,17 @@ def vllm_engine(model_dir: Path, chat_format: Any, *, dtype: str, threads: str, 
     from taskrl.policies.vllm import VLLMPolicy
     from taskrl.policies.vllm_server import VLLMServer, VLLMServerConfig
 
+    # the server's log outlives the run: a server that dies mid-benchmark (once, in (d)) must say why
+    handle, log = tempfile.mkstemp(prefix="taskrl-bench-vllm-", suffix=".log")
+    os.close(handle)
     config = VLLMServerConfig(
         model=str(model_dir), dtype=dtype, threads=threads, max_model_len=max_model_len, enable_lora=False,
-        extra_args=["--logprobs-mode", "processed_logprobs"],
+        extra_args=["--logprobs-mode", "processed_logprobs"], log_path=log,
     )  # fmt: skip
     started = time.perf_counter()
     with VLLMServer(config) as server:
-        print(f"vLLM server up in {time.perf_counter() - started:.0f} s ({dtype}, threads {threads})", flush=True)
+        print(f"vLLM server up in {time.perf_counter() - started:.0f} s ({dtype}, threads {threads}); log {log}",
+              flush=True)  # fmt: skip
         policy = VLLMPolicy(server.base_url, server.served_model, chat_format, max_positions=max_model_len)
         try:
             yield policy
