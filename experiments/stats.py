@@ -131,9 +131,11 @@ def bootstrap_mean_ci(values: Sequence[float], *, confidence: float = 0.95, resa
     return means[int(tail * (resamples - 1))], means[int(math.ceil((1 - tail) * (resamples - 1)))]
 
 
-def over_seeds(values: Sequence[float], *, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
+def over_seeds(values: Sequence[float], *, confidence: float = 0.95, seed: int = 0,
+               bounds: tuple[float, float] | None = None) -> dict[str, Any]:  # fmt: skip
     """Mean over seeds (the seed is the unit) with a Student-t CI and a bootstrap CI; fewer than two seeds give
-    no interval (``None``), never a zero-width one."""
+    no interval (``None``), never a zero-width one. ``bounds``: the outcome's possible range (a proportion's
+    (0, 1)); the t interval is clipped to it (a success rate's interval never claims 1.08)."""
     values = [float(v) for v in values]
     if not values or any(math.isnan(v) for v in values):
         raise ValueError(f"over_seeds needs at least one value and no NaN, got {values}")
@@ -143,19 +145,25 @@ def over_seeds(values: Sequence[float], *, confidence: float = 0.95, seed: int =
     if n >= 2:
         sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
         half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-        out.update(sd=sd, t=[mean - half, mean + half],
+        low, high = mean - half, mean + half
+        if bounds is not None:
+            low, high = max(low, bounds[0]), min(high, bounds[1])
+        out.update(sd=sd, t=[low, high],
                    bootstrap=list(bootstrap_mean_ci(values, confidence=confidence, seed=seed) or []))  # fmt: skip
     return out
 
 
-def paired_seeds(a: Mapping[Any, float], b: Mapping[Any, float], *, confidence: float = 0.95) -> dict[str, Any]:
+def paired_seeds(a: Mapping[Any, float], b: Mapping[Any, float], *, confidence: float = 0.95,
+                 bounds: tuple[float, float] | None = None) -> dict[str, Any]:  # fmt: skip
     """Per-seed deltas ``b[s] - a[s]`` over the seeds both arms ran, their mean with t and bootstrap CIs, and how
-    many seeds b won, tied and lost. Seeds only one arm ran are listed, never silently paired."""
+    many seeds b won, tied and lost. Seeds only one arm ran are listed, never silently paired. ``bounds``: each
+    arm's outcome range; a delta's interval is clipped to (low - high, high - low)."""
     common = sorted(set(a) & set(b), key=str)
     if not common:
         raise ValueError(f"paired_seeds: the arms share no seed (a: {sorted(a, key=str)}, b: {sorted(b, key=str)})")
     deltas = {s: float(b[s]) - float(a[s]) for s in common}
-    out = over_seeds(list(deltas.values()), confidence=confidence)
+    spread = None if bounds is None else (bounds[0] - bounds[1], bounds[1] - bounds[0])
+    out = over_seeds(list(deltas.values()), confidence=confidence, bounds=spread)
     out.update(deltas={str(s): d for s, d in deltas.items()}, wins=sum(d > 0 for d in deltas.values()),
                ties=sum(d == 0 for d in deltas.values()), losses=sum(d < 0 for d in deltas.values()),
                unpaired=sorted(map(str, set(a) ^ set(b))))  # fmt: skip

@@ -188,6 +188,11 @@ def _cell(outcome: Any) -> str:
     return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else f"{value:.3f}"
 
 
+PROPORTIONS = ("greedy_success", "success", "pass@1", "pass@16")
+"""Primary outcomes that are proportions: their seed-level intervals are clipped to ``PROPORTION``."""
+PROPORTION = (0.0, 1.0)
+
+
 def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
     """Markdown listing every study's designs (frozen or not), every run with its outcome, and per design and
     split the seed-level mean and CI of each arm with paired per-seed deltas against the baseline arm."""
@@ -212,22 +217,25 @@ def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
                          f"| {_cell(outcome)} | {spent} | {_number(load, 1)} |")  # fmt: skip
         by_design: dict[tuple[str, str], dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
         baselines: dict[tuple[str, str], str] = {}
+        primaries: dict[tuple[str, str], str] = {}
         for r in runs:
             value = _value(r["outcome"].get(r["primary"]))
             if value is not None:
                 by_design[(r["design"], r["split"])][r["arm"]][r["seed"]] = value  # a later run of a seed wins
+                primaries[(r["design"], r["split"])] = r["primary"]
                 if r.get("baseline_arm"):
                     baselines[(r["design"], r["split"])] = r["baseline_arm"]
         for (design, split), arms in sorted(by_design.items()):
             lines += ["", f"### {design} on {split}", "", "| arm | seeds | mean | 95% t CI | vs baseline |",
                       "|---|---|---|---|---|"]  # fmt: skip
             base = baselines.get((design, split))
+            bounds = PROPORTION if primaries.get((design, split), "") in PROPORTIONS else None
             for arm, seeds in arms.items():
-                summary = over_seeds(list(seeds.values()))
+                summary = over_seeds(list(seeds.values()), bounds=bounds)
                 ci = f"[{summary['t'][0]:.3f}, {summary['t'][1]:.3f}]" if summary["t"] else "none (1 seed)"
                 versus = ""
                 if base and arm != base and base in arms:
-                    versus = verdict(paired_seeds(arms[base], seeds), base, arm)
+                    versus = verdict(paired_seeds(arms[base], seeds, bounds=bounds), base, arm)
                 lines.append(f"| {arm} | {summary['n']} | {summary['mean']:.3f} | {ci} | {versus} |")
         lines.append("")
     return "\n".join(lines) + "\n"

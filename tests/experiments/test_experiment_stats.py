@@ -61,6 +61,17 @@ def test_seed_level_mean_and_intervals() -> None:
         over_seeds([0.1, float("nan")])
 
 
+def test_intervals_of_a_proportion_stay_within_its_range() -> None:
+    """The tool-use ladder's GRPO arm (0.95, 1.00, 0.89 over 3 seeds) had a t interval up to 1.08 unclipped."""
+    values = [0.953125, 1.0, 0.890625]
+    assert over_seeds(values)["t"][1] > 1.0
+    low, high = over_seeds(values, bounds=(0.0, 1.0))["t"]
+    assert high == 1.0 and low == pytest.approx(over_seeds(values)["t"][0])
+    wide = paired_seeds({0: 0.0, 1: 1.0, 2: 0.0}, {0: 1.0, 1: 0.0, 2: 1.0}, bounds=(0.0, 1.0))
+    assert -1.0 <= wide["t"][0] and wide["t"][1] <= 1.0 and paired_seeds(
+        {0: 0.0, 1: 1.0, 2: 0.0}, {0: 1.0, 1: 0.0, 2: 1.0})["t"][0] < -1.0
+
+
 def test_paired_seed_deltas_and_the_verdict() -> None:
     a, b = {0: 0.5, 1: 0.6, 2: 0.4, 3: 0.5, 4: 0.6}, {0: 0.7, 1: 0.7, 2: 0.6, 3: 0.6, 4: 0.8, 5: 0.9}
     out = paired_seeds(a, b)
