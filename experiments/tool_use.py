@@ -279,7 +279,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--eval-tasks", type=int, default=64, help="distinct held-out tasks of the final evals (>= 64)")
     ap.add_argument("--sampled-samples", type=int, default=4,
-                    help="T=1 samples per held-out task for sampled pass@1 (0: greedy success only, 5x cheaper)")
+                    help="T=1 samples per held-out task for sampled pass@1 (0: greedy only, 1 episode per task)")
     ap.add_argument("--curve-tasks", type=int, default=8, help="held-out tasks of each curve point (greedy)")
     ap.add_argument("--curve-points", type=int, default=2, help="curve evaluations during training")
     ap.add_argument("--max-steps", type=int, default=10_000, help="step cap (the budget normally ends a run)")
@@ -327,7 +327,7 @@ def main() -> None:
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
     # the warm start runs alone: every core (the arms then share them, --threads each)
-    wait({"sft": child(__file__, "sft", sft_dir, threads=args.sft_threads or len(os.sched_getaffinity(0)))}, sft_dir)
+    wait({"sft": child(__file__, "sft", sft_dir, threads=args.sft_threads or os.cpu_count() or 1)}, sft_dir)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"start (SFT, {start['sft_steps']} steps, {start['sft_s']:.0f}s): held-out greedy "
           f"{fmt(start['greedy']['success'])}, sampled pass@1 {fmt(start.get('sampled', {}).get('pass@1'))}, "
