@@ -7,6 +7,7 @@ discipline, the held-out size check and the index of every run and design.
     study.freeze("d1", reason="best val reward of 3 designs")   # designs are chosen on val ...
     study.claim_test("d1", "grpo", 0)                   # ... and test is used once per reported number
     python experiments/study.py index           # writes experiments/runs/INDEX.md
+    python experiments/study.py plot prices prices3 test --out docs/learning_tool_use_ladder.png  # seed-level figure
 
 Each run is one JSON file, created exclusively under a new unique name (time, design, arm, seed, split and a
 random suffix); a second test evaluation of the same (design, arm, seed) is refused, not overwritten.
@@ -252,12 +253,23 @@ def main(argv: list[str] | None = None) -> None:
     freeze.add_argument("design")
     freeze.add_argument("--reason", required=True)
     freeze.add_argument("--runs-dir", default=str(RUNS_DIR))
+    plot = sub.add_parser("plot", help="draw a design's seed-level figure on one split (study_plots.py)")
+    plot.add_argument("study")
+    plot.add_argument("design")
+    plot.add_argument("split", choices=("val", "test"))
+    plot.add_argument("--out", required=True, help="PNG path")
+    plot.add_argument("--title", default="")
+    plot.add_argument("--runs-dir", default=str(RUNS_DIR))
     args = parser.parse_args(argv)
     runs_dir = Path(args.runs_dir)
     if args.command == "index":
         out = Path(args.out) if args.out else runs_dir / "INDEX.md"
         out.write_text(index_markdown(runs_dir) if runs_dir.exists() else "# Learning runs\n\nNo runs yet.\n")
         print(out)
+    elif args.command == "plot":
+        from experiments.study_plots import plot_seeds
+
+        print(plot_seeds(Study(args.study, runs_dir).runs(), args.design, args.split, Path(args.out), title=args.title))
     else:
         print(Study(args.study, runs_dir).freeze(args.design, args.reason))
 

@@ -133,3 +133,23 @@ def test_the_index_lists_every_design_and_run_with_seed_level_verdicts(tmp_path:
     assert "| grpo | 1 | 0.000 | none (1 seed) |" in text
     main(["index", "--runs-dir", str(tmp_path)])
     assert (tmp_path / "INDEX.md").read_text() == text
+
+
+def test_the_seed_level_figure_draws_every_seed_in_ladder_order(tmp_path: Path) -> None:
+    from experiments.study_plots import plot_seeds, seed_values
+
+    study = Study("toy", tmp_path)
+    for seed in range(3):
+        for arm, value in (("grpo", (7 + seed) / 10), ("rft", 0.5), ("start", 0.1)):
+            study.record(design="d1", arm=arm, seed=seed, split="val", primary="success",
+                         outcome={"success": {"value": value}}, extra={"baseline_arm": "rft"})  # fmt: skip
+    study.record(design="d1", arm="grpo", seed=3, split="val", primary="success", outcome={"success": 1.0},
+                 extra={"baseline_arm": "rft"})  # an unpaired seed: plotted, never paired
+    arms, primary, baseline = seed_values(study.runs(), "d1", "val")
+    assert list(arms) == ["start", "rft", "grpo"] and (primary, baseline) == ("success", "rft")
+    assert arms["grpo"] == {0: 0.7, 1: 0.8, 2: 0.9, 3: 1.0}
+    out = tmp_path / "fig" / "seeds.png"
+    main(["plot", "toy", "d1", "val", "--out", str(out), "--runs-dir", str(tmp_path)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no run of design 'd2' on split 'val'"):
+        plot_seeds(study.runs(), "d2", "val", out)
