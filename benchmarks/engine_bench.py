@@ -48,8 +48,8 @@ from taskrl.env import make
 from taskrl.policies.base import Completion, SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.memory import release_freed
+from taskrl.policies.precision import weights_dtype
 from taskrl.rollout import RolloutConfig, run_episodes
-from taskrl.training.precision import weights_dtype
 from taskrl.types import Message
 
 

@@ -352,7 +352,7 @@ def main() -> None:
 
 def cpu_line() -> str:
     """The CPU model (lscpu) and whether it has bf16 instructions: the benchmark's numbers depend on both."""
-    from taskrl.training.precision import BF16_CPU_FLAGS, cpu_flags
+    from taskrl.policies.precision import BF16_CPU_FLAGS, cpu_flags
 
     model = "unknown CPU"
     try:

@@ -22,11 +22,11 @@ import torch
 
 from benchmarks.engine_bench import cpu_model
 from taskrl.policies.hf import HFPolicy
+from taskrl.policies.precision import weights_dtype
 from taskrl.runlog import read_trajectories
 from taskrl.training.config import TrainConfig, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model
-from taskrl.training.precision import weights_dtype
 
 
 def learner_for(run: Path, config: TrainConfig, dtype: torch.dtype, adapter_std: float = 0.0) -> Learner:

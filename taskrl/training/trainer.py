@@ -41,6 +41,7 @@ from taskrl.policies.base import SamplingParams
 from taskrl.policies.hf import EngineConfig, HFPolicy
 from taskrl.policies.models import record_base_model
 from taskrl.policies.openai import OpenAIPolicy
+from taskrl.policies.precision import resolve, weights_dtype
 from taskrl.policies.scripted import ScriptedPolicy
 from taskrl.rollout import RolloutConfig, error_note, run_episodes
 from taskrl.runlog import RunLog
@@ -54,7 +55,6 @@ from taskrl.training.filters import check_infra_failures, fill_batch
 from taskrl.training.learner import NONFINITE_ALERT, Learner
 from taskrl.training.model import prepare_model
 from taskrl.training.overlap import RolloutLoop
-from taskrl.training.precision import resolve, weights_dtype
 from taskrl.training.runs import check_resumable, latest_checkpoint, rewind_run_dir
 from taskrl.training.step_log import eval_metrics, staleness_metrics, step_line
 from taskrl.training.sync import InProcessSync as InProcessSync  # re-exported: taskrl.training.trainer.InProcessSync

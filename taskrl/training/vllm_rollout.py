@@ -58,6 +58,7 @@ def server_of(config: TrainConfig) -> VLLMServer:
     """The (not yet started) ``VLLMServer`` of a config: the vLLM at ``rollout_url``, or a local one over ``model``."""
     table = dict(config.placement.vllm)
     url = config.placement.rollout_url
+    table.setdefault("dtype", config.dtype)  # sample in the learner's weights dtype (auto: the same rule, same CPU)
     if config.finetune == "full":  # each update reloads the served weights in place: no adapters
         table.setdefault("weight_updates", True)
         table.setdefault("enable_lora", False)

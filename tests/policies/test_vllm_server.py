@@ -54,6 +54,19 @@ def test_one_worker_runs_in_the_engine_process_unless_extra_args_ask_for_more() 
         assert "uni" not in argv and argv[-len(extra):] == extra
 
 
+@pytest.mark.parametrize(("flags", "expected"), [({"avx2", "avx512_bf16"}, "bfloat16"), ({"avx2"}, "float32")])
+def test_auto_dtype_is_taskrls_rule_not_the_checkpoints(monkeypatch, flags: set, expected: str) -> None:
+    from taskrl.policies import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: False)
+    server = VLLMServer(VLLMServerConfig(model="/m"))  # dtype "auto" by default
+    argv = server.command(Path("/py"))
+    assert server.dtype == expected and argv[argv.index("--dtype") + 1] == expected
+    fixed = VLLMServer(VLLMServerConfig(model="/m", dtype="bfloat16"))
+    assert fixed.dtype == "bfloat16" and "bfloat16" in fixed.command(Path("/py"))
+
+
 # -- clear errors ------------------------------------------------------------------------------------
 def test_missing_vllm_venv_names_the_variable_and_the_paths(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv(vs.PYTHON_ENV, raising=False)
