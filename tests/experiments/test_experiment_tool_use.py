@@ -164,3 +164,21 @@ def test_greedy_only_evaluations_record_and_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     plot_tool_use({"seeds": {"0": {"minutes": 1.0, "start": start, "arms": arms}}}, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_at_most_parallel_arms_train_at_once_and_a_failed_arm_is_named(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+
+    script = ("import sys, time; open(sys.argv[1], 'a').write(f'{sys.argv[2]} {time.monotonic()}\\n'); "
+              "time.sleep(0.6); sys.exit(sys.argv[2] == 'rft')")  # fmt: skip
+    log = tmp_path / "starts.txt"
+    monkeypatch.setattr(bench, "child", lambda _script, arm, _dir, threads: subprocess.Popen(
+        [sys.executable, "-c", script, str(log), arm]))  # fmt: skip
+    args = argparse.Namespace(arms=["sft_only", "sft3", "grpo"], parallel_arms=2, threads=1)
+    bench.run_arms(args, tmp_path)
+    starts = {arm: float(t) for arm, t in (line.split() for line in log.read_text().splitlines())}
+    assert starts["grpo"] - min(starts["sft_only"], starts["sft3"]) >= 0.5  # the third waited for a free slot
+    log.unlink()
+    with pytest.raises(SystemExit, match=r"stage\(s\) \['rft'\] failed"):
+        bench.run_arms(argparse.Namespace(arms=["rft", "grpo"], parallel_arms=0, threads=1), tmp_path)
+    assert len(log.read_text().splitlines()) == 2  # 0: both at once, and the other arm still ran
