@@ -102,7 +102,8 @@ def paired_difference(sft_only: dict[str, Any], grpo: dict[str, Any], seed: int,
         )
     limits.append(
         "GRPO vs rejection-sampling fine-tuning (SFT on the policy's own verified samples, the same prompts and "
-        "sample budget: the control for an RL claim) is not measured by the demo; see experiments/"
+        "sample budget: the control for an RL claim) is not measured by the demo; the five-seed control ladder "
+        "that measures it is docs/experiments/tool_use.md (experiments/tool_use.py --arms sft_only sft3 rft grpo)"
     )
     return {**delta, "tasks": tasks, "verdict": verdict, "limits": limits}
 
