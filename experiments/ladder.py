@@ -78,10 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser, spec: LadderSpec) -> None:
     add("--device", default="auto")
     add("--dtype", default="auto", help="weights dtype (auto: bfloat16 where the hardware accelerates it)")
     add("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add("--env-kwargs", type=json.loads, default={}, help="JSON object of env settings over the study's own, e.g. "
+        '\'{"format_credit": 0.1}\' (recorded with every run)')  # fmt: skip
+    add("--start-seeds", type=int, nargs="*", default=None,
+        help="seeds whose start is evaluated and recorded (default: every seed). Without warm start the start is "
+             "the base model, which differs between seeds only in its evaluation samples")  # fmt: skip
 
 
 def _env_kwargs(spec: LadderSpec, args: argparse.Namespace) -> dict[str, Any]:
-    return {**dict(spec.env_kwargs), "num_held_out": args.eval_tasks}
+    return {**dict(spec.env_kwargs), **getattr(args, "env_kwargs", {}), "num_held_out": args.eval_tasks}
 
 
 def base_config(spec: LadderSpec, args: argparse.Namespace, seed: int, model: str, run_dir: Path) -> dict[str, Any]:
@@ -161,7 +166,8 @@ def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study
     tasks = list(make(spec.env, **_env_kwargs(spec, args)).tasks(args.split))
     distinct = Study.check_held_out(tasks)
     work = Path(args.work_dir) / f"{args.design}-s{seed}-{args.split}-{time.strftime('%Y%m%dT%H%M%S')}"
-    arms = ["start", *[a for a in args.arms if a != "start"]]
+    evaluate_start = args.start_seeds is None or seed in args.start_seeds
+    arms = ["start"] * evaluate_start + [a for a in args.arms if a != "start"]
     if args.split == "test":
         for arm in arms:  # every claim before any training: a refused one costs nothing
             study.claim_test(args.design, arm, seed)
@@ -170,17 +176,18 @@ def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study
     paths = []
     common = {"design_args": vars(args), "held_out_tasks": distinct, "baseline_arm": "rft",
               "start_model": start, **warm}  # fmt: skip
-    base = base_config(spec, args, seed, start, work / "start_eval")
-    trainer = Trainer(config_from_dict({**base, "algo.name": "sft", "sft_data": "policy"}))
-    try:
-        outcome = _evaluate(spec, args, trainer, tasks, seed, "start")
-    finally:
-        trainer.close()
-    budget = {"train_s": time.monotonic() - began, "steps": 0}
-    paths.append(study.record(design=args.design, arm="start", seed=seed, split=args.split, outcome=outcome,
-                              primary=spec.primary, config=base, budget=budget, engine=ENGINE, extra=common))
+    if evaluate_start:
+        base = base_config(spec, args, seed, start, work / "start_eval")
+        trainer = Trainer(config_from_dict({**base, "algo.name": "sft", "sft_data": "policy"}))
+        try:
+            outcome = _evaluate(spec, args, trainer, tasks, seed, "start")
+        finally:
+            trainer.close()
+        budget = {"train_s": time.monotonic() - began, "steps": 0}
+        paths.append(study.record(design=args.design, arm="start", seed=seed, split=args.split, outcome=outcome,
+                                  primary=spec.primary, config=base, budget=budget, engine=ENGINE, extra=common))
     configs = arm_configs(spec, args, base_config(spec, args, seed, start, work))
-    for arm in arms[1:]:
+    for arm in [a for a in arms if a != "start"]:
         config = {**configs[arm], "run_dir": str(work / arm)}
         trainer, budget = train_arm(config, minutes=args.minutes)
         try:
@@ -197,6 +204,8 @@ def main(spec: LadderSpec, argv: list[str] | None = None, description: str = "")
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, spec)
     args = parser.parse_args(argv)
+    if not isinstance(args.env_kwargs, dict):
+        parser.error(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
     if args.threads:
         import torch
 

@@ -3,7 +3,10 @@
 A task gives three numbers and a target that some expression over them reaches; the model answers with an
 expression in ``<answer>...</answer>`` tags. ``check_expression`` is exact: it parses with ``ast`` (never
 ``eval``), allows only integer literals, + - * / and parentheses, uses each given number at most once, and
-computes with fractions (no float rounding, division by zero fails). Reward 1 for a correct expression, else 0.
+computes with fractions (no float rounding, division by zero fails). Reward 1 for a correct expression, else 0;
+``format_credit`` (0 = off; TinyZero's Countdown recipe uses 0.1) adds that much for a wrong answer that is still
+a valid expression over the given numbers, so a policy that never solves a task still gets a gradient toward
+answering in the checked form (success stays reward 1: the credit is below it and only for wrong answers).
 
 There is no expert (no ``scripted_rule``): only the verifier teaches. ``chance_rate(numbers, target)`` is the
 share of all expressions over the numbers (each at most once, every order, operator and bracketing) that hit the
@@ -186,11 +189,14 @@ class CountdownEnv(ToolEnv):
     system_prompt = "You solve arithmetic puzzles. Think briefly, then give the expression in <answer></answer> tags."
 
     def __init__(self, num_tasks: int = 1000, num_held_out: int = 128, max_number: int = 30,
-                 max_target: int = 100) -> None:  # fmt: skip
+                 max_target: int = 100, format_credit: float = 0.0) -> None:  # fmt: skip
         super().__init__()
         make_countdown_tasks(1, max_number=max_number, max_target=max_target)  # bad bounds fail here
+        if not 0.0 <= format_credit < 1.0:
+            raise ValueError(f"format_credit must be in [0, 1) (below a solve's reward 1), got {format_credit!r}")
         self.num_tasks, self.num_held_out = num_tasks, num_held_out
         self.max_number, self.max_target = max_number, max_target
+        self.format_credit = float(format_credit)
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         n = self.num_held_out if split in ("test", "val") else self.num_tasks
@@ -202,6 +208,9 @@ class CountdownEnv(ToolEnv):
         info: dict[str, Any] = self.task.info
         try:
             solved = expression is not None and check_expression(expression, info["numbers"], info["target"])
+            valid = expression is not None
         except ExpressionError:
-            solved = False
-        return {"solved": float(solved)}
+            solved = valid = False
+        if not self.format_credit:
+            return {"solved": float(solved)}
+        return {"solved": float(solved), "format": self.format_credit if valid and not solved else 0.0}

@@ -78,3 +78,23 @@ def test_the_registered_env_rewards_exact_tagged_answers() -> None:
         traj.info["final_answer"] = answer
         assert env.reward(traj) == {"solved": expected}
     assert parse_answer("x <answer>1</answer> y <answer>2 + 3</answer>") == "2 + 3"
+
+
+def test_format_credit_pays_a_valid_wrong_expression_only() -> None:
+    env = make("countdown", num_tasks=8, format_credit=0.1)
+    task = env.tasks("test")[0]
+    env.reset(task)
+    a, b, c = task.info["numbers"]
+    wrong = next(e for e in (f"{a} + {b} + {c}", f"{a} * {b} * {c}", f"{a} + {b}") if not check_expression(
+        e, task.info["numbers"], task.info["target"]))  # fmt: skip
+    cases = ((task.answer, {"solved": 1.0, "format": 0.0}),
+             (f"<answer>{wrong}</answer>", {"solved": 0.0, "format": 0.1}),
+             ("<answer>999 + 1</answer>", {"solved": 0.0, "format": 0.0}),  # numbers not given: no credit
+             (f"{wrong}", {"solved": 0.0, "format": 0.0}))  # untagged: no credit  # fmt: skip
+    for answer, expected in cases:
+        traj = Trajectory(task_id=task.id, messages=[Message("assistant", str(answer))])
+        traj.info["final_answer"] = answer
+        assert env.reward(traj) == expected, answer
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="format_credit must be in"):
+            CountdownEnv(format_credit=bad)

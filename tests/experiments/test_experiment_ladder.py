@@ -59,6 +59,16 @@ def test_countdown_reports_pass_at_k_and_chance(tiny_dir: Path, tmp_path: Path) 
     assert outcome["successes"]["n"] == 64 * 3 and records[1]["primary"] == "pass@1"
 
 
+def test_env_settings_and_start_seeds_reach_every_run(tiny_dir: Path, tmp_path: Path) -> None:
+    args = _args(tiny_dir, tmp_path, "--arms", "grpo", "--eval-samples", "1", "--max-new-tokens", "8",
+                 "--env-kwargs", '{"format_credit": 0.1}', "--start-seeds", "7")  # fmt: skip
+    (path,) = main(countdown.SPEC, args)  # seed 0 is not a start seed: its start is the base, not evaluated
+    record = json.loads(path.read_text())
+    assert record["arm"] == "grpo" and record["config"]["env_kwargs"]["format_credit"] == 0.1
+    with pytest.raises(SystemExit):
+        main(countdown.SPEC, _args(tiny_dir, tmp_path, "--env-kwargs", "[1]"))
+
+
 def test_the_test_split_needs_a_frozen_design(tiny_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(StandardError, match="not frozen"):
         main(countdown.SPEC, _args(tiny_dir, tmp_path, "--split", "test", "--arms", "grpo"))
