@@ -483,6 +483,9 @@ def main() -> None:
     ap.add_argument("--search-episodes", type=int, default=8, help="(d): expert episodes whose turns are sampled")
     ap.add_argument("--search-new-tokens", type=int, default=32, help="(d): tokens per sampled turn")
     args = ap.parse_args()
+    if "trace" in args.part and args.trace_requests < 2:
+        ap.error("--trace-requests must be >= 2 with --part trace (every third request, from the second, is the short "
+                 f"one whose latency is measured), got {args.trace_requests}")  # fmt: skip
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"SmolLM2-135M-Instruct; {cpu_model()}", flush=True)
