@@ -13,6 +13,7 @@ env where prefix caching matters.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -26,12 +27,17 @@ from taskrl.types import Message
 
 
 @contextmanager
-def vllm_engine(model_dir: Path, chat_format: Any, *, dtype: str, threads: str, max_model_len: int = 4096):
-    """A local vLLM server on ``model_dir`` and a ``VLLMPolicy`` on it; the server is stopped on exit."""
+def vllm_engine(model_dir: Path, chat_format: Any, *, dtype: str, threads: str, max_model_len: int = 0):
+    """A local vLLM server on ``model_dir`` and a ``VLLMPolicy`` on it; the server is stopped on exit.
+    ``max_model_len`` 0: the model's own positions (SmolLM2: 8192), as the in-process engine has them; (d)'s
+    longest search turns pass 4,096 tokens."""
     from taskrl.policies.vllm import VLLMPolicy
     from taskrl.policies.vllm_server import VLLMServer, VLLMServerConfig
 
     # the server's log outlives the run: a server that dies mid-benchmark (once, in (d)) must say why
+    if not max_model_len:
+        config_json = json.loads((Path(model_dir) / "config.json").read_text())
+        max_model_len = int(config_json.get("max_position_embeddings", 4096))
     handle, log = tempfile.mkstemp(prefix="taskrl-bench-vllm-", suffix=".log")
     os.close(handle)
     config = VLLMServerConfig(
