@@ -32,6 +32,9 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """A rank waiting longer than this in a collective fails (a peer crashed or hangs in a rollout)."""
 EXIT_GRACE_S = 10.0
 """Seconds the launcher gives a rank whose pipe closed to exit, so its exit code can be reported."""
+PEER_DEATH_GRACE_S = 2.0
+"""How long a rank's reported error waits for a silent peer's death to show: the death, the root cause, is what
+``spawn`` raises (rank 0's "Connection reset by peer" from a barrier once won the race and was raised instead)."""
 
 
 class DistributedError(RuntimeError):
@@ -253,27 +256,41 @@ def spawn(fn: Callable[..., T], nproc: int, args: tuple[Any, ...] = (), *, backe
         processes.append(process)
         readers.append(reader)
     done: dict[int, Any] = {}
+
+    def outcome(rank: int, ready: list[Any]) -> Any:
+        """The rank's result, ``_Failure`` or ``_DIED``; ``None`` while it is still running."""
+        if readers[rank] in ready or readers[rank].poll():
+            try:
+                return readers[rank].recv()
+            except EOFError:
+                return _DIED
+        return _DIED if processes[rank].sentinel in ready else None
+
     try:
         while len(done) < nproc:
             pending = [rank for rank in range(nproc) if rank not in done]
             # A pipe's EOF or a process sentinel: a rank that dies before it even unpickled its pipe is seen too.
             ready = wait([readers[r] for r in pending] + [processes[r].sentinel for r in pending])
-            for rank in pending:
-                if readers[rank] in ready or readers[rank].poll():
-                    try:
-                        value = readers[rank].recv()
-                    except EOFError:
-                        value = _DIED
-                elif processes[rank].sentinel in ready:
-                    value = _DIED
-                else:
-                    continue
-                if value is _DIED:
-                    processes[rank].join(timeout=EXIT_GRACE_S)
-                    raise DistributedError(
-                        f"rank {rank} of {nproc} exited with code {processes[rank].exitcode} without a result "
-                        "(killed? out of memory?); the other ranks were stopped"
-                    )
+            seen = {rank: value for rank in pending if (value := outcome(rank, ready)) is not None}
+            if any(isinstance(v, _Failure) for v in seen.values()) and _DIED not in seen.values():
+                # A peer's death reaches the others as a collective error ("Connection reset by peer") within
+                # moments: look at the silent ranks again before blaming the rank that merely reported it.
+                silent = [r for r in pending if r not in seen]
+                late = wait([processes[r].sentinel for r in silent], timeout=PEER_DEATH_GRACE_S)
+                seen |= {rank: value for rank in silent if (value := outcome(rank, late)) is not None}
+            died = [rank for rank, value in seen.items() if value is _DIED]
+            if died:  # the root cause: the others' errors follow from it
+                rank = died[0]
+                processes[rank].join(timeout=EXIT_GRACE_S)
+                death = DistributedError(
+                    f"rank {rank} of {nproc} exited with code {processes[rank].exitcode} without a result "
+                    "(killed? out of memory?); the other ranks were stopped"
+                )
+                for other, value in sorted(seen.items()):  # nothing is lost: what the others reported rides along
+                    if isinstance(value, _Failure):
+                        death.add_note(f"rank {other} of {nproc} reported meanwhile: {value.message}")
+                raise death
+            for rank, value in sorted(seen.items()):
                 if isinstance(value, _Failure):
                     error = value.error or DistributedError(value.message)
                     error.add_note(f"(raised on rank {rank} of {nproc})\n{value.trace}")

@@ -275,3 +275,13 @@ def test_torchrun_starts_the_ranks_of_taskrl_train(tmp_path: Path) -> None:
     ]
     bad = subprocess.run([*cmd, *other], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "placement.nproc=3 but torchrun started 2 processes" in bad.stderr + bad.stdout
+
+
+def test_a_peers_death_is_reported_over_the_error_it_caused() -> None:
+    # rank 0 reports an error at once; rank 1 dies 0.5 s later without a result (as a peer's crash reaches the
+    # others as "Connection reset by peer"): the death is the cause raised, rank 0's report rides along as a note
+    snippet = ("import os, time, torch.distributed as d\nif d.get_rank() == 1:\n    time.sleep(0.5)\n    os._exit(3)\n"
+               "raise RuntimeError('Connection reset by peer')")  # fmt: skip
+    with pytest.raises(DistributedError, match="rank 1 of 2 exited with code 3 without a result") as failure:
+        spawn(exec, 2, (snippet,))
+    assert any("rank 0 of 2 reported meanwhile" in note and "reset by peer" in note for note in failure.value.__notes__)
