@@ -14,7 +14,8 @@ Not run in CI. One seed's run, every stage a normal ``Trainer`` run in RUN_DIR/s
 
 Issue 40's control ladder: ``--arms sft_only sft3 rft grpo`` adds ``sft3`` (SFT on expert demonstrations of the
 RL arm's task shape: the upper bound of imitation) and ``rft`` (SFT on the policy's own verified samples, with
-GRPO's prompts and sample budget), each from the same warm start and for the same ``--minutes``.
+GRPO's prompts and sample budget), each from the same warm start and for the same ``--minutes``. ``--generalise``
+adds greedy evaluations on four-item listings and on listings of items no training task asks for.
 
 Writes docs/learning_tool_use.json (every seed run so far) and docs/learning_tool_use.png. ``--resume``
 continues an interrupted seed from its checkpoints and records; without it the seed's run directory starts over.
@@ -112,13 +113,22 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
     return grpo
 
 
-def eval_tasks(n: int, args: argparse.Namespace) -> list[Any]:
-    """``n`` held-out tasks of the design's evaluation shape from ``args.split`` (test when unset), with distinct
-    prompts: the env draws with replacement, so duplicates are skipped (issue 40: 24 draws held 22 prompts)."""
+GENERALISATION: dict[str, dict[str, Any]] = {
+    "gen4": {"min_items": 4, "max_items": 4},
+    "novel": {"min_items": 3, "max_items": 3, "novel": True},
+}
+"""``--generalise`` (prices designs): greedy success on held-out sets beyond the design's own shape: four-item
+listings (``gen4``), and three-item listings of items no training task asks for (``novel``: ``NOVEL_PRICES``)."""
+
+
+def eval_tasks(n: int, args: argparse.Namespace, shape: dict[str, Any] | None = None) -> list[Any]:
+    """``n`` held-out tasks of the design's evaluation shape (or ``shape``) from ``args.split`` (test when unset),
+    with distinct prompts: the env draws with replacement, so duplicates are skipped (issue 40: 24 draws held 22
+    prompts)."""
     from taskrl.env import make
 
     design = DESIGNS[args.design]
-    drawn = make(design["env"], num_tasks=8 * n, **design["eval"]).tasks(getattr(args, "split", "test"))
+    drawn = make(design["env"], num_tasks=8 * n, **(shape or design["eval"])).tasks(getattr(args, "split", "test"))
     seen: set[str] = set()
     distinct = [t for t in drawn if not (t.prompt in seen or seen.add(t.prompt))]
     return distinct[:n]
@@ -139,8 +149,10 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                          for row in result["per_task"]]}  # fmt: skip
 
 
-def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool) -> dict[str, Any]:
-    """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on held-out multi-item orders."""
+def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool,
+             shape: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on held-out multi-item orders of the
+    design's evaluation shape, or ``shape`` (env settings, e.g. a ``GENERALISATION`` set)."""
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
 
@@ -150,9 +162,9 @@ def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampl
         max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
     )  # fmt: skip
     design = DESIGNS[args.design]
-    factory = lambda: make(design["env"], num_tasks=args.eval_tasks, **design["eval"])  # noqa: E731
+    factory = lambda: make(design["env"], num_tasks=args.eval_tasks, **(shape or design["eval"]))  # noqa: E731
     policies = {"policy": trainer.learner_policy}
-    job = evaluate(factory, policies, eval_tasks(n, args), config, run_log=trainer.run, name=name, step=0)
+    job = evaluate(factory, policies, eval_tasks(n, args, shape), config, run_log=trainer.run, name=name, step=0)
     return summary(trainer.rollouts.run(job))
 
 
@@ -161,6 +173,8 @@ def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
     finals = {"greedy": held_out(trainer, "heldout_greedy", args, n=args.eval_tasks, sampled=False)}
     if args.sampled_samples:
         finals["sampled"] = held_out(trainer, "heldout_sampled", args, n=args.eval_tasks, sampled=True)
+    for key, shape in GENERALISATION.items() if getattr(args, "generalise", False) else ():
+        finals[key] = held_out(trainer, f"heldout_{key}", args, n=args.eval_tasks, sampled=False, shape=shape)
     return finals
 
 
@@ -215,7 +229,9 @@ def record_runs(study: Any, result: dict[str, Any], args: argparse.Namespace) ->
                               else None} if e else None  # fmt: skip
         return {"greedy_success": estimate(final["greedy"]["success"]),
                 "sampled_pass@1": estimate(final["sampled"]["pass@1"]) if "sampled" in final else None,
-                "tasks": final["greedy"]["tasks"], "per_task": final["greedy"]["per_task"]}  # fmt: skip
+                "tasks": final["greedy"]["tasks"], "per_task": final["greedy"]["per_task"],
+                **{f"{key}_greedy_success": estimate(final[key]["success"]) for key in GENERALISATION
+                   if key in final}}  # fmt: skip
 
     baseline = "rft" if "rft" in result["arms"] else "sft_only"
     extra = {"baseline_arm": baseline, "cpu_model": result["cpu"], "command": result["command"]}
@@ -311,6 +327,9 @@ def main() -> None:
     )
     ap.add_argument("--sft-threads", type=int, default=0,
                     help="torch threads of the warm start and its evaluation, which run alone (0: every core)")
+    ap.add_argument("--generalise", action="store_true",
+                    help="also evaluate every arm greedily on 4-item listings and on 3-item listings of items no "
+                         "training task asks for (prices designs; recorded as gen4_/novel_greedy_success)")
     ap.add_argument("--parallel-arms", type=int, default=0,
                     help="arms training at once (0: all; each tool-use arm peaked near 7 GB)")
     ap.add_argument("--arms", nargs="+", choices=LADDER, default=list(ARMS),
@@ -325,6 +344,8 @@ def main() -> None:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks, --group-size >= 1")
     if args.sampled_samples < 0:
         ap.error("--sampled-samples must be >= 0 (0: no sampled evaluation)")
+    if args.generalise and DESIGNS[args.design]["env"] != "prices":
+        ap.error(f"--generalise needs a prices design (its sets are prices listings), got {args.design!r}")
     if args.parallel_arms < 0:
         ap.error("--parallel-arms must be >= 0 (0: every arm at once)")
     if args.group_size < 2:

@@ -26,6 +26,10 @@ PRICES = {
     "apple": 3, "pear": 4, "banana": 2, "melon": 7, "bread": 5, "cheese": 9,
     "milk": 2, "coffee": 12, "tea": 6, "rice": 8, "butter": 4, "honey": 11,
 }  # fmt: skip
+NOVEL_PRICES = {"kiwi": 5, "plum": 3, "yogurt": 6, "pasta": 7, "sugar": 2, "flour": 4, "jam": 8, "soap": 10}
+"""Items no training task of any price env asks for (``PricesEnv(novel=True)`` draws only these): a generalisation
+set. The lookup tool prices them too, so a policy can answer them; its error for an unknown item lists only
+``PRICES``, so no training observation names a novel item."""
 
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _LOOKUP_RE = re.compile(r"^[a-z]+: \$\d+$")  # a successful lookup_price reply
@@ -63,9 +67,10 @@ def safe_eval(expression: str) -> float:
 def lookup(item: str) -> str:
     """The shared price lookup of the shop and price envs; unknown items raise (an error the model sees)."""
     key = item.strip().lower().removesuffix("s")
-    if key not in PRICES:
+    price = PRICES.get(key, NOVEL_PRICES.get(key))
+    if price is None:
         raise KeyError(f"no item '{item}'; known items: {', '.join(sorted(PRICES))}")
-    return f"{key}: ${PRICES[key]}"
+    return f"{key}: ${price}"
 
 
 def last_number(text: str | None) -> float | None:

@@ -30,10 +30,12 @@ from typing import Any
 from taskrl import context
 from taskrl.chat import format_tool_call
 from taskrl.env import StepOutput, ToolEnv
-from taskrl.envs.builtin import HELD_OUT_SPLITS, PRICES, PriceLookup, split_seed
+from taskrl.envs.builtin import HELD_OUT_SPLITS, NOVEL_PRICES, PRICES, PriceLookup, split_seed
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
 ITEMS = tuple(sorted(PRICES))
+NOVEL_ITEMS = tuple(sorted(NOVEL_PRICES))
+CATALOGUE = {**PRICES, **NOVEL_PRICES}
 _LOOKUP_RE = re.compile(r"^([a-z]+): \$(\d+)$")  # a successful lookup_price reply
 PROMPT = "List the prices of: {}."
 
@@ -52,17 +54,22 @@ def held_out_combination(items: Sequence[str]) -> bool:
     return combination_split(items) != "train"
 
 
-def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int = 1, max_items: int = 3) -> list[Task]:
+def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int = 1, max_items: int = 3,
+                      novel: bool = False) -> list[Task]:  # fmt: skip
     """``n`` tasks of ``min_items``..``max_items`` distinct items whose combination belongs to ``split`` (any
     split but val and test draws from train's). Combinations are drawn without replacement: each once, in a
-    seeded order, before any repeats (a repeat asks the items in another order)."""
-    if not 1 <= min_items <= max_items <= len(ITEMS):
-        raise ValueError(f"need 1 <= min_items <= max_items <= {len(ITEMS)}, got {min_items}..{max_items}")
+    seeded order, before any repeats (a repeat asks the items in another order). ``novel``: only items of
+    ``NOVEL_PRICES``, which no training task asks for (a generalisation set; a held-out split is required)."""
+    items = NOVEL_ITEMS if novel else ITEMS
+    if not 1 <= min_items <= max_items <= len(items):
+        raise ValueError(f"need 1 <= min_items <= max_items <= {len(items)}, got {min_items}..{max_items}")
+    if novel and split not in HELD_OUT_SPLITS:
+        raise ValueError(f"novel items are for held-out evaluation only (val or test), not split '{split}'")
     wanted = split if split in HELD_OUT_SPLITS else "train"
     pool = [
         combo
         for size in range(min_items, max_items + 1)
-        for combo in combinations(ITEMS, size)
+        for combo in combinations(items, size)
         if combination_split(combo) == wanted
     ]
     if not pool:
@@ -78,7 +85,7 @@ def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int
         items = list(order.pop())
         rng.shuffle(items)  # the order asked is random; the combination decides the split
         # No ``answer``: the gold listing alone earns nothing (its prices were not looked up), so it lives in info.
-        listing = ", ".join(f"{item}: {PRICES[item]}" for item in items)
+        listing = ", ".join(f"{item}: {CATALOGUE[item]}" for item in items)
         tasks.append(Task(id=f"prices-{seed}-{i}", prompt=PROMPT.format(", ".join(items)),
                           info={"items": items, "listing": listing}))  # fmt: skip
     return tasks
@@ -137,19 +144,23 @@ class PricesEnv(PriceLookup, ToolEnv):
     system_prompt = "Look up prices with the tool. Then answer with item: price for each item asked."
 
     def __init__(self, num_tasks: int = 64, min_items: int = 1, max_items: int = 3,
-                 one_call_per_turn: bool = False) -> None:  # fmt: skip
+                 one_call_per_turn: bool = False, novel: bool = False) -> None:  # fmt: skip
+        """``novel``: held-out tasks list only items no training task asks for (``NOVEL_PRICES``); the train
+        split is refused then."""
         super().__init__()
-        make_prices_tasks(1, 0, min_items=min_items, max_items=max_items)  # bad bounds fail here, naming them
+        make_prices_tasks(1, 0, split="test" if novel else "train", min_items=min_items, max_items=max_items,
+                          novel=novel)  # bad bounds fail here, naming them  # fmt: skip
         self.num_tasks = num_tasks
         self.min_items = min_items
         self.max_items = max_items
+        self.novel = novel
         self.one_call_per_turn = one_call_per_turn
         if one_call_per_turn:
             self.scripted_rule = functools.partial(expert_rule, one_call_per_turn=True)
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         return make_prices_tasks(self.num_tasks, seed=split_seed(split), split=split, min_items=self.min_items,
-                                 max_items=self.max_items)  # fmt: skip
+                                 max_items=self.max_items, novel=self.novel)  # fmt: skip
 
     async def step(self, tool_calls: list[ToolCall]) -> StepOutput:
         if not self.one_call_per_turn or len(tool_calls) <= 1:
@@ -170,10 +181,10 @@ class PricesEnv(PriceLookup, ToolEnv):
             if m.role == "tool" and (match := _LOOKUP_RE.match(m.content))
         }
         reported = reported_prices(trajectory.final_answer)
-        right = sum(item in looked and reported.get(item) == PRICES[item] for item in items)
+        right = sum(item in looked and reported.get(item) == CATALOGUE[item] for item in items)
         return {"items_right": right / len(items)}
 
 
 def _known(text: str) -> dict[str, int]:
     """The "item: price" (or "item: $price") pairs of known items in a text."""
-    return {item: int(price) for item, price in re.findall(r"\b([a-z]+): \$?(\d+)\b", text) if item in PRICES}
+    return {item: int(price) for item, price in re.findall(r"\b([a-z]+): \$?(\d+)\b", text) if item in CATALOGUE}

@@ -92,3 +92,27 @@ def test_scripted_expert_solves_held_out_tasks_and_a_malformed_call_scores_the_f
 
     traj = _run(malformed, tasks[0])
     assert traj.metrics["invalid_tool_calls"] >= 1 and traj.reward <= 0.0
+
+
+def test_novel_items_are_a_held_out_set_no_training_task_or_error_names() -> None:
+    import asyncio
+
+    from taskrl.envs.builtin import NOVEL_PRICES, lookup
+
+    tasks = make_prices_tasks(8 * 64, 1, split="test", min_items=3, max_items=3, novel=True)
+    assert all(set(t.info["items"]) <= set(NOVEL_PRICES) for t in tasks)
+    assert len({t.prompt for t in tasks}) >= 64  # enough distinct prompts for the standard's 64 held-out tasks
+    shapes = [("train", 1), *((split, n) for split in ("train", "val", "test") for n in (2, 3))]
+    seen = {item for split, n in shapes
+            for t in make_prices_tasks(200, 0, split=split, min_items=n, max_items=n) for item in t.info["items"]}
+    assert seen == set(PRICES) and not seen & set(NOVEL_PRICES)  # the default envs never ask for a novel item
+    with pytest.raises(ValueError, match="novel items are for held-out evaluation only"):
+        make_prices_tasks(4, 0, split="train", novel=True)
+    assert lookup("kiwi") == f"kiwi: ${NOVEL_PRICES['kiwi']}"
+    with pytest.raises(KeyError) as unknown:
+        lookup("durian")
+    assert not any(item in str(unknown.value) for item in NOVEL_PRICES)  # training observations never name them
+    env = make("prices", min_items=3, max_items=3, novel=True)  # the expert solves them as it solves seen items
+    traj = asyncio.run(run_episode(env, ScriptedPolicy(PricesEnv.scripted_rule), tasks[0], RolloutConfig(max_turns=3),
+                                   seed=0))  # fmt: skip
+    assert traj.error is None and traj.reward == 1.0, traj.messages

@@ -182,3 +182,26 @@ def test_at_most_parallel_arms_train_at_once_and_a_failed_arm_is_named(tmp_path:
     with pytest.raises(SystemExit, match=r"stage\(s\) \['rft'\] failed"):
         bench.run_arms(argparse.Namespace(arms=["rft", "grpo"], parallel_arms=0, threads=1), tmp_path)
     assert len(log.read_text().splitlines()) == 2  # 0: both at once, and the other arm still ran
+
+
+def test_generalisation_sets_are_held_out_distinct_and_recorded(tmp_path: Path) -> None:
+    from experiments.study import Study
+    from taskrl.envs.builtin import NOVEL_PRICES
+    from taskrl.envs.prices import held_out_combination
+
+    args = _args(design="prices3", split="test")
+    gen4 = bench.eval_tasks(64, args, bench.GENERALISATION["gen4"])
+    novel = bench.eval_tasks(64, args, bench.GENERALISATION["novel"])
+    for tasks in (gen4, novel):
+        assert Study.check_held_out(tasks) == 64 and all(held_out_combination(t.info["items"]) for t in tasks)
+    assert all(len(t.info["items"]) == 4 and not set(t.info["items"]) & set(NOVEL_PRICES) for t in gen4)
+    assert all(len(t.info["items"]) == 3 and set(t.info["items"]) <= set(NOVEL_PRICES) for t in novel)
+    args = _args(design="prices3", split="val", arms=["rft"], runs_dir=str(tmp_path), eval_tasks=64, resume=False)
+    final = {"greedy": {**_evals(0.5)["greedy"], "tasks": 64}, "gen4": _evals(0.25)["greedy"],
+             "novel": _evals(0.75)["greedy"]}  # fmt: skip
+    arms = {"rft": {"config": {}, "steps": [{"step": 1}], "train_s": 60.0, "final": final}}
+    start = {"greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0, "sft_steps": 4}
+    bench.record_runs(bench._study(args), {"cpu": "cpu", "command": "c", "start": start, "arms": arms}, args)
+    rft = next(r for r in Study("prices", tmp_path).runs() if r["arm"] == "rft")
+    assert rft["outcome"]["gen4_greedy_success"]["value"] == 0.25
+    assert rft["outcome"]["novel_greedy_success"]["value"] == 0.75
