@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -194,6 +193,20 @@ PROPORTIONS = ("greedy_success", "success", "pass@1", "pass@16")
 PROPORTION = (0.0, 1.0)
 
 
+def seed_table(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[dict[str, dict[int, float]], str, str]]:
+    """Per (design, split) of ``runs``: ``{arm: {seed: primary value}}`` (a later run of a seed wins), the primary
+    outcome's name and the baseline arm ("" when no run names one). The index and ``study_plots`` read this."""
+    table: dict[tuple[str, str], tuple[dict[str, dict[int, float]], str, str]] = {}
+    for r in runs:
+        value = _value(r["outcome"].get(r["primary"]))
+        if value is None:
+            continue
+        arms, _, baseline = table.get((r["design"], r["split"]), ({}, "", ""))
+        arms.setdefault(r["arm"], {})[int(r["seed"])] = value
+        table[(r["design"], r["split"])] = (arms, r["primary"], r.get("baseline_arm") or baseline)
+    return table
+
+
 def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
     """Markdown listing every study's designs (frozen or not), every run with its outcome, and per design and
     split the seed-level mean and CI of each arm with paired per-seed deltas against the baseline arm."""
@@ -216,21 +229,10 @@ def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
             load = ((r.get("machine") or {}).get("loadavg") or [None])[0]
             lines.append(f"| {r['file']} | {r['design']} | {r['arm']} | {r['seed']} | {r['split']} | {r['primary']} "
                          f"| {_cell(outcome)} | {spent} | {_number(load, 1)} |")  # fmt: skip
-        by_design: dict[tuple[str, str], dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-        baselines: dict[tuple[str, str], str] = {}
-        primaries: dict[tuple[str, str], str] = {}
-        for r in runs:
-            value = _value(r["outcome"].get(r["primary"]))
-            if value is not None:
-                by_design[(r["design"], r["split"])][r["arm"]][r["seed"]] = value  # a later run of a seed wins
-                primaries[(r["design"], r["split"])] = r["primary"]
-                if r.get("baseline_arm"):
-                    baselines[(r["design"], r["split"])] = r["baseline_arm"]
-        for (design, split), arms in sorted(by_design.items()):
+        for (design, split), (arms, primary, base) in sorted(seed_table(runs).items()):
             lines += ["", f"### {design} on {split}", "", "| arm | seeds | mean | 95% t CI | vs baseline |",
                       "|---|---|---|---|---|"]  # fmt: skip
-            base = baselines.get((design, split))
-            bounds = PROPORTION if primaries.get((design, split), "") in PROPORTIONS else None
+            bounds = PROPORTION if primary in PROPORTIONS else None
             for arm, seeds in arms.items():
                 summary = over_seeds(list(seeds.values()), bounds=bounds)
                 ci = f"[{summary['t'][0]:.3f}, {summary['t'][1]:.3f}]" if summary["t"] else "none (1 seed)"

@@ -8,7 +8,6 @@ tick label. Drawn only from the JSON records, so the figure always shows every s
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +21,12 @@ ORDER = ("start", "sft_only", "sft_more", "sft3", "rft", "grpo")
 def seed_values(runs: list[dict[str, Any]], design: str, split: str) -> tuple[dict[str, dict[int, float]], str, str]:
     """``{arm: {seed: primary value}}`` of one design and split (a later run of a seed wins, as in the index), its
     primary outcome's name and its baseline arm."""
-    from experiments.study import _value
+    from experiments.study import seed_table
 
-    arms: dict[str, dict[int, float]] = defaultdict(dict)
-    primary = baseline = ""
-    for r in runs:
-        if r["design"] != design or r["split"] != split:
-            continue
-        value = _value(r["outcome"].get(r["primary"]))
-        if value is not None:
-            arms[r["arm"]][int(r["seed"])] = value
-            primary, baseline = r["primary"], r.get("baseline_arm") or baseline
-    if not arms:
+    found = seed_table(runs).get((design, split))
+    if found is None:
         raise ValueError(f"no run of design '{design}' on split '{split}'")
+    arms, primary, baseline = found
     rank = {arm: ORDER.index(arm) if arm in ORDER else len(ORDER) + i for i, arm in enumerate(arms)}
     return {arm: arms[arm] for arm in sorted(arms, key=rank.__getitem__)}, primary, baseline
 
