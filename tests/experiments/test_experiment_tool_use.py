@@ -174,13 +174,12 @@ def test_at_most_parallel_arms_train_at_once_and_a_failed_arm_is_named(tmp_path:
     log = tmp_path / "starts.txt"
     monkeypatch.setattr(bench, "child", lambda _script, arm, _dir, threads: subprocess.Popen(
         [sys.executable, "-c", script, str(log), arm]))  # fmt: skip
-    args = argparse.Namespace(arms=["sft_only", "sft3", "grpo"], parallel_arms=2, threads=1)
-    bench.run_arms(args, tmp_path)
+    bench.run_stages(["sft_only", "sft3", "grpo"], tmp_path, limit=2, threads=1)
     starts = {arm: float(t) for arm, t in (line.split() for line in log.read_text().splitlines())}
     assert starts["grpo"] - min(starts["sft_only"], starts["sft3"]) >= 0.5  # the third waited for a free slot
     log.unlink()
     with pytest.raises(SystemExit, match=r"stage\(s\) \['rft'\] failed"):
-        bench.run_arms(argparse.Namespace(arms=["rft", "grpo"], parallel_arms=0, threads=1), tmp_path)
+        bench.run_stages(["rft", "grpo"], tmp_path, limit=0, threads=1)
     assert len(log.read_text().splitlines()) == 2  # 0: both at once, and the other arm still ran
 
 
