@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser, spec: LadderSpec) -> None:
 
 
 def _env_kwargs(spec: LadderSpec, args: argparse.Namespace) -> dict[str, Any]:
-    return {**dict(spec.env_kwargs), **getattr(args, "env_kwargs", {}), "num_held_out": args.eval_tasks}
+    return {**dict(spec.env_kwargs), **args.env_kwargs, "num_held_out": args.eval_tasks}
 
 
 def base_config(spec: LadderSpec, args: argparse.Namespace, seed: int, model: str, run_dir: Path) -> dict[str, Any]:
