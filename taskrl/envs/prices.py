@@ -8,7 +8,8 @@ nothing, and an episode with a malformed call is capped at the failure floor by 
 (one lookup per item). Every combination of two or more items belongs to one split (``combination_split``: a
 stable hash, about 55% train, 15% val, 30% test, every item in each), so val and test share no combination with
 training or with each other, and a split's tasks take each of its combinations once before any repeats (65
-distinct three-item combinations in test, 40 in val).
+distinct three-item combinations in test, 40 in val). ``novel=True`` draws held-out tasks from ``NOVEL_PRICES``
+only, items no training task asks for (the control ladder's generalisation set).
 
 ``one_call_per_turn=True`` executes only the first call of a turn (the others get an error reply), so a long
 listing takes one turn per item and its early observations sit far back in the context: the setting that
@@ -60,16 +61,16 @@ def make_prices_tasks(n: int, seed: int, *, split: str = "train", min_items: int
     split but val and test draws from train's). Combinations are drawn without replacement: each once, in a
     seeded order, before any repeats (a repeat asks the items in another order). ``novel``: only items of
     ``NOVEL_PRICES``, which no training task asks for (a generalisation set; a held-out split is required)."""
-    items = NOVEL_ITEMS if novel else ITEMS
-    if not 1 <= min_items <= max_items <= len(items):
-        raise ValueError(f"need 1 <= min_items <= max_items <= {len(items)}, got {min_items}..{max_items}")
+    names = NOVEL_ITEMS if novel else ITEMS
+    if not 1 <= min_items <= max_items <= len(names):
+        raise ValueError(f"need 1 <= min_items <= max_items <= {len(names)}, got {min_items}..{max_items}")
     if novel and split not in HELD_OUT_SPLITS:
         raise ValueError(f"novel items are for held-out evaluation only (val or test), not split '{split}'")
     wanted = split if split in HELD_OUT_SPLITS else "train"
     pool = [
         combo
         for size in range(min_items, max_items + 1)
-        for combo in combinations(items, size)
+        for combo in combinations(names, size)
         if combination_split(combo) == wanted
     ]
     if not pool:
