@@ -30,6 +30,26 @@ def child(script: str, stage: str, log_dir: Path, threads: int) -> subprocess.Po
                             start_new_session=True)  # fmt: skip
 
 
+
+def run_stages(script: str, stages: Sequence[str], log_dir: Path, *, threads: int, limit: int = 0) -> None:
+    """Each stage of ``script`` as a child process (``child``), at most ``limit`` at once (0: all), the next
+    starting as one ends; exits naming the stages that failed. Four tool-use arms at once peaked near 7 GB each and
+    one was OOM-killed on a 24 GB machine: tool_use.py's ``--parallel-arms`` sets ``limit``."""
+    limit = limit or len(stages)
+    pending, running, failed = list(stages), {}, []
+    while pending or running:
+        while pending and len(running) < limit:
+            stage = pending.pop(0)
+            running[stage] = child(script, stage, log_dir, threads=threads)
+        done = next((stage for stage, process in running.items() if process.poll() is not None), None)
+        if done is None:
+            time.sleep(1.0)
+            continue
+        if running.pop(done).returncode != 0:
+            failed.append(done)
+    if failed:
+        sys.exit(f"stage(s) {failed} failed; see {log_dir}/<stage>.log (rerun with --resume to continue)")
+
 def summarise(rows: Sequence[dict[str, Any]], task_ids: Sequence[str], metrics: Sequence[str],
               seed: int) -> dict[str, Any]:  # fmt: skip
     """Per-task means of each metric (NaN values skipped; a task with none scores 0) and their mean over tasks

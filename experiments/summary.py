@@ -46,8 +46,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # experiments.*, from any working directory
-from experiments.common import child, fresh_dirs, run_arm, run_sft, save_seed, summarise  # noqa: E402
-from experiments.tool_use import cpu_model, fmt, paired_delta, wait  # noqa: E402
+from experiments.common import fresh_dirs, run_arm, run_sft, run_stages, save_seed, summarise  # noqa: E402
+from experiments.tool_use import cpu_model, fmt, paired_delta  # noqa: E402
 
 BASELINES = ("prompted", "state_dump", "self_untrained")
 """The warm start's compaction arms (besides its ``ceiling``); ``grpo`` adds ``self_trained``."""
@@ -398,12 +398,12 @@ def main() -> None:
     command = " ".join(["python", "experiments/summary.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child(__file__, "sft", sft_dir, threads=args.threads)}, sft_dir)
+    run_stages(__file__, ["sft"], sft_dir, threads=args.threads)
     record = json.loads((sft_dir / "start.json").read_text())
     ceiling = record["ceiling"]
     print(f"start (SFT, {record['sft_steps']} steps, {record['sft_s']:.0f}s): ceiling {fmt(ceiling['success'])}, "
           f"{ceiling['wall_s']:.0f}s for {args.eval_tasks} episodes", flush=True)  # fmt: skip
-    wait({stage: child(__file__, stage, seed_dir, threads=args.threads) for stage in ("baselines", "grpo")}, seed_dir)
+    run_stages(__file__, ("baselines", "grpo"), seed_dir, threads=args.threads)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"], result["pilot"] = time.monotonic() - began, args.pilot
     data = save_seed(out.with_suffix(".json"), args.seed, result) if not args.pilot else {"seeds": {"0": result}}

@@ -39,8 +39,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # experiments.*, from any working directory
-from experiments.common import child, fresh_dirs, run_arm, run_sft, save_seed, summarise  # noqa: E402
-from experiments.tool_use import cpu_model, fmt, paired_delta, wait  # noqa: E402
+from experiments.common import fresh_dirs, run_arm, run_sft, run_stages, save_seed, summarise  # noqa: E402
+from experiments.tool_use import cpu_model, fmt, paired_delta  # noqa: E402
 
 ARMS = ("sft_only", "grpo")
 METRICS = ("item_f1", "all_correct", "item_recall", "critical_steps", "invalid_rate", "invalid_tool_calls",
@@ -261,11 +261,11 @@ def main() -> None:
     command = " ".join(["python", "experiments/swarm.py", *sys.argv[1:]])
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
-    wait({"sft": child(__file__, "sft", sft_dir, threads=args.sft_threads or args.threads)}, sft_dir)
+    run_stages(__file__, ["sft"], sft_dir, threads=args.sft_threads or args.threads)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"SFT {start['sft_steps']} steps in {start['sft_s']:.0f}s, nll {start['sft_nll']}")
     print(line("start", "-", start))
-    wait({arm: child(__file__, arm, seed_dir, threads=args.threads) for arm in ARMS}, seed_dir)
+    run_stages(__file__, ARMS, seed_dir, threads=args.threads)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = save_seed(data_path, args.seed, result)

@@ -36,7 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # experiments.plots, from any working directory
-from experiments.common import child, fresh_dirs, run_arm, run_sft, save_seed  # noqa: E402
+from experiments.common import fresh_dirs, run_arm, run_sft, run_stages, save_seed  # noqa: E402
 from taskrl.eval import paired_delta  # noqa: E402  (re-exported: the other recipes import it from here)
 
 ARMS = ("sft_only", "grpo")
@@ -260,26 +260,6 @@ def cpu_model() -> str:
     return f"{name}; amx_bf16 {'present' if 'amx_bf16' in out else 'absent'}"
 
 
-def run_stages(stages: list[str], log_dir: Path, *, limit: int, threads: int) -> None:
-    """Each stage as a child process, at most ``limit`` at once (0: all), the next starting as one ends; exits
-    naming the stages that failed. The arms use ``--parallel-arms``: four tool-use arms at once peaked near 7 GB each
-    and one was OOM-killed on a 24 GB machine."""
-    limit = limit or len(stages)
-    pending, running, failed = list(stages), {}, []
-    while pending or running:
-        while pending and len(running) < limit:
-            stage = pending.pop(0)
-            running[stage] = child(__file__, stage, log_dir, threads=threads)
-        done = next((stage for stage, process in running.items() if process.poll() is not None), None)
-        if done is None:
-            time.sleep(1.0)
-            continue
-        if running.pop(done).returncode != 0:
-            failed.append(done)
-    if failed:
-        sys.exit(f"stage(s) {failed} failed; see {log_dir}/<stage>.log (rerun with --resume to continue)")
-
-
 def fmt(estimate: dict[str, Any] | None) -> str:
     if not estimate:
         return "-"
@@ -366,14 +346,14 @@ def main() -> None:
     (seed_dir / "commands.txt").open("a").write(command + "\n")
     began = time.monotonic()
     # the warm start runs alone: every core (the arms then share them, --threads each)
-    run_stages(["sft"], sft_dir, limit=1, threads=args.sft_threads or os.cpu_count() or 1)
+    run_stages(__file__, ["sft"], sft_dir, threads=args.sft_threads or os.cpu_count() or 1)
     start = json.loads((sft_dir / "start.json").read_text())
     print(f"start (SFT, {start['sft_steps']} steps, {start['sft_s']:.0f}s): held-out greedy "
           f"{fmt(start['greedy']['success'])}, sampled pass@1 {fmt(start.get('sampled', {}).get('pass@1'))}, "
           f"invalid calls {start['greedy']['invalid_tool_calls']:.2f}/episode (greedy)")  # fmt: skip
     if args.pilot:
         return None
-    run_stages(list(args.arms), seed_dir, limit=args.parallel_arms, threads=args.threads)
+    run_stages(__file__, list(args.arms), seed_dir, limit=args.parallel_arms, threads=args.threads)
     result = seed_result(seed_dir, sft_dir, args, command)
     result["wall_s"] = time.monotonic() - began
     data = save_seed(data_path, args.seed, result)

@@ -172,14 +172,16 @@ def test_at_most_parallel_arms_train_at_once_and_a_failed_arm_is_named(tmp_path:
     script = ("import sys, time; open(sys.argv[1], 'a').write(f'{sys.argv[2]} {time.monotonic()}\\n'); "
               "time.sleep(0.6); sys.exit(sys.argv[2] == 'rft')")  # fmt: skip
     log = tmp_path / "starts.txt"
-    monkeypatch.setattr(bench, "child", lambda _script, arm, _dir, threads: subprocess.Popen(
+    from experiments import common
+
+    monkeypatch.setattr(common, "child", lambda _script, arm, _dir, threads: subprocess.Popen(
         [sys.executable, "-c", script, str(log), arm]))  # fmt: skip
-    bench.run_stages(["sft_only", "sft3", "grpo"], tmp_path, limit=2, threads=1)
+    common.run_stages("tool_use.py", ["sft_only", "sft3", "grpo"], tmp_path, limit=2, threads=1)
     starts = {arm: float(t) for arm, t in (line.split() for line in log.read_text().splitlines())}
     assert starts["grpo"] - min(starts["sft_only"], starts["sft3"]) >= 0.5  # the third waited for a free slot
     log.unlink()
     with pytest.raises(SystemExit, match=r"stage\(s\) \['rft'\] failed"):
-        bench.run_stages(["rft", "grpo"], tmp_path, limit=0, threads=1)
+        common.run_stages("tool_use.py", ["rft", "grpo"], tmp_path, limit=0, threads=1)
     assert len(log.read_text().splitlines()) == 2  # 0: both at once, and the other arm still ran
 
 
