@@ -14,6 +14,8 @@ COLORS = {"sft_only": "tab:blue", "sft3": "tab:green", "rft": "tab:orange", "grp
 DESIGN_TITLES = {
     "prices3": ("held-out 3-item price listings", "SFT on 1-2 item price listings, then {budget} per arm of more SFT "
                 "vs GRPO on 3-item listings (prices env)"),
+    "prices3g": ("held-out 3-item price listings", "SFT on 1-2 item price listings, then {budget} per arm of more "
+                 "SFT vs GRPO on 3-item listings (prices env; generalisation sets evaluated)"),
     "prices": ("held-out 2-3 item price listings", "SFT on 1-item price listings, then {budget} per arm of more SFT "
                "vs GRPO on 2-3 item listings (prices env)"),
     "code": ("held-out packages' bugs, all kinds", "SFT on 4 bug kinds of 4 packages, then {budget} per arm of more "

@@ -51,6 +51,10 @@ DESIGNS: dict[str, dict[str, Any]] = {
     # Length generalisation: demonstrations list one or two items, RL and evaluation three.
     "prices3": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
                 "rl": {"min_items": 3, "max_items": 3}},
+    # prices3's training and ladder with the generalisation sets pre-registered (always evaluated): a study of its
+    # own, because prices3's test seeds were used before its generalisation sets existed.
+    "prices3g": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
+                 "rl": {"min_items": 3, "max_items": 3}, "generalise": True},
     # The first design: order totals (lookups and a sum), sparse reward plus lookup credit; kept for comparison.
     "shop": {"env": "shop", "sft": {"min_items": 1, "max_items": 1}, "eval": {"min_items": 2, "max_items": 2},
              "rl": {"min_items": 2, "max_items": 2}},
@@ -119,6 +123,10 @@ GENERALISATION: dict[str, dict[str, Any]] = {
 }
 """``--generalise`` (prices designs): greedy success on held-out sets beyond the design's own shape: four-item
 listings (``gen4``), and three-item listings of items no training task asks for (``novel``: ``NOVEL_PRICES``)."""
+GENERALISATION_NEW_TOKENS = 160
+"""Tokens per turn in the generalisation evaluations (at least ``--max-new-tokens``). The expert's turn of four
+lookups is 123-128 SmolLM2 tokens (over 512 draws of val and test; three lookups: 92-96), so the training cap of 96
+would cut every four-item listing short of its fourth call: a cap, not a failure to generalise."""
 
 
 def eval_tasks(n: int, args: argparse.Namespace, shape: dict[str, Any] | None = None) -> list[Any]:
@@ -150,16 +158,17 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def held_out(trainer: Any, name: str, args: argparse.Namespace, *, n: int, sampled: bool,
-             shape: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+             shape: dict[str, Any] | None = None, max_new_tokens: int = 0) -> dict[str, Any]:  # fmt: skip
     """Greedy (or T=1, 4 samples) episodes of the trainer's current weights on held-out multi-item orders of the
-    design's evaluation shape, or ``shape`` (env settings, e.g. a ``GENERALISATION`` set)."""
+    design's evaluation shape, or ``shape`` (env settings, e.g. a ``GENERALISATION`` set), with
+    ``max_new_tokens`` per turn (0: ``--max-new-tokens``)."""
     from taskrl.env import make
     from taskrl.eval import EvalConfig, evaluate
 
     config = EvalConfig(
         samples_per_task=args.sampled_samples if sampled else 1, temperature=1.0 if sampled else 0.0,
         max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens, concurrency=32, seed=args.seed,
+        max_new_tokens=max_new_tokens or args.max_new_tokens, concurrency=32, seed=args.seed,
     )  # fmt: skip
     design = DESIGNS[args.design]
     factory = lambda: make(design["env"], num_tasks=args.eval_tasks, **(shape or design["eval"]))  # noqa: E731
@@ -174,7 +183,8 @@ def final_evals(trainer: Any, args: argparse.Namespace) -> dict[str, Any]:
     if args.sampled_samples:
         finals["sampled"] = held_out(trainer, "heldout_sampled", args, n=args.eval_tasks, sampled=True)
     for key, shape in GENERALISATION.items() if getattr(args, "generalise", False) else ():
-        finals[key] = held_out(trainer, f"heldout_{key}", args, n=args.eval_tasks, sampled=False, shape=shape)
+        finals[key] = held_out(trainer, f"heldout_{key}", args, n=args.eval_tasks, sampled=False, shape=shape,
+                               max_new_tokens=max(args.max_new_tokens, GENERALISATION_NEW_TOKENS))
     return finals
 
 
@@ -234,8 +244,10 @@ def record_runs(study: Any, result: dict[str, Any], args: argparse.Namespace) ->
                    if key in final}}  # fmt: skip
 
     baseline = "rft" if "rft" in result["arms"] else "sft_only"
-    extra = {"baseline_arm": baseline, "cpu_model": result["cpu"], "command": result["command"]}
     start = result["start"]
+    secondary = [f"{key}_greedy_success" for key in GENERALISATION if key in start]
+    extra = {"baseline_arm": baseline, "cpu_model": result["cpu"], "command": result["command"],
+             **({"secondary": secondary} if secondary else {})}
     paths = [study.record(design=args.design, arm="start", seed=args.seed, split=args.split,
                           outcome=outcome(start), primary="greedy_success", config=start["config"],
                           budget={"train_s": start["sft_s"], "steps": start["sft_steps"]}, engine="hf-inprocess",
@@ -319,6 +331,7 @@ def main() -> None:
         ap.error("--minutes must be > 0; --sft-steps, --eval-tasks, --curve-tasks, --group-size >= 1")
     if args.sampled_samples < 0:
         ap.error("--sampled-samples must be >= 0 (0: no sampled evaluation)")
+    args.generalise = args.generalise or DESIGNS[args.design].get("generalise", False)
     if args.generalise and DESIGNS[args.design]["env"] != "prices":
         ap.error(f"--generalise needs a prices design (its sets are prices listings), got {args.design!r}")
     if args.parallel_arms < 0:

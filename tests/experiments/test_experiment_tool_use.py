@@ -201,8 +201,28 @@ def test_generalisation_sets_are_held_out_distinct_and_recorded(tmp_path: Path) 
     final = {"greedy": {**_evals(0.5)["greedy"], "tasks": 64}, "gen4": _evals(0.25)["greedy"],
              "novel": _evals(0.75)["greedy"]}  # fmt: skip
     arms = {"rft": {"config": {}, "steps": [{"step": 1}], "train_s": 60.0, "final": final}}
-    start = {"greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0, "sft_steps": 4}
+    start = {"greedy": {**_evals(0.2)["greedy"], "tasks": 64}, "config": {}, "sft_s": 30.0, "sft_steps": 4,
+             "gen4": _evals(0.0)["greedy"], "novel": _evals(0.1)["greedy"]}  # fmt: skip
     bench.record_runs(bench._study(args), {"cpu": "cpu", "command": "c", "start": start, "arms": arms}, args)
     rft = next(r for r in Study("prices", tmp_path).runs() if r["arm"] == "rft")
     assert rft["outcome"]["gen4_greedy_success"]["value"] == 0.25
     assert rft["outcome"]["novel_greedy_success"]["value"] == 0.75
+    assert rft["secondary"] == ["gen4_greedy_success", "novel_greedy_success"]  # the index tabulates these too
+
+
+def test_generalisation_turns_fit_the_expert_and_prices3g_always_evaluates_them() -> None:
+    """A four-item expert turn is longer than the training cap of 96 tokens: the generalisation evaluations get
+    a cap that holds the expert's longest turn, else gen4 would measure truncation, not generalisation."""
+    from taskrl.envs.prices import expert_rule, make_prices_tasks
+    from taskrl.policies.models import smollm2_tokenizer
+    from taskrl.types import Message
+
+    tokenizer = smollm2_tokenizer()
+    longest = {}
+    for key, shape in bench.GENERALISATION.items():
+        tasks = [t for split in ("val", "test") for t in make_prices_tasks(256, 1, split=split, **shape)]
+        turns = [expert_rule([Message("system", ""), Message("user", t.prompt)], None) for t in tasks]
+        longest[key] = max(len(tokenizer(turn)["input_ids"]) for turn in turns)
+    assert longest["gen4"] > 96 and max(longest.values()) <= bench.GENERALISATION_NEW_TOKENS
+    assert bench.DESIGNS["prices3g"]["generalise"] and not bench.DESIGNS["prices3"].get("generalise")
+    assert {k: v for k, v in bench.DESIGNS["prices3g"].items() if k != "generalise"} == bench.DESIGNS["prices3"]
