@@ -8,6 +8,7 @@ discipline, the held-out size check and the index of every run and design.
     study.claim_test("d1", "grpo", 0)                   # ... and test is used once per reported number
     python experiments/study.py index           # writes experiments/runs/INDEX.md
     python experiments/study.py plot prices prices3 test --out docs/learning_tool_use_ladder.png  # seed-level figure
+    python experiments/study.py plot prices prices3g test --metric gen4_greedy_success --out gen4.png
 
 Each run is one JSON file, created exclusively under a new unique name (time, design, arm, seed, split and a
 random suffix); a second test evaluation of the same (design, arm, seed) is refused, not overwritten.
@@ -193,18 +194,39 @@ PROPORTIONS = ("greedy_success", "success", "pass@1", "pass@16")
 PROPORTION = (0.0, 1.0)
 
 
-def seed_table(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str], tuple[dict[str, dict[int, float]], str, str]]:
-    """Per (design, split) of ``runs``: ``{arm: {seed: primary value}}`` (a later run of a seed wins), the primary
-    outcome's name and the baseline arm ("" when no run names one). The index and ``study_plots`` read this."""
+def is_proportion(metric: str) -> bool:
+    """Whether an outcome is a proportion (its seed-level intervals are clipped to ``PROPORTION``)."""
+    return metric in PROPORTIONS or metric.endswith("_success")
+
+
+def seed_table(runs: Sequence[dict[str, Any]],
+               metric: str = "") -> dict[tuple[str, str], tuple[dict[str, dict[int, float]], str, str]]:  # fmt: skip
+    """Per (design, split) of ``runs``: ``{arm: {seed: value}}`` of each record's primary outcome, or of
+    ``metric`` where a record has it (a later run of a seed wins), the outcome's name and the baseline arm (""
+    when no run names one). The index and ``study_plots`` read this."""
     table: dict[tuple[str, str], tuple[dict[str, dict[int, float]], str, str]] = {}
     for r in runs:
-        value = _value(r["outcome"].get(r["primary"]))
+        name = metric or r["primary"]
+        value = _value(r["outcome"].get(name))
         if value is None:
             continue
         arms, _, baseline = table.get((r["design"], r["split"]), ({}, "", ""))
         arms.setdefault(r["arm"], {})[int(r["seed"])] = value
-        table[(r["design"], r["split"])] = (arms, r["primary"], r.get("baseline_arm") or baseline)
+        table[(r["design"], r["split"])] = (arms, name, r.get("baseline_arm") or baseline)
     return table
+
+
+def _seed_rows(arms: dict[str, dict[int, float]], metric: str, base: str) -> list[str]:
+    """Markdown rows: each arm's mean and t CI over seeds, and its paired per-seed verdict against ``base``."""
+    bounds = PROPORTION if is_proportion(metric) else None
+    rows = []
+    for arm, seeds in arms.items():
+        summary = over_seeds(list(seeds.values()), bounds=bounds)
+        ci = f"[{summary['t'][0]:.3f}, {summary['t'][1]:.3f}]" if summary["t"] else "none (1 seed)"
+        versus = verdict(paired_seeds(arms[base], seeds, bounds=bounds), base, arm) if (
+            base and arm != base and base in arms) else ""  # fmt: skip
+        rows.append(f"| {arm} | {summary['n']} | {summary['mean']:.3f} | {ci} | {versus} |")
+    return rows
 
 
 def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
@@ -229,17 +251,16 @@ def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
             load = ((r.get("machine") or {}).get("loadavg") or [None])[0]
             lines.append(f"| {r['file']} | {r['design']} | {r['arm']} | {r['seed']} | {r['split']} | {r['primary']} "
                          f"| {_cell(outcome)} | {spent} | {_number(load, 1)} |")  # fmt: skip
+        header = ["| arm | seeds | mean | 95% t CI | vs baseline |", "|---|---|---|---|---|"]
         for (design, split), (arms, primary, base) in sorted(seed_table(runs).items()):
-            lines += ["", f"### {design} on {split}", "", "| arm | seeds | mean | 95% t CI | vs baseline |",
-                      "|---|---|---|---|---|"]  # fmt: skip
-            bounds = PROPORTION if primary in PROPORTIONS else None
-            for arm, seeds in arms.items():
-                summary = over_seeds(list(seeds.values()), bounds=bounds)
-                ci = f"[{summary['t'][0]:.3f}, {summary['t'][1]:.3f}]" if summary["t"] else "none (1 seed)"
-                versus = ""
-                if base and arm != base and base in arms:
-                    versus = verdict(paired_seeds(arms[base], seeds, bounds=bounds), base, arm)
-                lines.append(f"| {arm} | {summary['n']} | {summary['mean']:.3f} | {ci} | {versus} |")
+            lines += ["", f"### {design} on {split}", "", *header, *_seed_rows(arms, primary, base)]
+            secondary = sorted({m for r in runs if (r["design"], r["split"]) == (design, split)
+                                for m in r.get("secondary") or ()})  # fmt: skip
+            for metric in secondary:
+                found = seed_table(runs, metric).get((design, split))
+                if found and found[1] == metric:
+                    lines += ["", f"### {design} on {split}: {metric} (secondary)", "", *header,
+                              *_seed_rows(found[0], metric, base)]  # fmt: skip
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -261,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     plot.add_argument("split", choices=("val", "test"))
     plot.add_argument("--out", required=True, help="PNG path")
     plot.add_argument("--title", default="")
+    plot.add_argument("--metric", default="", help="an outcome other than the primary (e.g. gen4_greedy_success)")
     plot.add_argument("--runs-dir", default=str(RUNS_DIR))
     args = parser.parse_args(argv)
     runs_dir = Path(args.runs_dir)
@@ -271,7 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "plot":
         from experiments.study_plots import plot_seeds
 
-        print(plot_seeds(Study(args.study, runs_dir).runs(), args.design, args.split, Path(args.out), title=args.title))
+        print(plot_seeds(Study(args.study, runs_dir).runs(), args.design, args.split, Path(args.out), title=args.title,
+                         metric=args.metric))  # fmt: skip
     else:
         print(Study(args.study, runs_dir).freeze(args.design, args.reason))
 

@@ -18,29 +18,31 @@ ORDER = ("start", "sft_only", "sft_more", "sft3", "rft", "grpo")
 """The ladder's order, left to right; arms not named here follow in the order their records appear."""
 
 
-def seed_values(runs: list[dict[str, Any]], design: str, split: str) -> tuple[dict[str, dict[int, float]], str, str]:
-    """``{arm: {seed: primary value}}`` of one design and split (a later run of a seed wins, as in the index), its
-    primary outcome's name and its baseline arm."""
+def seed_values(runs: list[dict[str, Any]], design: str, split: str,
+                metric: str = "") -> tuple[dict[str, dict[int, float]], str, str]:  # fmt: skip
+    """``{arm: {seed: value}}`` of the primary outcome (or ``metric``) of one design and split (a later run of a
+    seed wins, as in the index), the outcome's name and the baseline arm."""
     from experiments.study import seed_table
 
-    found = seed_table(runs).get((design, split))
+    found = seed_table(runs, metric).get((design, split))
     if found is None:
-        raise ValueError(f"no run of design '{design}' on split '{split}'")
+        raise ValueError(f"no run of design '{design}' on split '{split}'" + (f" with {metric}" if metric else ""))
     arms, primary, baseline = found
     rank = {arm: ORDER.index(arm) if arm in ORDER else len(ORDER) + i for i, arm in enumerate(arms)}
     return {arm: arms[arm] for arm in sorted(arms, key=rank.__getitem__)}, primary, baseline
 
 
-def plot_seeds(runs: list[dict[str, Any]], design: str, split: str, path: Path, *, title: str = "") -> Path:
+def plot_seeds(runs: list[dict[str, Any]], design: str, split: str, path: Path, *, title: str = "",
+               metric: str = "") -> Path:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.study import PROPORTION, PROPORTIONS
+    from experiments.study import PROPORTION, is_proportion
 
-    arms, primary, baseline = seed_values(runs, design, split)
-    bounds = PROPORTION if primary in PROPORTIONS else None
+    arms, primary, baseline = seed_values(runs, design, split, metric)
+    bounds = PROPORTION if is_proportion(primary) else None
     seeds = sorted({s for values in arms.values() for s in values})
     marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(seeds)}
     names = list(arms)

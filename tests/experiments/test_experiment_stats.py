@@ -153,3 +153,26 @@ def test_the_seed_level_figure_draws_every_seed_in_ladder_order(tmp_path: Path) 
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     with pytest.raises(ValueError, match="no run of design 'd2' on split 'val'"):
         plot_seeds(study.runs(), "d2", "val", out)
+
+
+def test_secondary_outcomes_get_their_own_seed_level_tables_and_figures(tmp_path: Path) -> None:
+    from experiments.study_plots import seed_values
+
+    study = Study("toy", tmp_path)
+    for seed in range(3):
+        for arm, main_value, gen in (("grpo", 0.9, seed / 10), ("rft", 0.8, 0.5)):
+            study.record(design="g", arm=arm, seed=seed, split="val", primary="success",
+                         outcome={"success": main_value, "gen4_success": {"value": gen}},
+                         extra={"baseline_arm": "rft", "secondary": ["gen4_success"]})  # fmt: skip
+    text = index_markdown(tmp_path)
+    assert "### g on val\n" in text and "### g on val: gen4_success (secondary)" in text
+    primary_table, secondary_table = text.split("### g on val")[1:]
+    assert "| grpo | 3 | 0.900 |" in primary_table and "| grpo | 3 | 0.100 |" in secondary_table
+    assert "rft beats grpo at the seed level" in secondary_table  # -0.4 on every seed
+    arms, metric, _ = seed_values(study.runs(), "g", "val", "gen4_success")
+    assert metric == "gen4_success" and arms["grpo"] == {0: 0.0, 1: 0.1, 2: 0.2}
+    out = tmp_path / "gen4.png"
+    main(["plot", "toy", "g", "val", "--metric", "gen4_success", "--out", str(out), "--runs-dir", str(tmp_path)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="with novel_success"):
+        seed_values(study.runs(), "g", "val", "novel_success")
