@@ -186,8 +186,9 @@ async def run_episode(
     start = time.perf_counter()
     traj = Trajectory(task_id=task.id, env=env.name, group_id=group_id, seed=seed)
     metrics = dict.fromkeys(
-        ("turns", "tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "context_resets"), 0.0
-    )
+        ("turns", "tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "context_resets", "capped_turns"),
+        0.0,
+    )  # capped_turns: turns cut by max_new_tokens, counted even when their complete calls still ran
     segments = _SegmentBuilder()
     try:
         env.training = config.training
@@ -217,6 +218,7 @@ async def run_episode(
             metrics["turns"] += 1
             metrics["tool_calls"] += len(parsed.all_calls)
             metrics["invalid_tool_calls"] += len(parsed.invalid)
+            metrics["capped_turns"] += completion.finish_reason == "length"
             assistant = Message("assistant", parsed.content, tool_calls=parsed.all_calls)
             traj.messages.append(assistant)
             # envs that show or enforce a token budget (Context-1) need this

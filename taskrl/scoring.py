@@ -472,6 +472,6 @@ def batch_metrics(
     if rubric is not None and clock is not None:
         out.update({f"rewards/weight/{name}": w for name, w in rubric.weights(clock).items()})
         out.update({f"rewards/param/{name}": p for name, p in rubric.params(clock).items()})
-    for name in ("tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "turns"):
+    for name in ("tool_calls", "invalid_tool_calls", "tool_errors", "tool_cost", "turns", "capped_turns"):
         out[f"tools/{name}"] = _mean([t.metrics.get(name, 0.0) for t in trajectories])
     return out

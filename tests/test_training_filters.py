@@ -85,6 +85,7 @@ def test_the_learner_gives_overlong_episodes_no_loss() -> None:
         if i % 4 == 0:  # one episode per group ends within the budget
             t.truncated, t.terminated = False, True
             t.info.pop("truncation")
+            t.metrics["capped_turns"] = 0.0
     results = {}
     for flag in (False, True):
         cfg = config_from_dict(
@@ -125,3 +126,26 @@ def test_the_trainer_refills_a_batch_of_flat_groups(tmp_path: Path) -> None:
     assert row["charts/trained_trajectories"] == 6.0  # the two refilled groups, not the flat ones
     # every played episode (both rounds: 6 flat at 0, then 0, .1, .2, 0, .1, .2) is in the step's reward metrics
     assert row["rewards/total"] == pytest.approx(0.6 / 12)
+
+
+def test_a_turn_cut_by_the_token_cap_is_counted_and_overlong_even_when_its_calls_ran() -> None:
+    """The ladder's RL arms learned to let max_new_tokens end their lookup turn (the complete calls still ran and
+    earned the reward); such episodes are overlong, so ``overlong_filter`` gives them no loss."""
+    from taskrl.chat import ChatFormat
+    from taskrl.policies.models import smollm2_tokenizer
+    from taskrl.policies.scripted import ScriptedPolicy
+    from taskrl.types import Message
+
+    env = make("prices", min_items=2, max_items=2)
+    task = env.tasks("test")[0]
+    fmt = ChatFormat(smollm2_tokenizer())
+    calls = env.scripted_rule([Message("system", ""), Message("user", task.prompt)], None)
+    policy = ScriptedPolicy(env.scripted_rule, chat_format=fmt)
+    cap = len(fmt.encode(calls))  # the lookup turn fills the cap exactly: no end-of-turn token fits
+    config = RolloutConfig(max_turns=3, sampling=SamplingParams(max_new_tokens=cap), seed=0)
+    capped = asyncio.run(run_episodes(lambda: make("prices", min_items=2, max_items=2), policy, [task], config))[0]
+    assert capped.reward == 1.0 and capped.terminated and capped.metrics["capped_turns"] == 1.0
+    assert overlong(capped)
+    config = RolloutConfig(max_turns=3, sampling=SamplingParams(max_new_tokens=cap + 8), seed=0)
+    ended = asyncio.run(run_episodes(lambda: make("prices", min_items=2, max_items=2), policy, [task], config))[0]
+    assert ended.reward == 1.0 and ended.metrics["capped_turns"] == 0.0 and not overlong(ended)

@@ -14,8 +14,9 @@ Where this departs from the paper (Shao et al. 2024, DeepSeekMath):
   tasks until ``tasks_per_step`` groups with signal are in hand, at most ``dynamic_sampling_max_rounds`` extra
   rounds (DAPO samples until the batch is full, unbounded); surplus groups are trimmed (``charts/dynamic_*``).
 - Overlong filtering (DAPO) is an option of the learner: ``overlong_filter=True`` gives episodes cut off by the
-  token budget no loss, while their rewards still count in their group's mean (``charts/overlong_filtered``).
-  A turn limit or an env's own truncation is not overlong.
+  token budget, or with a turn cut short by ``max_new_tokens`` whose calls still ran, no loss, while their rewards
+  still count in their group's mean (``charts/overlong_filtered``). A turn limit or an env's own truncation is
+  not overlong.
 - No KL term by default; k1-in-reward or k3-in-loss are options of the learner (``kl``), not of this file.
 - Upper and lower clip ranges are separate (DAPO's clip-higher); both default to 0.2.
 

@@ -136,8 +136,9 @@ class TrainConfig:
     dynamic_sampling_max_rounds: int = 3
     """dynamic_sampling: extra collection rounds a step may play at most (0 = only drop the flat groups)."""
     overlong_filter: bool = False
-    """RL steps: episodes cut off by the token budget (max_new_tokens or max_context_tokens) get no loss (DAPO's
-    overlong filtering); their rewards still count in their group's mean; counted in charts/overlong_filtered."""
+    """RL steps: episodes cut off by the token budget (max_new_tokens or max_context_tokens), or with any turn cut
+    short by max_new_tokens (tools/capped_turns), get no loss (DAPO's overlong filtering); their rewards still count
+    in their group's mean; counted in charts/overlong_filtered."""
     kl: str = "none"
     """KL to the initial policy: none, k1_reward (penalty in the reward) or k3_loss (term in the loss)."""
     kl_coef: float = 0.0

@@ -21,9 +21,12 @@ TOKEN_BUDGET_TRUNCATIONS = ("max_new_tokens", "max_context_tokens")
 
 
 def overlong(trajectory: Trajectory) -> bool:
-    """Whether the episode was cut off by a token budget (a turn's ``max_new_tokens`` or the context's
-    ``max_context_tokens``); a turn limit or an env's own truncation is not overlong."""
-    return bool(trajectory.truncated) and trajectory.info.get("truncation") in TOKEN_BUDGET_TRUNCATIONS
+    """Whether a token budget cut the episode off (a turn's ``max_new_tokens`` or the context's
+    ``max_context_tokens``) or cut any of its turns short (``metrics["capped_turns"]``: the loop still runs the
+    complete calls of a capped turn, so a policy can lean on the cap to end its turn instead of ending it; the
+    issue-40 ladder's RL arms did). A turn limit or an env's own truncation is not overlong."""
+    cut = bool(trajectory.truncated) and trajectory.info.get("truncation") in TOKEN_BUDGET_TRUNCATIONS
+    return cut or trajectory.metrics.get("capped_turns", 0.0) > 0
 
 
 def groups_of(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:

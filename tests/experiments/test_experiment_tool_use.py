@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from operator import attrgetter
 from pathlib import Path
@@ -226,3 +227,17 @@ def test_generalisation_turns_fit_the_expert_and_prices3g_always_evaluates_them(
     assert longest["gen4"] > 96 and max(longest.values()) <= bench.GENERALISATION_NEW_TOKENS
     assert bench.DESIGNS["prices3g"]["generalise"] and not bench.DESIGNS["prices3"].get("generalise")
     assert {k: v for k, v in bench.DESIGNS["prices3g"].items() if k != "generalise"} == bench.DESIGNS["prices3"]
+
+
+def test_turn_caps_counts_first_turns_that_ran_into_the_cap(tmp_path: Path) -> None:
+    from experiments import turn_caps
+
+    def row(first: list[int], reward: float) -> dict[str, object]:
+        ids = [7, 7] + first + [9] + [5, 5, turn_caps.END_OF_TURN]  # prompt, turn 1, observation, turn 2
+        mask = [0, 0] + [1] * len(first) + [0] + [1, 1, 1]
+        return {"segments": [{"token_ids": ids, "loss_mask": mask}], "rewards": {"items_right": reward}}
+
+    rows = [row([4] * 5, 1.0), row([4] * 4 + [turn_caps.END_OF_TURN], 1.0), row([4] * 3, 0.0)]
+    path = tmp_path / "heldout-greedy-policy_000000.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert turn_caps.capped(path, cap=5) == {"episodes": 3, "capped": 1, "success": 2, "success_when_capped": 1}
