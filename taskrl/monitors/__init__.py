@@ -2,8 +2,8 @@
 
 ``Monitors(MonitorConfig()).check(step, trajectories) -> (metrics, alerts)`` computes ``monitor/<name>`` values
 (reward hacking, exploration collapse, context pollution, tool over-use, tool-call loops, swarm serial collapse and
-spurious parallelism, invalid calls, early termination, clarifying questions, no-edit episodes, tool-call collapse
-and unparsed tool calls) and raises an
+spurious parallelism, invalid calls, early termination, clarifying questions, no-edit episodes, tool-call collapse,
+unparsed tool calls and successes that lean on the token cap) and raises an
 ``Alert`` (also a logged warning) when one crosses its threshold. ``shape_rewards`` adds the reward-shaping
 mitigations; the trajectory keys the monitors read are listed in docs/design/monitors-and-eval.md and
 docs/design/swarm.md.
@@ -13,6 +13,7 @@ monitors), ``runner`` (registry, ``Monitors``), ``mitigations``. ``taskrl.monito
 
 from taskrl.monitors.checks import (
     calls_per_success,
+    capped_success,
     clarifying_rate,
     context_pollution,
     duplicate_rate,
@@ -50,10 +51,10 @@ from taskrl.monitors.swarm import serial_collapse, spurious_parallelism
 
 __all__ = [
     "EXPLORATION_MONITORS", "FAILED_CHECKS_KEY", "MONITORS", "THRESHOLDS", "Alert", "FirstToolHint", "MitigationConfig",
-    "MonitorConfig", "MonitorFn", "MonitorSpec", "Monitors", "calls_per_success", "child_spans", "clarifying_rate",
-    "context_pollution", "duplicate_rate", "early_termination", "failed_checks", "invalid_call_rate", "is_question",
-    "is_success", "least_used_first_tool", "loop_rate", "max_concurrency", "no_edit_rate", "not_applicable_reason",
-    "reward_hacking", "sampling_temperature", "serial_collapse", "shape_rewards", "spurious_parallelism",
-    "tool_calls", "tool_calls_per_episode", "tool_concentration", "tool_ngram_entropy", "unparsed_tool_calls",
-    "with_first_tool_hints",
+    "MonitorConfig", "MonitorFn", "MonitorSpec", "Monitors", "calls_per_success", "capped_success", "child_spans",
+    "clarifying_rate", "context_pollution", "duplicate_rate", "early_termination", "failed_checks", "invalid_call_rate",
+    "is_question", "is_success", "least_used_first_tool", "loop_rate", "max_concurrency", "no_edit_rate",
+    "not_applicable_reason", "reward_hacking", "sampling_temperature", "serial_collapse", "shape_rewards",
+    "spurious_parallelism", "tool_calls", "tool_calls_per_episode", "tool_concentration", "tool_ngram_entropy",
+    "unparsed_tool_calls", "with_first_tool_hints",
 ]  # fmt: skip

@@ -23,6 +23,7 @@ THRESHOLDS: dict[str, str] = {
     "no_edit_rate": "max_no_edit_rate",
     "tool_calls_per_episode": "min_tool_calls_per_episode",
     "unparsed_tool_calls": "max_unparsed_tool_calls",
+    "capped_success": "max_capped_success",
 }
 """Every monitor (``taskrl.monitors.MONITORS`` computes them) -> the ``MonitorConfig`` field of its threshold."""
 
@@ -89,6 +90,8 @@ class MonitorConfig:
     """... and so is falling below this share of the highest calls-per-episode of an earlier batch of the run."""
     max_unparsed_tool_calls: float = 0.05
     """Share of assistant turns that look like a tool call but parsed as none (a parser/format mismatch)."""
+    max_capped_success: float = 0.5
+    """Share of successful episodes whose success needed a turn cut short by the token cap (``capped_turns``)."""
     disabled: tuple[str, ...] = ()
     """Monitor names to skip, e.g. ("tool_concentration",) for an env built around one tool."""
 
@@ -105,7 +108,8 @@ class MonitorConfig:
                 max_invalid_call_rate=self.max_invalid_call_rate, max_early_termination=self.max_early_termination,
                 max_clarifying_rate=self.max_clarifying_rate, max_no_edit_rate=self.max_no_edit_rate,
                 min_tool_calls_per_episode=self.min_tool_calls_per_episode,
-                max_unparsed_tool_calls=self.max_unparsed_tool_calls)  # fmt: skip
+                max_unparsed_tool_calls=self.max_unparsed_tool_calls,
+                max_capped_success=self.max_capped_success)  # fmt: skip
         if not 0 <= self.tool_call_collapse_ratio <= 1:
             raise ValueError(
                 f"MonitorConfig.tool_call_collapse_ratio must be in [0, 1], got {self.tool_call_collapse_ratio}"

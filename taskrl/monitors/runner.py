@@ -77,6 +77,9 @@ MONITORS: dict[str, MonitorSpec] = {
     "unparsed_tool_calls": MonitorSpec(checks.unparsed_tool_calls, True,
                                        "turns that look like tool calls parse as none (parser/format mismatch)",
                                        needs="tools"),
+    "capped_success": MonitorSpec(checks.capped_success, True,
+                                  "successes lean on the token cap: their turns never end by themselves (filter them "
+                                  "with overlong_filter, or give max_new_tokens room)"),
 }  # fmt: skip
 
 

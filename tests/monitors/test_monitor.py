@@ -235,7 +235,7 @@ def test_config_validation_small_batches_disabled_and_log_warning(caplog: pytest
         _, alerts = Monitors().check(3, [traj([]), traj([])])
     assert alerts and "tool_ngram_entropy" in caplog.text and "step 3" in caplog.text
     assert set(alerts[0].to_dict()) == {"step", "monitor", "value", "threshold", "message"}
-    assert len(MONITORS) == 15
+    assert len(MONITORS) == 16
 
 
 def test_shape_rewards_penalties_are_capped_and_idempotent() -> None:
@@ -416,3 +416,16 @@ def test_early_termination_is_silent_when_episodes_cannot_last_longer(caplog: py
             assert "early_termination" not in {a.monitor for a in alerts} and "monitor/early_termination" not in metrics
     said = [r.getMessage() for r in caplog.records if "do not apply" in r.getMessage()]
     assert len(said) == 1 and "early_termination" in said[0] and "at most 1 turn(s)" in said[0]
+
+
+def test_capped_success_alerts_when_successes_need_the_token_cap_to_end_their_turns() -> None:
+    def capped(reward: float, turns: float) -> Trajectory:
+        t = traj(["lookup_price"], reward=reward)
+        t.metrics["capped_turns"] = turns
+        return t
+
+    metrics, alerts = check([capped(1.0, 1), capped(1.0, 1), capped(1.0, 0), capped(0.0, 2)])
+    assert metrics["monitor/capped_success"] == pytest.approx(2 / 3) and "capped_success" in alerts
+    metrics, alerts = check([capped(1.0, 0), capped(0.0, 3)])  # failures that hit the cap are not judged here
+    assert metrics["monitor/capped_success"] == 0.0 and "capped_success" not in alerts
+    assert "monitor/capped_success" not in check([capped(0.0, 1), capped(0.0, 1)])[0]  # nothing solved: no value
