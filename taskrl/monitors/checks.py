@@ -153,8 +153,8 @@ def tool_calls_per_episode(
 def capped_success(trajs: Sequence[Trajectory], cfg: MonitorConfig, tools: frozenset[str] | None) -> float | None:
     """Share of successful episodes with a turn cut short by ``max_new_tokens`` (``metrics["capped_turns"]``):
     the loop still runs a capped turn's complete calls, so a policy can succeed by letting the cap end its turn
-    instead of ending it, and fails once the cap moves (issue 40's ladder: every 3-item success of its RL arms).
-    None while nothing succeeds."""
+    instead of ending it, and fails once the cap moves (issue 40's ladder: nearly every 3-item success of its RL
+    arms). None while nothing succeeds."""
     return _rate([t.metrics.get("capped_turns", 0.0) > 0 for t in trajs
                   if t.infra_failure is None and is_success(t, cfg.success_threshold)])  # fmt: skip
 
