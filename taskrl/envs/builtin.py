@@ -30,6 +30,8 @@ NOVEL_PRICES = {"kiwi": 5, "plum": 3, "yogurt": 6, "pasta": 7, "sugar": 2, "flou
 """Items no training task of any price env asks for (``PricesEnv(novel=True)`` draws only these): a generalisation
 set. The lookup tool prices them too, so a policy can answer them; its error for an unknown item lists only
 ``PRICES``, so no training observation names a novel item."""
+CATALOGUE = {**PRICES, **NOVEL_PRICES}
+"""Every item the lookup tool prices."""
 
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 _LOOKUP_RE = re.compile(r"^[a-z]+: \$\d+$")  # a successful lookup_price reply
@@ -67,7 +69,7 @@ def safe_eval(expression: str) -> float:
 def lookup(item: str) -> str:
     """The shared price lookup of the shop and price envs; unknown items raise (an error the model sees)."""
     key = item.strip().lower().removesuffix("s")
-    price = PRICES.get(key, NOVEL_PRICES.get(key))
+    price = CATALOGUE.get(key)
     if price is None:
         raise KeyError(f"no item '{item}'; known items: {', '.join(sorted(PRICES))}")
     return f"{key}: ${price}"

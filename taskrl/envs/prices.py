@@ -31,12 +31,11 @@ from typing import Any
 from taskrl import context
 from taskrl.chat import format_tool_call
 from taskrl.env import StepOutput, ToolEnv
-from taskrl.envs.builtin import HELD_OUT_SPLITS, NOVEL_PRICES, PRICES, PriceLookup, split_seed
+from taskrl.envs.builtin import CATALOGUE, HELD_OUT_SPLITS, NOVEL_PRICES, PRICES, PriceLookup, split_seed
 from taskrl.types import Message, Task, ToolCall, ToolResult, Trajectory
 
 ITEMS = tuple(sorted(PRICES))
 NOVEL_ITEMS = tuple(sorted(NOVEL_PRICES))
-CATALOGUE = {**PRICES, **NOVEL_PRICES}
 _LOOKUP_RE = re.compile(r"^([a-z]+): \$(\d+)$")  # a successful lookup_price reply
 PROMPT = "List the prices of: {}."
 
