@@ -18,6 +18,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,7 +322,10 @@ DISK_RESERVE_BYTES = 256 << 20
 """A command is stopped before it leaves the workspace's file system less free space than this, whatever its
 quota (a quota larger than the free space must not fill the host's disk)."""
 MEMORY_MECHANISM = "watchdog over the summed PSS of the sandbox's processes plus its /tmp and /dev/shm"
-DISK_MECHANISM = "watchdog over the free space the command consumed, plus RLIMIT_FSIZE at the remaining quota"
+DISK_MECHANISM = (
+    "watchdog over the free space the command consumed (confirmed by its workspace's growth), plus RLIMIT_FSIZE "
+    "at the remaining quota"
+)
 
 
 class TreeWatchdog:
@@ -330,7 +334,8 @@ class TreeWatchdog:
     Holds, where no cgroup does, the sandbox-wide memory limit (the summed RSS of the tree, confirmed with the
     summed PSS so shared pages count once, plus what its private tmpfs mounts hold) and CPU-seconds limit, and
     everywhere the workspace's disk quota when it is not a size-limited mount (the free space the command
-    consumed, never below ``DISK_RESERVE_BYTES`` free). ``period()`` shortens once a limit is half used;
+    consumed, confirmed by ``disk_written``, the bytes the command's own tree gained, where given; never below
+    ``DISK_RESERVE_BYTES`` free). ``period()`` shortens once a limit is half used;
     ``peak_memory``/``peak_disk`` are the highest readings (for the benchmark and the log).
     """
 
@@ -344,11 +349,13 @@ class TreeWatchdog:
         disk_bytes: int | None,
         tmpfs_mounts: tuple[str, ...] = (),
         tmpfs_bytes: int = 0,
+        disk_written: Callable[[], int | None] | None = None,
     ) -> None:
         self.root_pid = root_pid
         self.memory_bytes, self.cpu_seconds = memory_bytes, cpu_seconds
         self.disk_path, self.disk_bytes = disk_path, disk_bytes
         self.tmpfs_mounts, self.tmpfs_bytes = tmpfs_mounts, tmpfs_bytes
+        self.disk_written = disk_written
         self._free_at_start = _free_bytes(disk_path) if disk_path and disk_bytes is not None else None
         self.peak_memory = 0
         self.peak_disk = 0
@@ -390,6 +397,11 @@ class TreeWatchdog:
         if self._free_at_start is not None:
             free = _free_bytes(self.disk_path)  # type: ignore[arg-type]
             used = self._free_at_start - free
+            if used > self.disk_bytes and self.disk_written is not None:  # type: ignore[operator]
+                # free space is shared with every other writer (a checkpoint, another workspace): confirm the
+                # drop is the command's own before the kill (None: its tree cannot be measured, the drop stands)
+                own = self.disk_written()
+                used = used if own is None else own
             self.peak_disk = max(self.peak_disk, used)
             budget = max(1, self.disk_bytes)  # type: ignore[type-var]
             self._load = max(self._load, used / budget, (DISK_RESERVE_BYTES * 2) / max(free, 1))

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from taskrl.envs.code.hostview import SandboxError as SandboxError
 from taskrl.envs.code.hostview import SandboxUnavailableError as SandboxUnavailableError
 from taskrl.envs.code.hostview import reachable_by as reachable_by
 from taskrl.envs.code.limits import Cgroups, TreeWatchdog
+from taskrl.envs.code.trees import tree_bytes
 from taskrl.validate import above, require
 
 SANDBOX_WORKDIR = "/workspace"
@@ -136,7 +137,8 @@ class CommandResult:
     peak_memory_bytes: int | None = None
     """Highest memory the watchdog read for the sandbox (None where a cgroup held the limit)."""
     peak_disk_bytes: int | None = None
-    """Most bytes of free space the command consumed, as the watchdog read it (None without a disk quota)."""
+    """Most bytes of free space the command consumed, as the watchdog read it, or what its workspace gained
+    where the watchdog confirmed a reading past the quota (None without a disk quota)."""
 
     @property
     def ok(self) -> bool:
@@ -229,6 +231,18 @@ def _check_bwrap(bwrap: str) -> str:
         )
     _BWRAP_CHECKED[bwrap] = path
     return path
+
+
+async def _growth_meter(workspace: str) -> Callable[[], int | None]:
+    """What ``workspace``'s tree gained since this call, as a reading for the watchdog (None: unmeasurable now,
+    or at the start, e.g. a directory the host may not read)."""
+    start = await asyncio.to_thread(tree_bytes, workspace)
+
+    def gained() -> int | None:
+        now = tree_bytes(workspace)
+        return None if now is None or start is None else now - start
+
+    return gained
 
 
 async def _spawn(*argv: str, **kwargs: object) -> asyncio.subprocess.Process:
@@ -398,9 +412,10 @@ class Sandbox:
         command does: limits hit, timeouts and output floods are reported in the result.
 
         ``disk_quota_bytes``: what the command may still add to the workspace's file system (kills it past
-        that). ``stdin_fd``/``stdout_fd`` connect the command to pipes instead of /dev/null and the capture,
-        and ``pass_fds`` hands it more: all three are closed here once the command has started (this is how
-        two sandboxes are wired together, see ``harness.py``).
+        that; in the sandbox only what its workspace gained counts, not another writer's use of the disk).
+        ``stdin_fd``/``stdout_fd`` connect the command to pipes instead of /dev/null and the capture, and
+        ``pass_fds`` hands it more: all three are closed here once the command has started (this is how two
+        sandboxes are wired together, see ``harness.py``).
         """
         cfg = self.config
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
@@ -415,6 +430,9 @@ class Sandbox:
             cfg.max_file_bytes if disk_quota_bytes is None else max(4096, min(cfg.max_file_bytes, disk_quota_bytes))
         )
         handed = [fd for fd in (stdin_fd, stdout_fd, *pass_fds) if fd is not None]
+        written = None
+        if disk_quota_bytes is not None and self.isolated:  # it can write nowhere else on the disk
+            written = await _growth_meter(str(workspace))
         start = time.perf_counter()
         try:
             proc = await _spawn(
@@ -439,6 +457,7 @@ class Sandbox:
                 disk_bytes=disk_quota_bytes,
                 tmpfs_mounts=("/tmp", "/dev/shm") if self.isolated else (),
                 tmpfs_bytes=cfg.tmp_bytes,
+                disk_written=written,
             )
             return await self._supervise(proc, cgroups, timeout, start, watchdog)
         finally:

@@ -130,6 +130,38 @@ def walk_tree(root: str | os.PathLike[str]) -> list[tuple[str, os.stat_result]]:
     return out
 
 
+def tree_bytes(root: str | os.PathLike[str]) -> int | None:
+    """Bytes the regular files under ``root`` hold on disk (allocated blocks, so a sparse file counts what it
+    holds), each inode once: a hard link is no second copy. Entries that vanish mid-walk are skipped (a command
+    may be deleting them). None when the tree cannot be measured: deeper than ``MAX_TREE_DEPTH``, or a directory
+    the walk may not read (``chmod 000`` must not hide what is inside from a quota)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    todo: list[tuple[str, int]] = [(os.fspath(root), 0)]
+    try:
+        while todo:
+            path, depth = todo.pop()
+            if depth > MAX_TREE_DEPTH:
+                return None
+            try:
+                entries = list(os.scandir(path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append((entry.path, depth + 1))
+                elif stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+    except OSError:
+        return None
+    return total
+
+
 def copy_tree(
     src: Path, dst: Path, *, link_inodes: frozenset[tuple[int, int]] = frozenset(), owner: int | None = None
 ) -> None:

@@ -3,6 +3,7 @@ private tmpfs together, and the workspace's disk for the whole episode; each kil
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -77,6 +78,34 @@ async def test_one_command_writing_past_the_disk_bound_is_stopped(no_cgroup: San
     assert many.killed is not None and "disk quota" in many.killed and limits.DISK_MECHANISM in many.killed, many
     written = sum(p.stat().st_size for p in workspace.glob("w*"))
     assert written < intended // 2, written >> 20
+
+
+async def test_another_writer_on_the_same_disk_does_not_count_against_the_command(
+    no_cgroup: Sandbox, workspace: Path
+) -> None:
+    # The watchdog screens the file system's free space, which every writer shares: a checkpoint or another
+    # workspace filling the disk while a command runs got the innocent command killed for "disk quota" (it
+    # flaked the suite under xdist). Only what the command's own workspace gained may count.
+    other = workspace.parent / "other-writer"
+    other.mkdir()
+    running = asyncio.ensure_future(no_cgroup.run("sleep 2; echo done", workspace, disk_quota_bytes=16 * MIB))
+    await asyncio.sleep(0.6)  # the command is running, its watchdog sampling
+    await asyncio.to_thread((other / "checkpoint").write_bytes, os.urandom(96 * MIB))
+    result = await running
+    assert result.ok and result.stdout == "done\n", result
+    # and the command's own writes still count, however the rest of the disk moves
+    flood = " & ".join(f"head -c 30000000 /dev/zero > w{i}" for i in range(6)) + " & wait"
+    own = await no_cgroup.run(flood, workspace, disk_quota_bytes=16 * MIB)
+    assert own.killed is not None and "disk quota" in own.killed, own
+
+
+async def test_writes_hidden_in_an_unreadable_directory_still_count(no_cgroup: Sandbox, workspace: Path) -> None:
+    # the growth that confirms a kill is a walk of the workspace: a directory the walk may not read is no hiding
+    # place (the free-space reading stands when the tree cannot be measured)
+    hide = "mkdir d && cd d && " + " & ".join(f"head -c 30000000 /dev/zero > w{i}" for i in range(6))
+    result = await no_cgroup.run(f"{hide} & cd .. && chmod 000 d; wait", workspace, disk_quota_bytes=16 * MIB)
+    (workspace / "d").chmod(0o755)
+    assert result.killed is not None and "disk quota" in result.killed, result
 
 
 @pytest.mark.parametrize("mode", ["copy", *(["hardlink"] if ROOT else [])])

@@ -212,3 +212,23 @@ def test_resolve_never_returns_a_path_outside(property_ws: Workspace, parts: lis
 def test_config_errors_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"WorkspaceConfig.{field}"):
         WorkspaceConfig(**{field: value})
+
+
+def test_tree_bytes_counts_each_inode_once_and_refuses_what_it_cannot_measure(tmp_path: Path) -> None:
+    from taskrl.envs.code.trees import MAX_TREE_DEPTH, tree_bytes
+
+    (tmp_path / "a").write_bytes(b"x" * (1 << 20))
+    os.link(tmp_path / "a", tmp_path / "b")  # a hard link is no second copy
+    with open(tmp_path / "sparse", "wb") as f:  # 1 GiB long, holding one block
+        f.seek(1 << 30)
+        f.write(b"x")
+    (tmp_path / "sub").mkdir()
+    os.symlink("/usr", tmp_path / "sub" / "link")  # never followed
+    total = tree_bytes(tmp_path)
+    assert total is not None and (1 << 20) <= total < (1 << 20) + (1 << 18)
+    deep = tmp_path / "deep"
+    path = deep
+    for _ in range(MAX_TREE_DEPTH + 2):
+        path = path / "d"
+    path.mkdir(parents=True)
+    assert tree_bytes(tmp_path) is None
