@@ -23,9 +23,10 @@ from typing import Any
 
 MATCHED_FIELDS = ("seed", "env", "env_kwargs", "split", "rollout.tasks_per_step", "rollout.group_size",
                   "rollout.temperature", "rollout.top_p", "rollout.max_turns", "rollout.max_new_tokens",
-                  "rollout.max_context_tokens", "steps")  # fmt: skip
-"""Fields an RFT arm takes unchanged from its RL arm: the prompts drawn and the episodes sampled per step."""
-_RL_ONLY = ("dynamic_sampling", "dynamic_sampling_max_rounds", "overlong_filter", "entropy_coef", "kl", "kl_coef",
+                  "rollout.max_context_tokens", "steps", "overlong_filter")  # fmt: skip
+"""Fields an RFT arm takes unchanged from its RL arm: the prompts drawn and the episodes sampled per step, and
+which episodes are left out (``overlong_filter``: RFT then clones no success a token cap ended)."""
+_RL_ONLY = ("dynamic_sampling", "dynamic_sampling_max_rounds", "entropy_coef", "kl", "kl_coef",
             "sft_warmup_steps")  # fmt: skip
 """Fields of the RL arm an RFT arm drops, with every ``algo.*`` field (the RL algorithm's own settings)."""
 

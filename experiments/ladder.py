@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser, spec: LadderSpec) -> None:
     add("--warm-tasks", type=int, default=8, help="expert demonstrations per warm-start step")
     add("--normalize-std", action="store_true", help="GRPO: std-normalised advantages (default: Dr. GRPO)")
     add("--dynamic-sampling", action="store_true", help="GRPO: DAPO dynamic sampling")
-    add("--overlong-filter", action="store_true", help="GRPO: no loss on episodes cut off by max_new_tokens")
+    add("--overlong-filter", action="store_true", help="GRPO: no loss on episodes a token cap cut; RFT: none cloned")
     add("--max-new-tokens", type=int, default=spec.max_new_tokens)
     add("--eval-tasks", type=int, default=128, help="distinct held-out tasks (the standard needs >= 64)")
     add("--eval-samples", type=int, default=spec.eval_samples, help="held-out samples per task (pass@K)")

@@ -265,6 +265,42 @@ def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare_markdown(runs: Sequence[dict[str, Any]], split: str, a: str, b: str,
+                     metrics: Sequence[str] = ("",)) -> str:  # fmt: skip
+    """Markdown of ``b`` against ``a`` (each ``design:arm``) on ``split``, paired by seed, per outcome in
+    ``metrics`` ("" = the primary): each seed's values and delta, and the seed-level verdict. Across designs this
+    is an ablation (e.g. one flag changed, the same seeds and warm starts); a seed only one side ran is listed."""
+    sides = []
+    for side in (a, b):
+        design, sep, arm = side.partition(":")
+        if not sep or not design or not arm:
+            raise ValueError(f"compare: name each side as design:arm (e.g. prices3g:grpo), got {side!r}")
+        sides.append((design, arm))
+    lines = [f"# {b} vs {a} on {split}", ""]
+    for metric in metrics:
+        values, names = [], set()
+        for design, arm in sides:
+            arms, name, _ = seed_table(runs, metric).get((design, split), ({}, metric, ""))
+            values.append(arms.get(arm, {}) if not metric or name == metric else {})
+            names.add(name)
+        label = " / ".join(sorted(n for n in names if n)) or "primary"
+        if not values[0] or not values[1]:
+            missing = [s for s, v in zip((a, b), values, strict=True) if not v]
+            lines += [f"## {label}", "", f"no {split} runs of {', '.join(missing)} with this outcome", ""]
+            continue
+        if len(names) > 1:
+            raise ValueError(f"compare: {a} and {b} have different primary outcomes ({label}); name one with --metric")
+        bounds = PROPORTION if is_proportion(label) else None
+        paired = paired_seeds(values[0], values[1], bounds=bounds)
+        lines += [f"## {label}", "", f"| seed | {a} | {b} | delta |", "|---|---|---|---|"]
+        for seed in sorted(set(values[0]) | set(values[1])):
+            x, y = values[0].get(seed), values[1].get(seed)
+            delta = f"{y - x:+.3f}" if x is not None and y is not None else "unpaired"
+            lines.append(f"| {seed} | {_number(x, 3)} | {_number(y, 3)} | {delta} |")
+        lines += ["", verdict(paired, a, b), ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -284,6 +320,13 @@ def main(argv: list[str] | None = None) -> None:
     plot.add_argument("--title", default="")
     plot.add_argument("--metric", default="", help="an outcome other than the primary (e.g. gen4_greedy_success)")
     plot.add_argument("--runs-dir", default=str(RUNS_DIR))
+    compare = sub.add_parser("compare", help="one design:arm against another, paired by seed (an ablation)")
+    compare.add_argument("study")
+    compare.add_argument("split", choices=("val", "test"))
+    compare.add_argument("a", help="the reference, design:arm (e.g. prices3g:grpo)")
+    compare.add_argument("b", help="the other, design:arm (e.g. prices3f:grpo)")
+    compare.add_argument("--metric", nargs="*", default=[""], help="outcomes (default: the primary)")
+    compare.add_argument("--runs-dir", default=str(RUNS_DIR))
     args = parser.parse_args(argv)
     runs_dir = Path(args.runs_dir)
     if args.command == "index":
@@ -295,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
 
         print(plot_seeds(Study(args.study, runs_dir).runs(), args.design, args.split, Path(args.out), title=args.title,
                          metric=args.metric))  # fmt: skip
+    elif args.command == "compare":
+        print(compare_markdown(Study(args.study, runs_dir).runs(), args.split, args.a, args.b, args.metric or [""]))
     else:
         print(Study(args.study, runs_dir).freeze(args.design, args.reason))
 

@@ -55,12 +55,19 @@ DESIGNS: dict[str, dict[str, Any]] = {
     # own, because prices3's test seeds were used before its generalisation sets existed.
     "prices3g": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
                  "rl": {"min_items": 3, "max_items": 3}, "generalise": True},
+    # prices3g with DAPO's overlong filter on both RL arms (GRPO and its matched RFT): prices3g's RL arms learned
+    # to leave their lookup turn to the 96-token cap (experiments/turn_caps.py); here a capped episode is neither
+    # trained on by GRPO nor cloned by RFT. The one change from prices3g.
+    "prices3f": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
+                 "rl": {"min_items": 3, "max_items": 3}, "generalise": True, "rl_options": {"overlong_filter": True}},
     # The first design: order totals (lookups and a sum), sparse reward plus lookup credit; kept for comparison.
     "shop": {"env": "shop", "sft": {"min_items": 1, "max_items": 1}, "eval": {"min_items": 2, "max_items": 2},
              "rl": {"min_items": 2, "max_items": 2}},
 }  # fmt: skip
 """Per design: the env, the demonstrations' tasks (single items: the format without the multi-item skill), the
-GRPO arm's training tasks and the held-out evaluation tasks (test split: no combination shared with training)."""
+GRPO arm's training tasks and the held-out evaluation tasks (test split: no combination shared with training);
+optionally ``generalise`` (always evaluate ``GENERALISATION``) and ``rl_options`` (TrainConfig fields of the RL
+arms, which the RFT arm matches where ``experiments.arms.MATCHED_FIELDS`` names them)."""
 
 
 def rl_env(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,7 +116,7 @@ def stage_config(stage: str, run_dir: Path, start: Path | None, args: argparse.N
             "rollout.tasks_per_step": args.tasks,
             "rollout.group_size": args.group_size, "entropy_coef": args.entropy_coef,
             # std-normalised advantages: partial-credit rewards differ by ~0.1, and ~10 updates must count
-            "algo.normalize_std": True}  # fmt: skip
+            "algo.normalize_std": True, **DESIGNS[args.design].get("rl_options", {})}  # fmt: skip
     if stage == "rft":
         from experiments.arms import rft_config
 

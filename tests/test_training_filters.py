@@ -104,6 +104,15 @@ def test_the_learner_gives_overlong_episodes_no_loss() -> None:
     assert results[False]["charts/trained_trajectories"] == 8.0 and "charts/overlong_filtered" not in results[False]
     assert results[True]["charts/trained_trajectories"] == 2.0 and results[True]["charts/overlong_filtered"] == 6.0
     assert results[True]["charts/trained_tokens"] < results[False]["charts/trained_tokens"]
+    # RFT (SFT on the policy's own samples) with the filter clones no overlong success: the ladder's RFT arm takes
+    # its RL arm's filter, or it would learn to lean on the cap from the successes GRPO is kept from training on
+    for flag in (False, True):
+        cfg = config_from_dict({"algo.name": "sft", "sft_data": "policy", "sft_min_reward": 0.0, "lr": 1e-2,
+                                "finetune": "lora", "lora.rank": 4, "progress": False, "overlong_filter": flag})
+        learner = Learner(prepare_model(copy.deepcopy(model), cfg), cfg, pad_id=0)
+        results[flag] = learner.update(trajectories, step=0)
+    assert results[False]["charts/trained_trajectories"] == 8.0 and "charts/overlong_filtered" not in results[False]
+    assert results[True]["charts/trained_trajectories"] == 2.0 and results[True]["charts/overlong_filtered"] == 6.0
 
 
 def test_the_trainer_refills_a_batch_of_flat_groups(tmp_path: Path) -> None:

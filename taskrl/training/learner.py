@@ -151,6 +151,10 @@ class Learner:
         metrics["charts/infra_failures"] = float(sum(t.infra_failure is not None for t in trajectories))
         if sft_mode:
             batch = sft.select(usable, min_reward=cfg.sft_min_reward, keep=cfg.sft_keep)
+            if cfg.overlong_filter:  # RFT: a success the cap ended is no demonstration of ending the turn
+                kept = [t for t in batch if not overlong(t)]
+                metrics["charts/overlong_filtered"] = float(len(batch) - len(kept))
+                batch = kept
         else:
             batch = [t for t in usable if self._staleness(t) <= cfg.rollout.max_staleness]
             metrics["charts/stale_dropped"] = float(len(usable) - len(batch))

@@ -29,9 +29,13 @@ def _policy() -> HFPolicy:
 
 
 def test_rft_matches_its_grpo_arm_prompts_and_samples(tmp_path: Path) -> None:
-    rl = grpo_config(_base(tmp_path / "grpo"), lr=1e-3, tasks_per_step=2, group_size=3, overlong_filter=True)
+    filtered = grpo_config(_base(tmp_path), lr=1e-3, tasks_per_step=2, group_size=3, overlong_filter=True,
+                           entropy_coef=0.01)  # fmt: skip
+    matched = rft_config(filtered, min_reward=1.0)
+    assert matched["overlong_filter"] is True and "entropy_coef" not in matched  # the filter is matched, RL's own not
+    rl = grpo_config(_base(tmp_path / "grpo"), lr=1e-3, tasks_per_step=2, group_size=3)
     rft = rft_config({**rl, "run_dir": str(tmp_path / "rft")}, min_reward=0.0, lr=1e-3)
-    assert rft["algo.name"] == "sft" and rft["sft_data"] == "policy" and "overlong_filter" not in rft
+    assert rft["algo.name"] == "sft" and rft["sft_data"] == "policy"
     budgets, prompts = {}, {}
     for name, config in (("grpo", rl), ("rft", rft)):
         trainer, budgets[name] = train_arm(config, minutes=30, policy=_policy())

@@ -176,3 +176,25 @@ def test_secondary_outcomes_get_their_own_seed_level_tables_and_figures(tmp_path
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="with novel_success"):
         seed_values(study.runs(), "g", "val", "novel_success")
+
+
+def test_compare_pairs_one_design_arm_with_another_by_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.study import compare_markdown
+
+    study = Study("toy", tmp_path)
+    for seed in range(4):  # an ablation: design "f" is design "g" with one flag changed, the same seeds
+        for design, grpo, gen in (("g", 0.8, 0.1), ("f", 0.9, 0.1 + seed / 10)):
+            outcome = {"success": grpo, "gen4_success": gen}
+            study.record(design=design, arm="grpo", seed=seed, split="val", primary="success", outcome=outcome)
+    study.record(design="g", arm="sft3", seed=0, split="val", primary="success", outcome={"success": 1.0})
+    text = compare_markdown(study.runs(), "val", "g:grpo", "f:grpo", ["", "gen4_success"])
+    assert "## success" in text and "| 3 | 0.800 | 0.900 | +0.100 |" in text
+    assert "f:grpo beats g:grpo at the seed level (mean delta +0.100" in text
+    assert "f:grpo vs g:grpo: not shown" in text.split("## gen4_success")[1]  # 0, .1, .2, .3: the CI covers 0
+    one = compare_markdown(study.runs(), "val", "g:sft3", "f:grpo")
+    assert "| 1 | unpaired |" not in one and "| 1 | - | 0.900 | unpaired |" in one and "one seed, no claim" in one
+    assert "no val runs of g:rft" in compare_markdown(study.runs(), "val", "g:rft", "f:grpo")
+    with pytest.raises(ValueError, match="design:arm"):
+        compare_markdown(study.runs(), "test", "grpo", "f:grpo")
+    main(["compare", "toy", "val", "g:grpo", "f:grpo", "--runs-dir", str(tmp_path)])
+    assert capsys.readouterr().out.strip() == compare_markdown(study.runs(), "val", "g:grpo", "f:grpo").strip()

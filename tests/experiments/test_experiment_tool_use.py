@@ -54,6 +54,13 @@ def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_pat
     assert (configs["rft"].algo.name, configs["rft"].sft_data, configs["rft"].sft_min_reward) == ("sft", "policy", 1.0)
     assert all(arms["rft"][f] == arms["grpo"][f] for f in MATCHED_FIELDS if f in arms["grpo"])
     assert {c.model for c in configs.values()} == {str(start)}
+    assert not configs["grpo"].overlong_filter and not configs["rft"].overlong_filter
+    # prices3f: prices3g with the overlong filter on both RL arms, and nothing else changed
+    filtered = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, _args(design="prices3f")))
+                for arm in bench.LADDER}  # fmt: skip
+    assert filtered["grpo"].overlong_filter and filtered["rft"].overlong_filter
+    assert not filtered["sft3"].overlong_filter and not filtered["sft_only"].overlong_filter
+    assert {k: v for k, v in bench.DESIGNS["prices3f"].items() if k != "rl_options"} == bench.DESIGNS["prices3g"]
 
 
 def test_held_out_orders_share_no_item_quantity_pair_with_any_training_task() -> None:
