@@ -60,6 +60,12 @@ DESIGNS: dict[str, dict[str, Any]] = {
     # trained on by GRPO nor cloned by RFT. The one change from prices3g.
     "prices3f": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
                  "rl": {"min_items": 3, "max_items": 3}, "generalise": True, "rl_options": {"overlong_filter": True}},
+    # prices3g with room in the RL arms' per-turn cap (160 new tokens in training, GRPO and its matched RFT): a turn
+    # that runs on past its third call is no longer ended by the cap right after it, so it costs the episode.
+    # Evaluation unchanged (96 on three items, 160 on the generalisation sets). The one change from prices3g.
+    "prices3c": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
+                 "rl": {"min_items": 3, "max_items": 3}, "generalise": True,
+                 "rl_options": {"rollout.max_new_tokens": 160}},
     # The first design: order totals (lookups and a sum), sparse reward plus lookup credit; kept for comparison.
     "shop": {"env": "shop", "sft": {"min_items": 1, "max_items": 1}, "eval": {"min_items": 2, "max_items": 2},
              "rl": {"min_items": 2, "max_items": 2}},

@@ -61,6 +61,12 @@ def test_the_ladder_arms_imitate_the_held_out_shape_and_rft_matches_grpo(tmp_pat
     assert filtered["grpo"].overlong_filter and filtered["rft"].overlong_filter
     assert not filtered["sft3"].overlong_filter and not filtered["sft_only"].overlong_filter
     assert {k: v for k, v in bench.DESIGNS["prices3f"].items() if k != "rl_options"} == bench.DESIGNS["prices3g"]
+    # prices3c: the RL arms' training cap has room (160); the SFT arms and every evaluation keep prices3g's
+    roomy = {arm: config_from_dict(bench.stage_config(arm, tmp_path / arm, start, _args(design="prices3c")))
+             for arm in bench.LADDER}  # fmt: skip
+    assert roomy["grpo"].rollout.max_new_tokens == roomy["rft"].rollout.max_new_tokens == 160
+    assert roomy["sft3"].rollout.max_new_tokens == configs["sft3"].rollout.max_new_tokens == 96
+    assert {k: v for k, v in bench.DESIGNS["prices3c"].items() if k != "rl_options"} == bench.DESIGNS["prices3g"]
 
 
 def test_held_out_orders_share_no_item_quantity_pair_with_any_training_task() -> None:
