@@ -16,7 +16,9 @@ Where this departs from the paper (Shao et al. 2024, DeepSeekMath):
 - Overlong filtering (DAPO) is an option of the learner: ``overlong_filter=True`` gives episodes cut off by the
   token budget, or with a turn cut short by ``max_new_tokens`` whose calls still ran, no loss, while their rewards
   still count in their group's mean (``charts/overlong_filtered``). A turn limit or an env's own truncation is
-  not overlong.
+  not overlong. Where the overlong episodes are a group's successes, that mean pushes the episodes that end
+  within budget down: on the issue-40 tool-use pilot (one val seed) GRPO leaned on the cap more with the filter
+  than without; room in ``max_new_tokens`` is what stopped it there (``docs/experiments/tool_use.md``).
 - No KL term by default; k1-in-reward or k3-in-loss are options of the learner (``kl``), not of this file.
 - Upper and lower clip ranges are separate (DAPO's clip-higher); both default to 0.2.
 

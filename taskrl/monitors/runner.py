@@ -78,8 +78,8 @@ MONITORS: dict[str, MonitorSpec] = {
                                        "turns that look like tool calls parse as none (parser/format mismatch)",
                                        needs="tools"),
     "capped_success": MonitorSpec(checks.capped_success, True,
-                                  "successes lean on the token cap: their turns never end by themselves (filter them "
-                                  "with overlong_filter, or give max_new_tokens room)"),
+                                  "successes lean on the token cap: their turns never end by themselves (give "
+                                  "max_new_tokens room; overlong_filter alone may not stop it)"),
 }  # fmt: skip
 
 
