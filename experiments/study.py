@@ -9,6 +9,7 @@ discipline, the held-out size check and the index of every run and design.
     python experiments/study.py index           # writes experiments/runs/INDEX.md
     python experiments/study.py plot prices prices3 test --out docs/learning_tool_use_ladder.png  # seed-level figure
     python experiments/study.py plot prices prices3g test --metric gen4_greedy_success --out gen4.png
+    python experiments/study.py compare prices test prices3g:grpo prices3c:grpo --metric "" gen4_greedy_success
 
 Each run is one JSON file, created exclusively under a new unique name (time, design, arm, seed, split and a
 random suffix); a second test evaluation of the same (design, arm, seed) is refused, not overwritten.

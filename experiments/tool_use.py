@@ -61,7 +61,7 @@ DESIGNS: dict[str, dict[str, Any]] = {
     "prices3f": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
                  "rl": {"min_items": 3, "max_items": 3}, "generalise": True, "rl_options": {"overlong_filter": True}},
     # prices3g with room in the RL arms' per-turn cap (160 new tokens in training, GRPO and its matched RFT): a turn
-    # that runs on past its third call is no longer ended by the cap right after it, so it costs the episode.
+    # that runs on past its third call is no longer ended by the cap right after it, so running on can cost the episode.
     # Evaluation unchanged (96 on three items, 160 on the generalisation sets). The one change from prices3g.
     "prices3c": {"env": "prices", "sft": {"min_items": 1, "max_items": 2}, "eval": {"min_items": 3, "max_items": 3},
                  "rl": {"min_items": 3, "max_items": 3}, "generalise": True,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -190,13 +189,6 @@ def rank_device(device: str, local_rank: int) -> str:
     return "cpu" if device == "auto" else device
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (the rendezvous of a local group)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _DIED = object()
 """Marks a rank that exited without sending anything."""
 
@@ -221,7 +213,9 @@ def _rank_main(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+        # the launcher hosts the group's store on a port it holds (see ``spawn``): every rank, 0 included, is a client
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
         try:
             result.send(fn(*args))
         finally:
@@ -246,7 +240,10 @@ def spawn(fn: Callable[..., T], nproc: int, args: tuple[Any, ...] = (), *, backe
     if nproc < 1:
         raise ValueError(f"spawn needs nproc >= 1, got {nproc}")
     context = mp.get_context("spawn")
-    port = free_port()
+    # The rendezvous store lives here, bound to a port the kernel picks and this process keeps: a port picked free,
+    # released and bound by rank 0 later could be taken in between (it was, by a neighbour: EADDRINUSE).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
+    port = store.port
     processes, readers = [], []
     for rank in range(nproc):
         reader, writer = context.Pipe(duplex=False)

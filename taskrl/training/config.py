@@ -139,8 +139,8 @@ class TrainConfig:
     """RL steps: episodes cut off by the token budget (max_new_tokens or max_context_tokens), or with any turn cut
     short by max_new_tokens (tools/capped_turns), get no loss (DAPO's overlong filtering); their rewards still count
     in their group's mean (so where they are the successes, the episodes that end in budget are pushed down: give
-    max_new_tokens room instead). SFT steps (RFT on the policy's samples): such episodes are not cloned. Counted
-    in charts/overlong_filtered."""
+    max_new_tokens room instead). SFT steps clone none of them (RFT's capped successes, or a demonstration the cap
+    cut). Counted in charts/overlong_filtered."""
     kl: str = "none"
     """KL to the initial policy: none, k1_reward (penalty in the reward) or k3_loss (term in the loss)."""
     kl_coef: float = 0.0

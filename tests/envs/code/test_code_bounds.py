@@ -93,19 +93,22 @@ async def test_another_writer_on_the_same_disk_does_not_count_against_the_comman
     await asyncio.to_thread((other / "checkpoint").write_bytes, os.urandom(96 * MIB))
     result = await running
     assert result.ok and result.stdout == "done\n", result
-    # and the command's own writes still count, however the rest of the disk moves
-    flood = " & ".join(f"head -c 30000000 /dev/zero > w{i}" for i in range(6)) + " & wait"
-    own = await no_cgroup.run(flood, workspace, disk_quota_bytes=16 * MIB)
-    assert own.killed is not None and "disk quota" in own.killed, own
+    # and the command's own writes still count, however the rest of the disk moves: six 10 MB files, each under
+    # RLIMIT_FSIZE, paced so the command is still running when the watchdog confirms the sum past the quota
+    paced = "for i in 1 2 3 4 5 6; do head -c 10000000 /dev/zero > w$i; sleep 0.3; done; echo survived"
+    own = await no_cgroup.run(paced, workspace, disk_quota_bytes=16 * MIB)
+    assert own.killed is not None and "disk quota" in own.killed and "survived" not in own.stdout, own
 
 
 async def test_writes_hidden_in_an_unreadable_directory_still_count(no_cgroup: Sandbox, workspace: Path) -> None:
     # the growth that confirms a kill is a walk of the workspace: a directory the walk may not read is no hiding
     # place (the free-space reading stands when the tree cannot be measured)
-    hide = "mkdir d && cd d && " + " & ".join(f"head -c 30000000 /dev/zero > w{i}" for i in range(6))
-    result = await no_cgroup.run(f"{hide} & cd .. && chmod 000 d; wait", workspace, disk_quota_bytes=16 * MIB)
+    # (files opened before the chmod, then written through their descriptors, paced as above)
+    hide = ("mkdir d && exec 3>d/a 4>d/b 5>d/c 6>d/e 7>d/f 8>d/g && chmod 000 d && "
+            "for fd in 3 4 5 6 7 8; do head -c 10000000 /dev/zero >&$fd; sleep 0.3; done; echo survived")  # fmt: skip
+    result = await no_cgroup.run(hide, workspace, disk_quota_bytes=16 * MIB)
     (workspace / "d").chmod(0o755)
-    assert result.killed is not None and "disk quota" in result.killed, result
+    assert result.killed is not None and "disk quota" in result.killed and "survived" not in result.stdout, result
 
 
 @pytest.mark.parametrize("mode", ["copy", *(["hardlink"] if ROOT else [])])
