@@ -130,9 +130,10 @@ def walk_tree(root: str | os.PathLike[str]) -> list[tuple[str, os.stat_result]]:
     return out
 
 
-def tree_bytes(root: str | os.PathLike[str]) -> int | None:
+def tree_bytes(root: str | os.PathLike[str], *, exclude: frozenset[tuple[int, int]] = frozenset()) -> int | None:
     """Bytes the regular files under ``root`` hold on disk (allocated blocks, so a sparse file counts what it
-    holds), each inode once: a hard link is no second copy. Entries that vanish mid-walk are skipped (a command
+    holds), each inode once: a hard link is no second copy. Inodes in ``exclude`` ((st_dev, st_ino) pairs: a
+    base's files hard-linked into every workspace) cost nothing. Entries that vanish mid-walk are skipped (a command
     may be deleting them). None when the tree cannot be measured: deeper than ``MAX_TREE_DEPTH``, or a directory
     the walk may not read (``chmod 000`` must not hide what is inside from a quota)."""
     seen: set[tuple[int, int]] = set()
@@ -154,9 +155,11 @@ def tree_bytes(root: str | os.PathLike[str]) -> int | None:
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     todo.append((entry.path, depth + 1))
-                elif stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
+                elif stat.S_ISREG(st.st_mode):
+                    key = (st.st_dev, st.st_ino)
+                    if key not in seen and key not in exclude:
+                        seen.add(key)
+                        total += st.st_blocks * 512
     except OSError:
         return None
     return total

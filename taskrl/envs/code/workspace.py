@@ -39,6 +39,7 @@ from taskrl.envs.code.trees import (
     WorkspaceError,
     copy_tree,
     remove_tree,
+    tree_bytes,
     walk_tree,
 )
 
@@ -142,6 +143,7 @@ class Workspace:
         self.base, self.mode = base, mode
         self.disk_quota_bytes = disk_quota_bytes
         self._usage = 0
+        self._unmeasurable = False
         self.owner = agent_uid()
         """Host uid owning the workspace's files (the sandbox's, as root); None: this process's own."""
         root = root.resolve()
@@ -253,16 +255,12 @@ class Workspace:
         # Each inode once, and only the base's own inodes (hard-linked into every workspace) are free: a hard
         # link the agent made to its own file is no way to hide the file from the quota.
         shared = self.base.frozen(self.dir.parent)[3] if self.mode == "hardlink" else frozenset()
-        seen: set[tuple[int, int]] = set()
-        total = 0
-        with contextlib.suppress(OSError, WorkspaceError):
-            for _, st in walk_tree(self.path):
-                key = (st.st_dev, st.st_ino)
-                if stat.S_ISREG(st.st_mode) and key not in shared and key not in seen:
-                    seen.add(key)
-                    total += st.st_blocks * 512
-        self._usage = total
-        return total
+        total = tree_bytes(self.path, exclude=shared)
+        # A tree the walk cannot measure (a directory the host may not read, one deeper than MAX_TREE_DEPTH)
+        # counts as full: reading it as empty would hand the next command the whole quota again.
+        self._unmeasurable = total is None
+        self._usage = self.disk_quota_bytes if total is None else total
+        return self._usage
 
     def disk_mechanism(self) -> str:
         """What holds this workspace's disk quota for the whole episode (for the episode's info)."""
@@ -279,6 +277,12 @@ class Workspace:
     def quota_note(self) -> str | None:
         """A line for the agent when the workspace is (nearly) full, refreshed after every command."""
         used = self.disk_usage()
+        if self._unmeasurable:
+            return (
+                f"[workspace disk quota: the workspace cannot be measured (a directory it may not read, or one "
+                f"more than {MAX_TREE_DEPTH} levels deep), so it counts as full; restore permissions or remove it "
+                "to write more]"
+            )
         if used < 0.9 * self.disk_quota_bytes:
             return None
         return (

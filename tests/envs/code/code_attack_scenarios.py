@@ -205,10 +205,12 @@ async def _play(
     task = env.tasks("all")[task_index]
     policy = ScriptedPolicy.from_turns([*turns, "Done."])
     ws_dirs: list[str] = []
+    ws_modes: list[str] = []
 
     def rule(messages: list[Any], tools: Any) -> str:
         if env.workspace is not None and not ws_dirs:
             ws_dirs.append(str(env.workspace.dir))
+            ws_modes.append(env.workspace.mode)
         return policy.rule(messages, tools)
 
     inspected = None
@@ -229,6 +231,7 @@ async def _play(
         "checkpoint_errors": traj.info.get("checkpoint_errors", []),
         "observations": [m.content for m in traj.messages if m.role == "tool"],
         "workspace_left": ws_dir is not None and os.path.lexists(ws_dir),
+        "mode": ws_modes[0] if ws_modes else None,
         "inspected": inspected,
     }
 

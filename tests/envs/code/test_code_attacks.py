@@ -144,7 +144,10 @@ def check_disk_quota(r: dict[str, Any]) -> None:
 def check_hostile_tree(r: dict[str, Any]) -> None:
     _fail(r)  # reward, snapshot and close all survive it
     assert r["metrics"].get("unscorable_workspace") == 1.0
-    assert r["observations"][0] == "exit code 0", r["observations"][0]
+    first = r["observations"][0].splitlines()
+    assert first[0] == "exit code 0", first
+    if r["mode"] != "overlay":  # a walked quota cannot measure the tree: it counts as full, and the agent is told
+        assert len(first) == 2 and "cannot be measured" in first[1] and "levels deep" in first[1], first
     assert r["metrics"]["checkpoint_failed"] == 1.0  # the per-step snapshot refused the tree, and it is recorded
     assert all("levels deep" in e for e in r["checkpoint_errors"]) and r["checkpoint_errors"], r["checkpoint_errors"]
 

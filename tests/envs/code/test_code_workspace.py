@@ -226,9 +226,31 @@ def test_tree_bytes_counts_each_inode_once_and_refuses_what_it_cannot_measure(tm
     os.symlink("/usr", tmp_path / "sub" / "link")  # never followed
     total = tree_bytes(tmp_path)
     assert total is not None and (1 << 20) <= total < (1 << 20) + (1 << 18)
+    st = os.stat(tmp_path / "a")  # a base's inode, shared by every workspace, costs nothing
+    assert tree_bytes(tmp_path, exclude=frozenset({(st.st_dev, st.st_ino)})) < (1 << 18)  # type: ignore[operator]
     deep = tmp_path / "deep"
     path = deep
     for _ in range(MAX_TREE_DEPTH + 2):
         path = path / "d"
     path.mkdir(parents=True)
     assert tree_bytes(tmp_path) is None
+
+
+def test_a_workspace_its_walk_cannot_measure_counts_as_full(pool: WorkspacePool) -> None:
+    # it read as empty (the walk's error was swallowed), so every next command got the whole quota again
+    from taskrl.envs.code.trees import MAX_TREE_DEPTH
+
+    ws = pool.acquire()
+    try:
+        if ws.mode == "overlay":
+            pytest.skip("an overlay's quota is its tmpfs's size, read from the mount, not walked")
+        assert ws.disk_usage() < ws.disk_quota_bytes and ws.quota_note() is None
+        path = ws.path / "deep"
+        for _ in range(MAX_TREE_DEPTH + 2):
+            path = path / "d"
+        path.mkdir(parents=True)
+        (path / "data").write_bytes(b"x" * (1 << 20))
+        assert ws.disk_usage() == ws.disk_quota_bytes and ws.disk_budget() == 0
+        assert "cannot be measured" in (ws.quota_note() or "")
+    finally:
+        ws.destroy()
