@@ -7,8 +7,12 @@
 * Snapshot / restore latency of a workspace with 20 changed files.
 * Sandboxed ``true`` (bubblewrap, rlimits, per-sandbox cgroups, unprivileged uid) p50 vs a bare ``/bin/true``
   subprocess. Target: <= 20 ms.
+* What the walked disk quota of hardlink/copy workspaces costs a command: a sandboxed ``true`` as the code tools
+  run it (``disk_quota_bytes=ws.disk_budget()``: the growth meter walks the tree at the start; ``quota_note()``
+  walks it again after) vs the same command without a quota, on copy workspaces of ``--quota-files`` files each.
 
-    .venv/bin/python benchmarks/workspace_bench.py [--files 1000] [--clones 200] [--commands 100]
+    .venv/bin/python benchmarks/workspace_bench.py [--files 1000] [--clones 200] [--commands 100] \
+        [--quota-files 1000 20000]
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from taskrl.envs.code.sandbox import Sandbox, SandboxConfig
-from taskrl.envs.code.workspace import BaseTree, WorkspaceConfig, WorkspacePool, overlay_available
+from taskrl.envs.code.trees import tree_bytes
+from taskrl.envs.code.workspace import BaseTree, Workspace, WorkspaceConfig, WorkspacePool, overlay_available
 
 
 def make_repo(root: Path, files: int) -> Path:
@@ -67,12 +74,34 @@ async def command_latency(sandbox: Sandbox, workspace: Path, n: int) -> tuple[fl
     return p50_ms(sandboxed), p50_ms(bare)
 
 
+async def quota_latency(sandbox: Sandbox, ws: Workspace, n: int) -> tuple[float, float, float]:
+    """p50 ms of a sandboxed `true` without a quota and with the walked quota as the code tools run it (the
+    command with ``disk_budget()``, then ``quota_note()``), interleaved; and p50 ms of one ``tree_bytes`` walk."""
+    plain, quota, walks = [], [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        await sandbox.run(["true"], ws.path)
+        plain.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        await sandbox.run(["true"], ws.path, disk_quota_bytes=ws.disk_budget())
+        ws.quota_note()
+        quota.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        tree_bytes(ws.path)
+        walks.append(time.perf_counter() - start)
+    return p50_ms(plain), p50_ms(quota), p50_ms(walks)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--clones", type=int, default=200)
     parser.add_argument("--commands", type=int, default=100)
+    parser.add_argument("--quota-files", type=int, nargs="*", default=[1000, 20000],
+                        help="sizes of the copy workspaces the walked quota is timed on")  # fmt: skip
     args = parser.parse_args()
+    # a `timeout` or a kill must still unmount and remove the benchmark's workspaces (finally, atexit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
     print(f"CPU: {model}; amx_bf16: {'amx_bf16' in cpu}; load average: {os.getloadavg()[0]:.1f}")
@@ -132,6 +161,19 @@ def main() -> None:
               f"process limit: {sandbox.process_limit}; {args.commands} runs)")  # fmt: skip
         print(f"limits: {getattr(sandbox, 'limits', sandbox.process_limit)}")
         sandbox_ws.destroy()  # type: ignore[union-attr]
+        if args.quota_files:
+            print("| copy workspace files | sandboxed `true` p50 ms | with the walked quota p50 ms | ratio "
+                  "| one walk p50 ms |")  # fmt: skip
+            print("|---:|---:|---:|---:|---:|")
+        for files in args.quota_files:
+            big = make_repo(tmp / f"quota{files}", files)
+            pool = WorkspacePool(BaseTree(big), WorkspaceConfig(root=str(root), mode="copy", pool_size=0))
+            ws = pool.create()
+            n = max(10, args.commands // 2)
+            plain, quota, walk = asyncio.run(quota_latency(sandbox, ws, n))
+            print(f"| {files} | {plain:.1f} | {quota:.1f} | {quota / plain:.2f}x | {walk:.1f} |")
+            ws.destroy()
+            pool.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
