@@ -10,9 +10,12 @@ discipline, the held-out size check and the index of every run and design.
     python experiments/study.py plot prices prices3 test --out docs/learning_tool_use_ladder.png  # seed-level figure
     python experiments/study.py plot prices prices3g test --metric gen4_greedy_success --out gen4.png
     python experiments/study.py compare prices test prices3g:grpo prices3c:grpo --metric "" gen4_greedy_success
+    python experiments/study.py release reverse_text cpu128 grpo 2 --reason "killed by the OOM killer at step 6"
 
 Each run is one JSON file, created exclusively under a new unique name (time, design, arm, seed, split and a
-random suffix); a second test evaluation of the same (design, arm, seed) is refused, not overwritten.
+random suffix); a second test evaluation of the same (design, arm, seed) is refused, not overwritten. A test run
+that ended before its evaluation (killed, out of memory) may give its claim back with a reason, never once its
+record exists; the index lists every release and every claim still without a record.
 """
 
 from __future__ import annotations
@@ -172,6 +175,40 @@ class Study:
                                 "uses test once: report that run, or freeze a new design") from None  # fmt: skip
         return path
 
+    def release_claim(self, design: str, arm: str, seed: int, reason: str) -> Path:
+        """Give back the test claim of a run that ended before its evaluation (killed, out of memory), so that it
+        can run again; refused once a test record of (design, arm, seed) exists (that run used test). The release
+        is appended, with its reason and the claim's time, to ``test_claims/released.jsonl``, which the index
+        lists: a rerun is never silent."""
+        _name("design", design), _name("arm", arm), _seed(seed)
+        if not reason.strip():
+            raise StandardError("a released test claim needs a reason (what stopped the run before evaluation)")
+        path = self._claim_path(design, arm, seed)
+        if not path.exists():
+            raise StandardError(f"no test claim of {design}/{arm}/seed {seed} to release ({path})")
+        if any((r["design"], r["arm"], int(r["seed"]), r["split"]) == (design, arm, seed, "test")
+               for r in self.runs()):  # fmt: skip
+            raise StandardError(f"{design}/{arm}/seed {seed} has a test record: that run used test, report it")
+        log = self.dir / "test_claims" / "released.jsonl"
+        entry = {"design": design, "arm": arm, "seed": seed, "claimed_utc": path.read_text().strip(),
+                 "released_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason.strip()}
+        with log.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+        path.unlink()
+        return log
+
+    def released_claims(self) -> list[dict[str, Any]]:
+        """Every released test claim (``release_claim``), oldest first."""
+        log = self.dir / "test_claims" / "released.jsonl"
+        return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+
+    def open_claims(self) -> list[str]:
+        """Test claims with no test record yet: runs in progress, or ones that ended before their evaluation."""
+        recorded = {(r["design"], r["arm"], int(r["seed"])) for r in self.runs() if r["split"] == "test"}
+        claims = sorted(p.name for p in (self.dir / "test_claims").glob("*__*__s*")) if (
+            self.dir / "test_claims").is_dir() else []  # fmt: skip
+        return [c for c in claims if (lambda d, a, s: (d, a, int(s[1:])) not in recorded)(*c.split("__"))]
+
 
 def _value(outcome: Any) -> float | None:
     value = outcome.get("value") if isinstance(outcome, dict) else outcome
@@ -252,6 +289,14 @@ def index_markdown(runs_dir: str | Path = RUNS_DIR) -> str:
             load = ((r.get("machine") or {}).get("loadavg") or [None])[0]
             lines.append(f"| {r['file']} | {r['design']} | {r['arm']} | {r['seed']} | {r['split']} | {r['primary']} "
                          f"| {_cell(outcome)} | {spent} | {_number(load, 1)} |")  # fmt: skip
+        released, open_claims = study.released_claims(), study.open_claims()
+        if released:
+            lines += ["", "Test claims released (runs that ended before their evaluation, then run again):", "",
+                      "| design | arm | seed | claimed | released | reason |", "|---|---|---|---|---|---|"]
+            lines += [f"| {c['design']} | {c['arm']} | {c['seed']} | {c['claimed_utc']} | {c['released_utc']} "
+                      f"| {c['reason']} |" for c in released]  # fmt: skip
+        if open_claims:
+            lines += ["", f"Test claims with no record (running, or ended before evaluation): {', '.join(open_claims)}"]
         header = ["| arm | seeds | mean | 95% t CI | vs baseline |", "|---|---|---|---|---|"]
         for (design, split), (arms, primary, base) in sorted(seed_table(runs).items()):
             lines += ["", f"### {design} on {split}", "", *header, *_seed_rows(arms, primary, base)]
@@ -321,6 +366,13 @@ def main(argv: list[str] | None = None) -> None:
     plot.add_argument("--title", default="")
     plot.add_argument("--metric", default="", help="an outcome other than the primary (e.g. gen4_greedy_success)")
     plot.add_argument("--runs-dir", default=str(RUNS_DIR))
+    release = sub.add_parser("release", help="give back the test claim of a run that ended before evaluation")
+    release.add_argument("study")
+    release.add_argument("design")
+    release.add_argument("arm")
+    release.add_argument("seed", type=int)
+    release.add_argument("--reason", required=True, help="what stopped the run before its evaluation")
+    release.add_argument("--runs-dir", default=str(RUNS_DIR))
     compare = sub.add_parser("compare", help="one design:arm against another, paired by seed (an ablation)")
     compare.add_argument("study")
     compare.add_argument("split", choices=("val", "test"))
@@ -339,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
 
         print(plot_seeds(Study(args.study, runs_dir).runs(), args.design, args.split, Path(args.out), title=args.title,
                          metric=args.metric))  # fmt: skip
+    elif args.command == "release":
+        print(Study(args.study, runs_dir).release_claim(args.design, args.arm, args.seed, args.reason))
     elif args.command == "compare":
         print(compare_markdown(Study(args.study, runs_dir).runs(), args.split, args.a, args.b, args.metric or [""]))
     else:

@@ -110,6 +110,30 @@ def test_records_are_never_overwritten_and_test_is_used_once(tmp_path: Path) -> 
         study.record(design="d1", arm="grpo", seed=0, split="val", outcome={"r": 1}, primary="reward")
 
 
+def test_a_run_that_ended_before_evaluation_gives_its_claim_back_on_the_record(tmp_path: Path) -> None:
+    study = Study("toy", tmp_path)
+    study.record(design="d1", arm="grpo", seed=0, split="val", outcome={"reward": 0.5}, primary="reward")
+    study.freeze("d1", reason="the only design")
+    for seed in (1, 2):
+        study.claim_test("d1", "grpo", seed)
+    study.record(design="d1", arm="grpo", seed=2, split="test", outcome={"reward": 0.7}, primary="reward")
+    assert study.open_claims() == ["d1__grpo__s1"]  # seed 1 was killed before its evaluation
+    assert "no record (running, or ended before evaluation): d1__grpo__s1" in index_markdown(tmp_path)
+    with pytest.raises(StandardError, match="has a test record"):  # seed 2 used test: it stays used
+        study.release_claim("d1", "grpo", 2, reason="would like another try")
+    with pytest.raises(StandardError, match="needs a reason"):
+        study.release_claim("d1", "grpo", 1, reason=" ")
+    with pytest.raises(StandardError, match="no test claim"):
+        study.release_claim("d1", "rft", 1, reason="never claimed")
+    main(["release", "toy", "d1", "grpo", "1", "--reason", "killed by the OOM killer at step 6", "--runs-dir",
+          str(tmp_path)])  # fmt: skip
+    study.claim_test("d1", "grpo", 1)  # it may run again, and the release is on the record
+    (released,) = study.released_claims()
+    assert released["seed"] == 1 and released["reason"] == "killed by the OOM killer at step 6"
+    text = index_markdown(tmp_path)
+    assert "Test claims released" in text and "| d1 | grpo | 1 |" in text and "killed by the OOM killer" in text
+
+
 def test_held_out_needs_64_distinct_tasks() -> None:
     tasks = [SimpleNamespace(prompt=f"p{i % 40}") for i in range(80)]
     with pytest.raises(StandardError, match="40 distinct tasks \\(80 drawn\\)"):
