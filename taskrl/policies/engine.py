@@ -104,6 +104,7 @@ class ContinuousEngine:
         self._decode_s: float | None = None  # moving averages: a decode forward, a padded prefill token
         self._prefill_token_s: float | None = None
         self._idle_epoch = 0
+        self._idle_timer: threading.Timer | None = None
         self.queue: list[Request] = []
         # Every key exists from the start: other threads read the counters while this one updates them.
         self.stats: Counter[str] = Counter(dict.fromkeys(_STATS, 0))
@@ -163,11 +164,27 @@ class ContinuousEngine:
                 self._schedule()
             else:
                 self._scheduled = False
-                self._idle.set()
                 self._idle_epoch += 1
-                timer = threading.Timer(self.idle_release_s, self._release_if_idle, args=(self._idle_epoch,))
-                timer.daemon = True
-                timer.start()
+                if self._idle_timer is not None:  # one pending release at a time, not a thread per idle spell
+                    self._idle_timer.cancel()
+                self._idle_timer = threading.Timer(self.idle_release_s, self._release_if_idle, args=(self._idle_epoch,))
+                self._idle_timer.daemon = True
+                self._idle_timer.start()
+                self._idle.set()  # last: whoever waits for idle finds the release already pending
+
+    def close(self) -> None:
+        """Free the batch KV buffers and the prefix cache now, and cancel the pending idle release: its timer
+        held the engine, and so the policy's model, for ``idle_release_s`` after the policy was closed (a
+        ladder's next arm then built its model beside the last one's). Call once the decode thread has stopped."""
+        with self._lock:
+            timer, self._idle_timer = self._idle_timer, None
+            if timer is not None:
+                timer.cancel()
+            for kv in self._kvs():
+                kv.clear()  # rows a timed-out close left behind too: nothing will decode them any more
+            self.prefix.clear()
+        if timer is not None and timer is not threading.current_thread():
+            timer.join(1.0)  # a cancelled timer's thread ends at once; until then it holds the engine
 
     def _release_if_idle(self, epoch: int) -> None:
         """Free the batch KV buffers if the engine has stayed idle since ``epoch`` (a timer thread calls it)."""

@@ -127,6 +127,8 @@ class HFPolicy(PolicyBase):
         if threading.get_ident() != self._decode_thread:
             self._engine.wait_idle(timeout_s)
         self._executor.shutdown(wait=True)
+        if threading.get_ident() != self._decode_thread:  # on the decode thread, shutdown cannot wait for it
+            self._engine.close()
 
     # -- weights and versions --------------------------------------------------------------------
     @property

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import math
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -350,6 +352,20 @@ def test_close_finishes_submitted_work_and_refuses_new(tiny) -> None:
             await policy.generate(token_ids=[1, 2], sampling=sampling(2, 1))
 
     asyncio.run(main())
+
+
+def test_a_closed_policy_frees_its_model_and_kv_at_once(tiny) -> None:
+    # the engine's idle-release timer held the engine, and so the model and its KV, for idle_release_s (30 s)
+    # after close: a ladder's next arm built its model beside the last one's (an OOM kill at 13.9 GB)
+    policy = make_policy(tiny, own_weights=True)
+    asyncio.run(policy.generate(token_ids=ids(tiny[1], "some words"), sampling=sampling(8, 1)))
+    assert policy._engine.wait_idle(5) and policy._engine._idle_timer is not None  # idle: a release is pending
+    model = weakref.ref(policy.model)
+    policy.close()
+    assert all(kv.buffer is None for kv in policy._engine._kvs()) and len(policy._engine.prefix) == 0
+    del policy
+    gc.collect()
+    assert model() is None
 
 
 async def test_weight_sync_invalidates(policy: HFPolicy, tiny) -> None:
