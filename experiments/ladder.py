@@ -20,6 +20,7 @@ from typing import Any
 
 from experiments.arms import grpo_config, held_out, model_dir, rft_config, sft_config, train_arm
 from experiments.study import RUNS_DIR, Study
+from taskrl.policies.memory import release_freed
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = "hf-inprocess"
@@ -183,6 +184,8 @@ def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study
             outcome = _evaluate(spec, args, trainer, tasks, seed, "start")
         finally:
             trainer.close()
+        del trainer  # held until the next arm's trainer returned: two arms' models and optimizers at once
+        release_freed()
         budget = {"train_s": time.monotonic() - began, "steps": 0}
         paths.append(study.record(design=args.design, arm="start", seed=seed, split=args.split, outcome=outcome,
                                   primary=spec.primary, config=base, budget=budget, engine=ENGINE, extra=common))
@@ -194,6 +197,8 @@ def run_seed(spec: LadderSpec, args: argparse.Namespace, seed: int, study: Study
             outcome = _evaluate(spec, args, trainer, tasks, seed, arm)
         finally:
             trainer.close()
+        del trainer
+        release_freed()  # the next arm starts from the memory this one held, not beside it
         paths.append(study.record(design=args.design, arm=arm, seed=seed, split=args.split, outcome=outcome,
                                   primary=spec.primary, config=config, budget=budget, engine=ENGINE, extra=common))
         print(f"seed {seed} {arm}: {spec.primary} {outcome[spec.primary]} budget {json.dumps(budget)[:200]}")
