@@ -23,6 +23,7 @@ from taskrl.policies.base import Completion, PolicyError
 from taskrl.policies.drafts import default_decode_budget, plan_drafts
 from taskrl.policies.engine_config import EngineConfig
 from taskrl.policies.fastpath import FastForward
+from taskrl.policies.idle import IdleState
 from taskrl.policies.kvcache import PrefixCache, RowKV
 from taskrl.policies.sampling import DecodeHost, Request, sample
 
@@ -103,16 +104,13 @@ class ContinuousEngine:
         self.idle_release_s = idle_release_s
         self._decode_s: float | None = None  # moving averages: a decode forward, a padded prefill token
         self._prefill_token_s: float | None = None
-        self._idle_epoch = 0
-        self._idle_timer: threading.Timer | None = None
         self.queue: list[Request] = []
         # Every key exists from the start: other threads read the counters while this one updates them.
         self.stats: Counter[str] = Counter(dict.fromkeys(_STATS, 0))
         self._inbox: list[Request] = []
         self._lock = threading.RLock()  # _fail_all may run under it
         self._scheduled = False
-        self._idle = threading.Event()
-        self._idle.set()
+        self._idle = IdleState(self._release_if_idle)
         self._weights: Any = None
         on_cpu = policy.device.type == "cpu"
         self.fast = FastForward(on_cpu if fast_forward == "auto" else bool(fast_forward))
@@ -123,7 +121,7 @@ class ContinuousEngine:
             self._inbox.append(request)
             if not self._scheduled:
                 self._scheduled = True
-                self._idle.clear()
+                self._idle.busy()
                 self._schedule()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -149,7 +147,7 @@ class ContinuousEngine:
             self.policy._executor.submit(self._tick)
         except RuntimeError as exc:  # the policy was closed under us: nobody will run the step
             self._scheduled = False
-            self._idle.set()
+            self._idle.idle(None)
             self._fail_all(PolicyError(f"HFPolicy is closed ({exc})"))
 
     # -- decode thread -----------------------------------------------------------------------------
@@ -164,34 +162,24 @@ class ContinuousEngine:
                 self._schedule()
             else:
                 self._scheduled = False
-                self._idle_epoch += 1
-                if self._idle_timer is not None:  # one pending release at a time, not a thread per idle spell
-                    self._idle_timer.cancel()
-                self._idle_timer = threading.Timer(self.idle_release_s, self._release_if_idle, args=(self._idle_epoch,))
-                self._idle_timer.daemon = True
-                self._idle_timer.start()
-                self._idle.set()  # last: whoever waits for idle finds the release already pending
+                self._idle.idle(self.idle_release_s)
 
     def close(self) -> None:
         """Free the batch KV buffers and the prefix cache now, and cancel the pending idle release: its timer
         held the engine, and so the policy's model, for ``idle_release_s`` after the policy was closed (a
         ladder's next arm then built its model beside the last one's). Call once the decode thread has stopped."""
+        self._idle.close()
         with self._lock:
-            timer, self._idle_timer = self._idle_timer, None
-            if timer is not None:
-                timer.cancel()
             for kv in self._kvs():
                 kv.clear()  # rows a timed-out close left behind too: nothing will decode them any more
             self.prefix.clear()
-        if timer is not None and timer is not threading.current_thread():
-            timer.join(1.0)  # a cancelled timer's thread ends at once; until then it holds the engine
 
     def _release_if_idle(self, epoch: int) -> None:
         """Free the batch KV buffers if the engine has stayed idle since ``epoch`` (a timer thread calls it)."""
 
         def release() -> None:
             with self._lock:
-                if self._idle.is_set() and epoch == self._idle_epoch:
+                if self._idle.still_idle(epoch):
                     for kv in self._kvs():
                         kv.release()
 

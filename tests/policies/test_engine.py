@@ -359,7 +359,7 @@ def test_a_closed_policy_frees_its_model_and_kv_at_once(tiny) -> None:
     # after close: a ladder's next arm built its model beside the last one's (an OOM kill at 13.9 GB)
     policy = make_policy(tiny, own_weights=True)
     asyncio.run(policy.generate(token_ids=ids(tiny[1], "some words"), sampling=sampling(8, 1)))
-    assert policy._engine.wait_idle(5) and policy._engine._idle_timer is not None  # idle: a release is pending
+    assert policy._engine.wait_idle(5) and policy._engine._idle.timer is not None  # idle: a release is pending
     model = weakref.ref(policy.model)
     policy.close()
     assert all(kv.buffer is None for kv in policy._engine._kvs()) and len(policy._engine.prefix) == 0
