@@ -236,14 +236,17 @@ def test_tree_bytes_counts_each_inode_once_and_refuses_what_it_cannot_measure(tm
     assert tree_bytes(tmp_path) is None
 
 
-def test_a_workspace_its_walk_cannot_measure_counts_as_full(pool: WorkspacePool) -> None:
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "overlay"])  # an overlay's quota is its tmpfs: not walked
+def test_a_workspace_its_walk_cannot_measure_counts_as_full(
+    base_tree: Path, workspace_config: WorkspaceConfig, mode: str
+) -> None:
     # it read as empty (the walk's error was swallowed), so every next command got the whole quota again
     from taskrl.envs.code.trees import MAX_TREE_DEPTH
 
+    pool = WorkspacePool(BaseTree(base_tree), WorkspaceConfig(root=workspace_config.root, mode=mode, pool_size=0))
     ws = pool.acquire()
     try:
-        if ws.mode == "overlay":
-            pytest.skip("an overlay's quota is its tmpfs's size, read from the mount, not walked")
+        assert ws.mode == mode
         assert ws.disk_usage() < ws.disk_quota_bytes and ws.quota_note() is None
         path = ws.path / "deep"
         for _ in range(MAX_TREE_DEPTH + 2):
@@ -254,3 +257,4 @@ def test_a_workspace_its_walk_cannot_measure_counts_as_full(pool: WorkspacePool)
         assert "cannot be measured" in (ws.quota_note() or "")
     finally:
         ws.destroy()
+        pool.close()
