@@ -204,10 +204,9 @@ class Study:
 
     def open_claims(self) -> list[str]:
         """Test claims with no test record yet: runs in progress, or ones that ended before their evaluation."""
-        recorded = {(r["design"], r["arm"], int(r["seed"])) for r in self.runs() if r["split"] == "test"}
-        claims = sorted(p.name for p in (self.dir / "test_claims").glob("*__*__s*")) if (
-            self.dir / "test_claims").is_dir() else []  # fmt: skip
-        return [c for c in claims if (lambda d, a, s: (d, a, int(s[1:])) not in recorded)(*c.split("__"))]
+        recorded = {self._claim_path(r["design"], r["arm"], int(r["seed"])).name
+                    for r in self.runs() if r["split"] == "test"}  # fmt: skip
+        return sorted(p.name for p in (self.dir / "test_claims").glob("*__*__s*") if p.name not in recorded)
 
 
 def _value(outcome: Any) -> float | None:
