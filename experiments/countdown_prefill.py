@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,6 +27,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--env-kwargs", type=json.loads, default={}, help='e.g. \'{"num_numbers": 2}\'')
     args = ap.parse_args()
     import torch
 
@@ -36,11 +39,11 @@ def main() -> None:
     from taskrl.types import Message
 
     torch.set_num_threads(args.threads)
-    env = make("countdown")
+    env = make("countdown", **args.env_kwargs)
     tasks = list(env.tasks(args.split))[: args.tasks]
     policy = HFPolicy.from_pretrained("smollm2", device="cpu", dtype=weights_dtype("auto", "cpu")[0])
     fmt = policy.chat_format
-    prefix_ids = fmt.tokenizer.encode(args.prefix, add_special_tokens=False)
+    prefix_ids = fmt.tokenizer.encode(args.prefix, add_special_tokens=False) if args.prefix else []
 
     async def sample() -> list[tuple[object, str]]:
         jobs = []
@@ -53,7 +56,9 @@ def main() -> None:
         return [(tasks[j // args.samples], args.prefix + c.text) for j, c in enumerate(done)]
 
     closed = valid = solved = 0
+    started = time.perf_counter()
     samples = asyncio.run(sample())
+    seconds = time.perf_counter() - started
     for task, text in samples:
         answer = parse_answer(text)
         closed += answer is not None
@@ -63,7 +68,9 @@ def main() -> None:
         except ExpressionError:
             pass
     print(f"prefix {args.prefix!r}, {len(samples)} samples ({len(tasks)} {args.split} tasks x {args.samples}, T=1, "
-          f"{args.max_new_tokens} new tokens): closed the tag {closed}, valid expressions {valid}, solved {solved}")
+          f"{args.max_new_tokens} new tokens, {args.env_kwargs or 'default env'}): closed the tag {closed}, valid "
+          f"expressions {valid}, solved {solved}; chance rate of a random expression "
+          f"{sum(t.info['chance_rate'] for t, _ in samples) / len(samples):.3f}; sampled in {seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``countdown``: reach a target from three numbers with + - * / (issue 40's task with no demonstrations).
 
-A task gives three numbers and a target that some expression over them reaches; the model answers with an
+A task gives three numbers (or two, ``num_numbers=2``: the easiest form, one a 135M model can start on) and a
+target that some expression over them reaches; the model answers with an
 expression in ``<answer>...</answer>`` tags. ``check_expression`` is exact: it parses with ``ast`` (never
 ``eval``), allows only integer literals, + - * / and parentheses, uses each given number at most once, and
 computes with fractions (no float rounding, division by zero fails). Reward 1 for a correct expression, else 0;
@@ -110,12 +111,12 @@ def _expressions(numbers: Sequence[int]) -> Iterator[tuple[str, int | Fraction |
 
 @functools.lru_cache(maxsize=4096)
 def _outcomes(numbers: tuple[int, ...]) -> tuple[Counter[int | Fraction | None], frozenset[int]]:
-    """How many expressions over ``numbers`` reach each value, and the integers reachable using all three."""
+    """How many expressions over ``numbers`` reach each value, and the integers reachable using all of them."""
     counts: Counter[int | Fraction | None] = Counter()
     with_all: set[int] = set()
     for text, value in _expressions(numbers):
         counts[value] += 1
-        if text.count(" ") == 4 and value is not None and value.denominator == 1:
+        if text.count(" ") == 2 * (len(numbers) - 1) and value is not None and value.denominator == 1:
             with_all.add(int(value))
     return counts, frozenset(with_all)
 
@@ -139,22 +140,25 @@ def number_split(numbers: Sequence[int]) -> str:
     return "test" if bucket == 0 else "val" if bucket == 1 else "train"
 
 
-def make_countdown_tasks(n: int, split: str = "train", *, max_number: int = 30, max_target: int = 100) -> list[Task]:
-    """``n`` tasks of three numbers in 1..``max_number`` from ``split``'s number sets, each with a target in
-    1..``max_target`` that an expression using all three reaches (so every task is solvable)."""
-    return copy.deepcopy(_make_tasks(n, split, max_number, max_target))
+def make_countdown_tasks(n: int, split: str = "train", *, max_number: int = 30, max_target: int = 100,
+                         num_numbers: int = 3) -> list[Task]:  # fmt: skip
+    """``n`` tasks of ``num_numbers`` (2 or 3) numbers in 1..``max_number`` from ``split``'s number sets, each with
+    a target in 1..``max_target`` that an expression using all of them reaches (so every task is solvable)."""
+    return copy.deepcopy(_make_tasks(n, split, max_number, max_target, num_numbers))
 
 
 @functools.lru_cache(maxsize=8)
-def _make_tasks(n: int, split: str, max_number: int, max_target: int) -> list[Task]:
-    if n < 1 or max_number < 2 or max_target < 1:
-        raise ValueError(f"need n >= 1, max_number >= 2, max_target >= 1, got {n}, {max_number}, {max_target}")
+def _make_tasks(n: int, split: str, max_number: int, max_target: int, num_numbers: int) -> list[Task]:
+    if n < 1 or max_number < 2 or max_target < 1 or num_numbers not in (2, 3):
+        raise ValueError(f"need n >= 1, max_number >= 2, max_target >= 1, num_numbers 2 or 3, got {n}, "
+                         f"{max_number}, {max_target}, {num_numbers}")  # fmt: skip
     owner = split if split in ("test", "val") else "train"
-    rng = random.Random(split_seed(split) * 7919 + max_number * 101 + max_target)
+    # three numbers keep the stream the first records were drawn from; two draw from their own
+    rng = random.Random(split_seed(split) * 7919 + max_number * 101 + max_target + (num_numbers != 3) * 104729)
     seen: set[tuple[tuple[int, ...], int]] = set()
     tasks: list[Task] = []
     for _ in range(500 * n):
-        numbers = [rng.randint(1, max_number) for _ in range(3)]
+        numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
         if number_split(numbers) != owner:
             continue
         reachable = sorted(v for v in _outcomes(tuple(sorted(numbers)))[1] if 1 <= v <= max_target)
@@ -183,24 +187,30 @@ def parse_answer(text: str | None) -> str | None:
 
 
 class CountdownEnv(ToolEnv):
-    """Reach the target from three numbers; reward 1 for an exact, valid expression."""
+    """Reach the target from ``num_numbers`` (3, or 2) numbers; reward 1 for an exact, valid expression."""
 
     name = "countdown"
     system_prompt = "You solve arithmetic puzzles. Think briefly, then give the expression in <answer></answer> tags."
 
-    def __init__(self, num_tasks: int = 1000, num_held_out: int = 128, max_number: int = 30,
-                 max_target: int = 100, format_credit: float = 0.0) -> None:  # fmt: skip
+    def __init__(self, num_tasks: int | None = None, num_held_out: int = 128, max_number: int = 30,
+                 max_target: int = 100, format_credit: float = 0.0, num_numbers: int = 3) -> None:  # fmt: skip
+        """``num_tasks`` training tasks (default 1000 of three numbers, 300 of two: at the default bounds two
+        numbers have about 1,200 distinct training tasks and 200 per held-out split); every split is drawn here,
+        so bounds that cannot give that many tasks fail at start, not mid-run."""
         super().__init__()
-        make_countdown_tasks(1, max_number=max_number, max_target=max_target)  # bad bounds fail here
+        num_tasks = (1000 if num_numbers == 3 else 300) if num_tasks is None else num_tasks
+        for n, split in ((num_tasks, "train"), (num_held_out, "val"), (num_held_out, "test")):
+            _make_tasks(n, split, max_number, max_target, num_numbers)  # cached: tasks() reuses the draw
         if not 0.0 <= format_credit < 1.0:
             raise ValueError(f"format_credit must be in [0, 1) (below a solve's reward 1), got {format_credit!r}")
         self.num_tasks, self.num_held_out = num_tasks, num_held_out
         self.max_number, self.max_target = max_number, max_target
-        self.format_credit = float(format_credit)
+        self.format_credit, self.num_numbers = float(format_credit), num_numbers
 
     def tasks(self, split: str = "train") -> Sequence[Task]:
         n = self.num_held_out if split in ("test", "val") else self.num_tasks
-        return make_countdown_tasks(n, split, max_number=self.max_number, max_target=self.max_target)
+        return make_countdown_tasks(n, split, max_number=self.max_number, max_target=self.max_target,
+                                    num_numbers=self.num_numbers)  # fmt: skip
 
     def reward(self, trajectory: Trajectory) -> dict[str, float | None]:
         assert self.task is not None, "reward() before reset()"

@@ -98,3 +98,28 @@ def test_format_credit_pays_a_valid_wrong_expression_only() -> None:
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="format_credit must be in"):
             CountdownEnv(format_credit=bad)
+
+
+def test_two_number_tasks_are_held_out_solvable_and_checked_like_three() -> None:
+    env = make("countdown", num_numbers=2, format_credit=0.1)
+    assert isinstance(env, CountdownEnv) and len(env.tasks("train")) == 300
+    train, test = env.tasks("train"), env.tasks("test")
+    assert {len(t.info["numbers"]) for t in [*train, *test]} == {2}
+    sets = [{tuple(sorted(t.info["numbers"])) for t in tasks} for tasks in (train, test)]
+    assert not sets[0] & sets[1]
+    a, b = test[0].info["numbers"]
+    target = test[0].info["target"]
+    assert solutions([a, b], target) and all(check_expression(s, [a, b], target) for s in solutions([a, b], target))
+    assert chance_rate([3, 4], 7) == pytest.approx(2 / 10)  # 3, 4 and 8 ordered pair expressions: 3+4, 4+3
+    env.reset(test[0])
+    traj = Trajectory(task_id=test[0].id, messages=[Message("assistant", str(test[0].answer))])
+    traj.info["final_answer"] = test[0].answer
+    assert env.reward(traj) == {"solved": 1.0, "format": 0.0}
+    assert make_countdown_tasks(5) == make_countdown_tasks(5, num_numbers=3)  # three numbers: the first draws kept
+
+
+def test_countdown_bounds_that_cannot_fill_a_split_fail_at_start() -> None:
+    with pytest.raises(ValueError, match="could not draw 1000 distinct train"):
+        CountdownEnv(num_numbers=2, num_tasks=1000)
+    with pytest.raises(ValueError, match="num_numbers 2 or 3"):
+        CountdownEnv(num_numbers=4)
