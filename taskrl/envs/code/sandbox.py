@@ -404,6 +404,7 @@ class Sandbox:
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
         disk_quota_bytes: int | None = None,
+        disk_growth: Callable[[], int | None] | None = None,
         stdin_fd: int | None = None,
         stdout_fd: int | None = None,
         pass_fds: Sequence[int] = (),
@@ -413,6 +414,8 @@ class Sandbox:
 
         ``disk_quota_bytes``: what the command may still add to the workspace's file system (kills it past
         that; in the sandbox only what its workspace gained counts, not another writer's use of the disk).
+        ``disk_growth``: that reading, where the caller keeps one (``Workspace.disk_growth``: what the tree gained
+        since the measurement the quota came from); without it the tree is walked here once before the start.
         ``stdin_fd``/``stdout_fd`` connect the command to pipes instead of /dev/null and the capture, and
         ``pass_fds`` hands it more: all three are closed here once the command has started (this is how two
         sandboxes are wired together, see ``harness.py``).
@@ -432,7 +435,7 @@ class Sandbox:
         handed = [fd for fd in (stdin_fd, stdout_fd, *pass_fds) if fd is not None]
         written = None
         if disk_quota_bytes is not None and self.isolated:  # it can write nowhere else on the disk
-            written = await _growth_meter(str(workspace))
+            written = disk_growth or await _growth_meter(str(workspace))
         start = time.perf_counter()
         try:
             proc = await _spawn(

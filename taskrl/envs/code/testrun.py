@@ -28,7 +28,7 @@ import secrets
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,6 +204,7 @@ async def run_pytest(
     timeout_s: float | None = None,
     coverage_of: Sequence[str] = (),
     disk_quota_bytes: int | None = None,
+    disk_growth: Callable[[], int | None] | None = None,
 ) -> tuple[TestRun, dict[str, Any] | None]:
     """Run pytest on ``targets`` (paths relative to the workspace) in the sandbox.
 
@@ -243,6 +244,7 @@ async def run_pytest(
         env=env,
         pass_fds=(write_end, key_r),
         disk_quota_bytes=disk_quota_bytes,
+        disk_growth=disk_growth,
     )
     data = await reading
     run = TestRun(command=command)

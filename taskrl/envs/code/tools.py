@@ -251,7 +251,8 @@ class CodeTools:
         """
         async with self._lock():
             ws = self._ws()
-            result = await self.sandbox.run(command, ws.path, disk_quota_bytes=ws.disk_budget())
+            budget = await asyncio.to_thread(ws.disk_budget)  # a walk only when no exact reading is kept
+            result = await self.sandbox.run(command, ws.path, disk_quota_bytes=budget, disk_growth=ws.disk_growth())
             self.commands += 1
             note = await asyncio.to_thread(ws.quota_note)
         return result.format() + (f"\n{note}" if note else "")
@@ -271,6 +272,7 @@ class CodeTools:
             if path:
                 ws.resolve(path.split("::", 1)[0], must_exist=True)
             targets = [path] if path else list(info["test_targets"])
+            budget = await asyncio.to_thread(ws.disk_budget)
             run, _ = await run_pytest(
                 self.sandbox,
                 ws.path,
@@ -279,7 +281,8 @@ class CodeTools:
                 plugins=info.get("plugins", []),
                 doctest_modules=info.get("doctest_modules", False),
                 conftest=info.get("conftest", False),
-                disk_quota_bytes=ws.disk_budget(),
+                disk_quota_bytes=budget,
+                disk_growth=ws.disk_growth(),
             )
             self.test_runs += 1
             note = await asyncio.to_thread(ws.quota_note)

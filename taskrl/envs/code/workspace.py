@@ -24,6 +24,7 @@ import tempfile
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,9 @@ class Workspace:
     def __init__(self, base: BaseTree, root: Path, mode: CloneMode, disk_quota_bytes: int = 1 << 30) -> None:
         self.base, self.mode = base, mode
         self.disk_quota_bytes = disk_quota_bytes
-        self._usage = 0
+        self._usage: int | None = None
+        """The quota's reading of the tree (``disk_usage``), kept exact across this object's own writes; None:
+        not measured yet, or changed in a way only a walk can tell."""
         self._unmeasurable = False
         self.owner = agent_uid()
         """Host uid owning the workspace's files (the sandbox's, as root); None: this process's own."""
@@ -240,12 +243,33 @@ class Workspace:
             os.chmod(tmp, mode)
             if self.owner is not None:
                 os.chown(tmp, self.owner, self.owner)
+            change = self._usage_change(target, os.lstat(tmp))
             os.replace(tmp, target)
+            if self._usage is not None:
+                self._usage = None if change is None else self._usage + change
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
         return target
+
+    def _shared_inodes(self) -> frozenset[tuple[int, int]]:
+        """The base's inodes hard-linked into a hardlink workspace: they cost it nothing."""
+        return self.base.frozen(self.dir.parent)[3] if self.mode == "hardlink" else frozenset()
+
+    def _usage_change(self, target: Path, new: os.stat_result) -> int | None:
+        """What replacing ``target`` with the file ``new`` changes in ``disk_usage``, by ``tree_bytes``'s rule
+        (regular files' blocks, each inode once, shared base inodes free); None where only a walk can tell (the
+        old file has another link that may or may not be inside the tree)."""
+        if self.mode == "overlay" or self._unmeasurable:
+            return 0
+        try:
+            old = os.lstat(target)
+        except FileNotFoundError:
+            return new.st_blocks * 512
+        if not stat.S_ISREG(old.st_mode) or (old.st_dev, old.st_ino) in self._shared_inodes():
+            return new.st_blocks * 512
+        return new.st_blocks * 512 - old.st_blocks * 512 if old.st_nlink == 1 else None
 
     def disk_usage(self) -> int:
         """Bytes the agent added (overlay: its tmpfs layer; else the whole tree, walked: see ``disk_budget``)."""
@@ -254,8 +278,7 @@ class Workspace:
             return (st.f_blocks - st.f_bfree) * st.f_frsize
         # Each inode once, and only the base's own inodes (hard-linked into every workspace) are free: a hard
         # link the agent made to its own file is no way to hide the file from the quota.
-        shared = self.base.frozen(self.dir.parent)[3] if self.mode == "hardlink" else frozenset()
-        total = tree_bytes(self.path, exclude=shared)
+        total = tree_bytes(self.path, exclude=self._shared_inodes())
         # A tree the walk cannot measure (a directory the host may not read, one deeper than MAX_TREE_DEPTH)
         # counts as full: reading it as empty would hand the next command the whole quota again.
         self._unmeasurable = total is None
@@ -269,10 +292,32 @@ class Workspace:
         return f"{DISK_MECHANISM} ({self.disk_quota_bytes >> 20} MiB per episode, what the agent added counted)"
 
     def disk_budget(self) -> int | None:
-        """What the next command may still write: None when a mount enforces the quota itself (overlay)."""
+        """What the next command may still write: None when a mount enforces the quota itself (overlay). Walks
+        the tree only when no reading is kept (the first command, after a restore); pass ``disk_growth()`` to the
+        sandbox with it."""
         if self.mode == "overlay":
             return None
-        return self.disk_quota_bytes - self._usage
+        if self._usage is None:
+            self.disk_usage()
+        return self.disk_quota_bytes - self._usage  # type: ignore[operator]
+
+    def disk_growth(self) -> Callable[[], int | None] | None:
+        """The sandbox watchdog's reading of what the tree gained since the reading ``disk_budget`` was taken from
+        (call it right after): measured the same way, against the same start, so its check, gained > budget, is
+        exactly usage > quota and the command needs no walk of its own at the start. None for overlay."""
+        if self.mode == "overlay":
+            return None
+        if self._usage is None:
+            self.disk_usage()
+        if self._unmeasurable:
+            return lambda: None  # the budget is already 0: the drop in free space stands
+        start, path, shared = self._usage, self.path, self._shared_inodes()
+
+        def gained() -> int | None:
+            now = tree_bytes(path, exclude=shared)
+            return None if now is None else now - start  # type: ignore[operator]
+
+        return gained
 
     def quota_note(self) -> str | None:
         """A line for the agent when the workspace is (nearly) full, refreshed after every command."""
@@ -332,8 +377,8 @@ class Workspace:
             self._mount(upper)
         else:
             self._discard(self.path)
-            links = self.base.frozen(self.dir.parent)[3] if self.mode == "hardlink" else frozenset()
-            copy_tree(source, self.path, link_inodes=links)
+            copy_tree(source, self.path, link_inodes=self._shared_inodes())
+        self._usage = None
 
     @property
     def snapshots(self) -> list[str]:

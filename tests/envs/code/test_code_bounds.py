@@ -125,9 +125,11 @@ async def test_repeated_writes_share_one_bound_per_episode(no_cgroup: Sandbox, b
                                     disk_quota_bytes=ws.disk_budget())  # fmt: skip
         assert first.ok, first
         assert ws.disk_usage() >= 28 * MIB and ws.disk_budget() <= 36 * MIB  # type: ignore[operator]
+        ws.write_file("notes.txt", b"n" * (3 * MIB))  # a host-side write between commands: kept in the reading
         for _ in range(2):  # the next commands get only what is left, however often they try
+            # as the code tools run it: the kept reading is the watchdog's start, no walk before the command
             again = await no_cgroup.run("head -c 60000000 /dev/zero > c$RANDOM", ws.path,
-                                        disk_quota_bytes=ws.disk_budget())  # fmt: skip
+                                        disk_quota_bytes=ws.disk_budget(), disk_growth=ws.disk_growth())  # fmt: skip
             assert again.killed is not None or "File size limit exceeded" in again.stderr, again
             assert ws.disk_usage() <= quota + 2 * MIB
     finally:

@@ -258,3 +258,44 @@ def test_a_workspace_its_walk_cannot_measure_counts_as_full(
     finally:
         ws.destroy()
         pool.close()
+
+
+@pytest.mark.parametrize("mode", ["copy", *(["hardlink"] if ROOT else [])])
+def test_the_quota_reading_follows_host_writes_without_a_walk(
+    base_tree: Path, workspace_config: WorkspaceConfig, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each command walked the tree twice (77 ms each at 20,000 files): the reading kept between commands must
+    # stay exactly what a walk would say, or the quota drifts
+    import taskrl.envs.code.workspace as workspace_module
+    from taskrl.envs.code.trees import tree_bytes
+
+    walks: list[str] = []
+    monkeypatch.setattr(workspace_module, "tree_bytes", lambda *a, **k: walks.append("walk") or tree_bytes(*a, **k))
+    pool = WorkspacePool(BaseTree(base_tree), WorkspaceConfig(root=workspace_config.root, mode=mode, pool_size=0))
+    ws = pool.acquire()
+    try:
+        shared = ws._shared_inodes()
+        walked = lambda: tree_bytes(ws.path, exclude=shared)  # noqa: E731
+        assert ws.disk_budget() == ws.disk_quota_bytes - walked() and walks == ["walk"]  # the first: one walk
+        base_file = next(p.relative_to(ws.path) for p in ws.path.rglob("*.py"))
+        for relpath, data in (("new.txt", b"a" * 10_000), ("new.txt", b"b" * 100), (str(base_file), b"x" * 50_000),
+                              ("sub/dir/more.bin", b"\0" * 200_000), (str(base_file), b"")):  # fmt: skip
+            ws.write_file(relpath, data)
+            assert ws.disk_budget() == ws.disk_quota_bytes - walked(), relpath
+        assert walks == ["walk"]  # every write above was kept exactly, without walking
+        growth = ws.disk_growth()
+        assert growth is not None and growth() == 0
+        (ws.path / "by-a-command").write_bytes(b"c" * 8192)
+        assert growth() == walked() - (ws.disk_quota_bytes - ws.disk_budget()) >= 8192
+        os.link(ws.path / "new.txt", ws.path / "second-link")  # two links: only a walk can tell what a write frees
+        ws.write_file("new.txt", b"d")
+        walks.clear()
+        assert ws.disk_budget() == ws.disk_quota_bytes - walked() and walks == ["walk"]
+        ws.snapshot("s")
+        ws.write_file("after.txt", b"e" * 40_000)
+        ws.restore("s")  # the tree changed wholesale: the next budget walks again
+        walks.clear()
+        assert ws.disk_budget() == ws.disk_quota_bytes - walked() and walks == ["walk"]
+    finally:
+        ws.destroy()
+        pool.close()
