@@ -358,6 +358,8 @@ BUILTIN_ENVS: dict[str, tuple[str, str]] = {
                      "reverse a random lowercase string; LCS-ratio reward (prime-rl's reverse-text; no tools)"),
     "countdown": ("taskrl.envs.countdown:CountdownEnv",
                   "reach a target from 3 numbers with + - * / (exact checker, no expert; no tools)"),
+    "arithmetic": ("taskrl.envs.arithmetic:ArithmeticEnv",
+                   "one + - * on two numbers <= 20, answered with the number (exact checker, no expert; no tools)"),
     "code-humaneval": ("taskrl.envs.code:make_humaneval_env",
                        "Composer coding: HumanEval in a sandbox, hidden tests"),
     "code-bugs": ("taskrl.envs.code:make_codebugs_env", "Composer coding: fix bugs mined from PyPI projects"),
