@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser, spec: LadderSpec) -> None:
     add("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds, the unit of every claim (>= 5)")
     add("--split", choices=("val", "test"), default="val", help="held-out split (test: design frozen, used once)")
     add("--design", default="d1", help="name of this set of settings (compare designs on val)")
-    add("--arms", nargs="+", default=list(spec.arms), choices=list(spec.arms), help="arms to run")
+    add("--arms", nargs="+", default=list(spec.arms), choices=["start", *spec.arms],
+        help="arms to run (the start is evaluated per --start-seeds; `--arms start` evaluates only it)")  # fmt: skip
     add("--minutes", type=float, default=30.0, help="training wall-clock limit per arm")
     add("--max-steps", type=int, default=1000, help="step cap of each arm (the time limit normally ends it)")
     add("--model-path", default="smollm2", help="'smollm2', a save_pretrained directory or a .gguf file")
