@@ -1,5 +1,6 @@
-"""The reverse-text and countdown studies (issue 40) end to end on a tiny random model: one step of every arm,
-held-out evaluation on >= 64 tasks, one new record per arm, the test split refused until the design is frozen."""
+"""The reverse-text, countdown and arithmetic studies (issue 40) end to end on a tiny random model: one step of
+every arm, held-out evaluation on >= 64 tasks, one new record per arm, the test split refused until the design is
+frozen."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import countdown, reverse_text
+from experiments import arithmetic, countdown, reverse_text
 from experiments.ladder import main
 from experiments.study import StandardError, Study, index_markdown
 from taskrl.policies.models import tiny_model
@@ -75,3 +76,15 @@ def test_the_test_split_needs_a_frozen_design(tiny_dir: Path, tmp_path: Path) ->
     with pytest.raises(StandardError, match="32 distinct tasks .* needs >= 64"):
         main(countdown.SPEC, [*_args(tiny_dir, tmp_path, "--arms", "grpo")[:-2], "--eval-tasks", "32"])
     assert Study("countdown", tmp_path / "runs").runs() == []
+
+
+def test_arithmetic_runs_without_a_warm_start_and_its_start_alone(tiny_dir: Path, tmp_path: Path) -> None:
+    args = _args(tiny_dir, tmp_path, "--arms", "rft", "--eval-samples", "2", "--max-new-tokens", "8")
+    records = [json.loads(p.read_text()) for p in main(arithmetic.SPEC, args)]
+    assert [r["arm"] for r in records] == ["start", "rft"] and "warm_start" not in records[0]
+    assert records[0]["start_model"] == str(tiny_dir) and {"pass@1", "pass@2"} <= set(records[1]["outcome"])
+    # `--arms start`: the base model's evaluation for more seeds, after the arms ran
+    only_start = [*_args(tiny_dir, tmp_path, "--arms", "start", "--eval-samples", "1"), "--seeds", "3"]
+    (path,) = main(arithmetic.SPEC, only_start)
+    record = json.loads(path.read_text())
+    assert (record["arm"], record["seed"], record["budget"]["steps"]) == ("start", 3, 0)
