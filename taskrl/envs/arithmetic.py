@@ -7,7 +7,10 @@ the reply may show its working, only its last number counts, so listing candidat
 Like ``countdown``, there is no expert (no ``scripted_rule``): only the verifier teaches, so it is issue 40's
 no-demonstration task at a size SmolLM2-135M can start on (its T=1 samples solve a few percent, where Countdown's
 solve none). Held-out splits draw (unordered pair, operator) items no training task uses: ``3 + 5`` and ``5 + 3``
-fall in the same split, so a held-out task is never a training task with its numbers swapped.
+fall in the same split, so a held-out task is never a training task with its numbers swapped. ``chance_rate`` is
+Countdown's: the share of the expressions over the two numbers (each at most once, + - * /, both orders, and each
+number alone) that equal the result, the success rate of a guesser that knows the answer is some operation on the
+two numbers but not which.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from taskrl.env import ToolEnv
 from taskrl.envs.builtin import split_seed
+from taskrl.envs.countdown import chance_rate
 from taskrl.seeding import derive_seed
 from taskrl.types import Task, Trajectory
 
@@ -64,7 +68,8 @@ def _make_tasks(n: int | None, split: str, max_number: int) -> list[Task]:
         )
     return [
         Task(id=f"arithmetic-{owner}-{i}", prompt=PROMPT.format(a=a, op=op, b=b), answer=str(OPERATIONS[op](a, b)),
-             info={"a": a, "b": b, "op": op, "result": OPERATIONS[op](a, b)})  # fmt: skip
+             info={"a": a, "b": b, "op": op, "result": OPERATIONS[op](a, b),
+                   "chance_rate": chance_rate([a, b], OPERATIONS[op](a, b))})  # fmt: skip
         for i, (a, op, b) in enumerate(items[:n])
     ]
 

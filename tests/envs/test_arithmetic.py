@@ -46,6 +46,7 @@ def test_held_out_items_are_disjoint_from_training_even_with_the_numbers_swapped
     assert make_arithmetic_tasks(5, "test") == test[:5]  # a fixed order: the first n are the same for every n
     for t in test:
         assert int(t.answer) == t.info["result"] == eval(f"{t.info['a']} {t.info['op']} {t.info['b']}")  # noqa: S307
+        assert 0 < t.info["chance_rate"] < 1  # the result is one of the 10 expressions over the two numbers
 
 
 def test_bounds_that_cannot_fill_a_split_fail_at_start() -> None:
