@@ -32,7 +32,7 @@ OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b
 PROMPT = "What is {a} {op} {b}?"
 _INTEGER = re.compile(r"(?<!\d)(?<!\d\.)-?\d+(?!\d|\.\d)")
 MAX_REPLY_CHARS = 4000
-"""Longer replies are not read (a reply is at most a few hundred tokens; the cap bounds the regex's work)."""
+"""Only a reply's last this many characters are read (where its last number is; bounds the regex's work)."""
 
 
 def item_split(a: int, b: int, op: str) -> str:
@@ -44,7 +44,7 @@ def item_split(a: int, b: int, op: str) -> str:
 
 def last_integer(text: str | None) -> int | None:
     """The reply's last integer (a sign counts, digits inside a decimal such as ``2.5`` do not); None without one."""
-    found = _INTEGER.findall((text or "")[:MAX_REPLY_CHARS])
+    found = _INTEGER.findall((text or "")[-MAX_REPLY_CHARS:])
     return int(found[-1]) if found else None
 
 

@@ -29,6 +29,7 @@ def test_only_the_last_integer_of_the_reply_counts() -> None:
     assert _reward(env, str(-result)) == 0.0  # the sign counts
     assert _reward(env, f"{result}.5") == 0.0 and _reward(env, "") == 0.0 and _reward(env, "no number") == 0.0
     assert last_integer("3 + 4 = 7") == 7 and last_integer("-12") == -12 and last_integer("2.5") is None
+    assert last_integer("1 " * 100_000 + "= 42") == 42  # a flood of text before the answer: its end is read
 
 
 @given(st.text(max_size=200))
